@@ -1,0 +1,392 @@
+// solar plan: compute a plan, compare policies, write the plan file.
+// solar plan-dump: print a plan file for people (csv) and scripts (json).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "commands.h"
+#include "solar/core/plan_file.h"
+#include "solar/core/planner.h"
+
+namespace solar::cli {
+namespace {
+
+struct PlanOptions {
+  std::string scenario;
+  std::optional<std::uint64_t> samples;
+  std::optional<std::string> sample_bytes;
+  std::optional<std::uint32_t> epochs, nodes, ranks_per_node, batch, imbalance;
+  std::optional<std::string> buffer;
+  std::uint64_t seed = 0;
+  std::string order = "solar";
+  bool drop_last = false;
+  bool peer_fetch = false;
+  std::string policy = "solar";
+  bool compare = false;
+  std::string out;
+  bool json = false;
+  bool progress = true;
+};
+
+// Peak resident memory of this process since the last reset_peak_rss() (Linux VmHWM).
+void reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+}
+std::uint64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+// A bar on stderr once a plan has run for more than a second, when stderr is a terminal.
+class ProgressBar {
+ public:
+  ProgressBar(std::string label, bool enabled)
+      : label_(std::move(label)), enabled_(enabled && ::isatty(2)),
+        start_(std::chrono::steady_clock::now()) {}
+  ~ProgressBar() {
+    if (shown_) std::fprintf(stderr, "\r\033[K");
+  }
+  void operator()(std::uint64_t done, std::uint64_t total) {
+    if (!enabled_) return;
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    if (s < 1.0) return;
+    shown_ = true;
+    const int width = 30;
+    const int fill = total ? static_cast<int>(width * done / total) : width;
+    std::fprintf(stderr, "\r%s [%.*s%*s] %3d%%  %.0fs", label_.c_str(), fill,
+                 "##############################", width - fill, "",
+                 total ? static_cast<int>(100 * done / total) : 100, s);
+    std::fflush(stderr);
+  }
+
+ private:
+  std::string label_;
+  bool enabled_, shown_ = false;
+  std::chrono::steady_clock::time_point start_;
+};
+
+PlanConfig build_config(const PlanOptions& o) {
+  PlanConfig c;
+  std::optional<BufferSpec> buffer;
+  c.sample_bytes = 16ULL << 20;
+  if (!o.scenario.empty()) {
+    const Scenario* s = find_scenario(o.scenario);
+    if (!s) {
+      std::string names;
+      for (const auto& sc : scenarios()) names += (names.empty() ? "" : ", ") + sc.name;
+      throw ConfigError("--scenario", fmt::format("unknown scenario '{}'; choose one of {}",
+                                                  o.scenario, names));
+    }
+    c.samples = s->samples;
+    c.epochs = s->epochs;
+    c.nodes = s->nodes;
+    c.ranks_per_node = s->ranks_per_node;
+    c.batch = s->batch;
+    buffer = BufferSpec{};
+    buffer->bytes = s->buffer_samples * c.sample_bytes;
+  }
+  if (o.sample_bytes) {
+    c.sample_bytes = parse_bytes(*o.sample_bytes, "--sample-bytes");
+    if (!o.scenario.empty() && !o.buffer)  // the preset's buffer is counted in samples
+      buffer->bytes = find_scenario(o.scenario)->buffer_samples * c.sample_bytes;
+  }
+  if (o.samples) c.samples = *o.samples;
+  if (o.epochs) c.epochs = *o.epochs;
+  if (o.nodes) c.nodes = *o.nodes;
+  if (o.ranks_per_node) c.ranks_per_node = *o.ranks_per_node;
+  if (o.batch) c.batch = *o.batch;
+  if (o.imbalance) c.imbalance = *o.imbalance;
+  if (o.buffer) buffer = BufferSpec::parse(*o.buffer, "--buffer");
+  if (o.scenario.empty()) {
+    if (!o.samples) throw ConfigError("--samples", "required without --scenario (1..2147483647)");
+    if (!o.epochs) throw ConfigError("--epochs", "required without --scenario (1..1000000)");
+    if (!o.batch) throw ConfigError("--batch", "required without --scenario (per-rank batch ≥ 1)");
+    if (!buffer)
+      throw ConfigError("--buffer", "required without --scenario (bytes per node, e.g. 8G, or a "
+                                    "percentage of the dataset, e.g. 12.5%)");
+  }
+  c.buffer_bytes = buffer ? buffer->resolve(c.samples, c.sample_bytes) : 0;
+  c.seed = o.seed;
+  auto order = parse_order_mode(o.order);
+  if (!order) throw ConfigError("--order", fmt::format("'{}' is not solar or torch", o.order));
+  c.order = *order;
+  c.drop_last = o.drop_last;
+  c.peer_fetch = o.peer_fetch;
+  return c;
+}
+
+struct Result {
+  Policy policy;
+  Metrics metrics;
+  double seconds;
+  std::uint64_t peak_rss;
+};
+
+nlohmann::json config_json(const PlanConfig& c) {
+  return {{"samples", c.samples},
+          {"sample_bytes", c.sample_bytes},
+          {"epochs", c.epochs},
+          {"nodes", c.nodes},
+          {"ranks_per_node", c.ranks_per_node},
+          {"batch", c.batch},
+          {"imbalance", c.imbalance},
+          {"drop_last", c.drop_last},
+          {"seed", c.seed},
+          {"order", std::string(to_string(c.order))},
+          {"buffer_bytes", c.buffer_bytes},
+          {"buffer_samples", c.buffer_samples()},
+          {"peer_fetch", c.peer_fetch}};
+}
+
+nlohmann::json metrics_json(const Metrics& m) {
+  nlohmann::json epochs = nlohmann::json::array();
+  for (std::size_t p = 0; p < m.per_epoch.size(); ++p) {
+    const auto& e = m.per_epoch[p];
+    epochs.push_back({{"position", p},
+                      {"accesses", e.accesses},
+                      {"hits", e.hits},
+                      {"remote_fetches", e.remote_fetches},
+                      {"peer_fetches", e.peer_fetches}});
+  }
+  return {{"accesses", m.accesses},
+          {"remote_fetches", m.remote_fetches},
+          {"remote_bytes", m.remote_bytes},
+          {"remote_reads", m.remote_runs},
+          {"peer_fetches", m.peer_fetches},
+          {"hits", m.hits},
+          {"hit_rate", m.hit_rate()},
+          {"lower_bound_fetches", m.lower_bound_fetches},
+          {"ratio_to_lower_bound", m.ratio_to_lower_bound()},
+          {"per_epoch", epochs}};
+}
+
+void print_table(const PlanConfig& c, const std::string& scenario,
+                 const std::vector<Result>& results) {
+  fmt::print("scenario {}: N={} samples of {}, E={} epochs, {} nodes × {} ranks, batch {}/rank, "
+             "δ={}, buffer {} per node ({} samples), order {}, seed {}\n",
+             scenario.empty() ? "(custom)" : scenario, c.samples, format_bytes(c.sample_bytes),
+             c.epochs, c.nodes, c.ranks_per_node, c.batch, c.imbalance,
+             format_bytes(c.buffer_bytes), c.buffer_samples(), to_string(c.order), c.seed);
+  const std::uint64_t lb = lower_bound_fetches(c);
+  fmt::print("lower bound: {} remote fetches (N + (E-1)·max(0, N - M·C))\n\n", lb);
+  const Metrics* ours = nullptr;
+  for (const auto& r : results)
+    if (r.policy == Policy::solar) ours = &r.metrics;
+  fmt::print("{:<12} {:>12} {:>11} {:>12} {:>8} {:>10} {:>8} {:>9} {:>8} {:>10}\n", "policy",
+             "remote", "remote", "hits", "hit", "reads", "vs lower", "vs solar", "plan",
+             "peak");
+  fmt::print("{:<12} {:>12} {:>11} {:>12} {:>8} {:>10} {:>8} {:>9} {:>8} {:>10}\n", "",
+             "fetches", "bytes", "", "rate", "(coalesced)", "bound", "", "seconds", "RSS");
+  for (const auto& r : results) {
+    const Metrics& m = r.metrics;
+    const std::string vs =
+        ours && ours->remote_fetches
+            ? fmt::format("{:.2f}×", double(m.remote_fetches) / double(ours->remote_fetches))
+            : "-";
+    fmt::print("{:<12} {:>12} {:>11} {:>12} {:>7.1f}% {:>10} {:>7.3f}× {:>9} {:>8.2f} {:>10}\n",
+               to_string(r.policy), m.remote_fetches, format_bytes(m.remote_bytes), m.hits,
+               100 * m.hit_rate(), m.remote_runs, m.ratio_to_lower_bound(), vs, r.seconds,
+               format_bytes(r.peak_rss));
+  }
+  if (results.size() == 1) {
+    const Metrics& m = results[0].metrics;
+    fmt::print("\n{:>8} {:>12} {:>12} {:>12} {:>8}\n", "epoch", "accesses", "hits", "remote",
+               "peer");
+    for (std::size_t p = 0; p < m.per_epoch.size(); ++p) {
+      const auto& e = m.per_epoch[p];
+      fmt::print("{:>8} {:>12} {:>12} {:>12} {:>8}\n", p, e.accesses, e.hits, e.remote_fetches,
+                 e.peer_fetches);
+    }
+  }
+}
+
+void run_plan(const PlanOptions& o) {
+  PlanConfig base;
+  std::vector<Policy> policies;
+  try {
+    base = build_config(o);
+    if (o.compare || o.policy == "all") {
+      policies = all_policies();
+    } else {
+      auto p = parse_policy(o.policy);
+      if (!p)
+        throw ConfigError("--policy", fmt::format("'{}' is not one of none, lru, solar-paper, "
+                                                  "nopfs, solar, all",
+                                                  o.policy));
+      policies = {*p};
+    }
+    if (!o.out.empty() && policies.size() != 1)
+      throw ConfigError("--out", "writes one plan; choose a single --policy");
+    for (Policy p : policies) {
+      PlanConfig c = base;
+      c.policy = p;
+      c.validate();
+    }
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "solar plan: %s\n", e.what());
+    exit_code() = kExitUsage;
+    return;
+  }
+
+  std::vector<Result> results;
+  for (Policy p : policies) {
+    PlanConfig c = base;
+    c.policy = p;
+    reset_peak_rss();
+    ProgressBar bar(fmt::format("planning {}", to_string(p)), o.progress);
+    const auto t0 = std::chrono::steady_clock::now();
+    Plan plan = make_plan(c, [&](std::uint64_t d, std::uint64_t t) { bar(d, t); });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!o.out.empty()) write_plan_file(plan, o.out);
+    results.push_back({p, plan.metrics, s, peak_rss_bytes()});
+  }
+
+  if (o.json) {
+    nlohmann::json out = {{"scenario", o.scenario}, {"config", config_json(base)}};
+    out["results"] = nlohmann::json::array();
+    for (const auto& r : results) {
+      nlohmann::json j = metrics_json(r.metrics);
+      j["policy"] = std::string(to_string(r.policy));
+      j["plan_seconds"] = r.seconds;
+      j["peak_rss_bytes"] = r.peak_rss;
+      out["results"].push_back(j);
+    }
+    if (!o.out.empty()) out["out"] = o.out;
+    fmt::print("{}\n", out.dump(2));
+  } else {
+    print_table(base, o.scenario, results);
+    if (!o.out.empty()) fmt::print("\nplan written to {}\n", o.out);
+  }
+}
+
+struct DumpOptions {
+  std::string file;
+  std::string format = "csv";
+  std::optional<std::uint32_t> node;
+};
+
+void run_dump(const DumpOptions& o) {
+  PlanFile pf = PlanFile::open(o.file);
+  const PlanHeader& h = pf.header();
+  const PlanConfig& c = h.config;
+  if (o.node && *o.node >= c.nodes) {
+    std::fprintf(stderr, "solar plan-dump: --node %u: the plan has nodes 0..%u\n", *o.node,
+                 c.nodes - 1);
+    exit_code() = kExitUsage;
+    return;
+  }
+  const bool csv = o.format == "csv";
+  std::string buf;
+  auto flush = [&] {
+    std::fwrite(buf.data(), 1, buf.size(), stdout);
+    buf.clear();
+  };
+  if (csv) {
+    buf += "epoch_position,epoch,step,global_step,node,rank,local_rank,sample,hit\n";
+  } else {
+    nlohmann::json head = {{"version", kPlanFileVersion},
+                           {"policy", std::string(to_string(c.policy))},
+                           {"config", config_json(c)},
+                           {"steps_per_epoch", h.layout.steps},
+                           {"epoch_order", h.epoch_order},
+                           {"metrics", metrics_json(h.metrics)}};
+    std::string s = head.dump();
+    s.pop_back();  // reopen the object to append the rows
+    buf += s + ",\"accesses\":[";
+  }
+  bool first = true;
+  const std::uint32_t R = c.ranks_per_node;
+  const std::uint32_t from = o.node.value_or(0), to = o.node ? *o.node + 1 : c.nodes;
+  for (std::uint32_t n = from; n < to; ++n) {
+    const NodePlan np = pf.node(n);
+    for (std::uint64_t t = 0; t < std::uint64_t{h.layout.steps} * c.epochs; ++t) {
+      const std::uint64_t p = t / h.layout.steps, j = t % h.layout.steps;
+      for (std::uint32_t r = 0; r < R; ++r) {
+        for (std::uint64_t i = np.rank_offsets[t * R + r]; i < np.rank_offsets[t * R + r + 1];
+             ++i) {
+          const std::uint32_t a = np.accesses[i];
+          const std::uint64_t rank = std::uint64_t{n} * R + r;
+          if (csv)
+            buf += fmt::format("{},{},{},{},{},{},{},{},{}\n", p, h.epoch_order[p], j, t, n, rank,
+                               r, a & kSampleMask, (a & kHitBit) ? 1 : 0);
+          else
+            buf += fmt::format("{}{{\"epoch_position\":{},\"epoch\":{},\"step\":{},\"node\":{},"
+                               "\"rank\":{},\"sample\":{},\"hit\":{}}}",
+                               first ? "" : ",", p, h.epoch_order[p], j, n, rank,
+                               a & kSampleMask, (a & kHitBit) ? "true" : "false");
+          first = false;
+          if (buf.size() > (1 << 20)) flush();
+        }
+      }
+    }
+  }
+  if (!csv) buf += "]}\n";
+  flush();
+}
+
+}  // namespace
+
+void add_plan_commands(CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* plan = app.add_subcommand(
+      "plan",
+      "Compute the plan of a training run and report how many samples it reads from remote\n"
+      "storage, against the lower bound and the baseline policies.");
+  plan->add_option("--scenario", o->scenario,
+                   "A preset: seed, s1, s2, cosmoflow, huge (flags below override its values)");
+  plan->add_option("--samples", o->samples, "Samples in the dataset (N)");
+  plan->add_option("--sample-bytes", o->sample_bytes, "Bytes per sample, K/M/G suffixes [16M]");
+  plan->add_option("--epochs", o->epochs, "Epochs (E)");
+  plan->add_option("--nodes", o->nodes, "Nodes (M) [1]");
+  plan->add_option("--ranks-per-node", o->ranks_per_node, "Ranks per node (R) [1]");
+  plan->add_option("--batch", o->batch, "Per-rank batch size (b)");
+  plan->add_option("--buffer", o->buffer,
+                   "Buffer per node: bytes with K/M/G/T suffix, or a percentage of the dataset "
+                   "(e.g. 22.5%)");
+  plan->add_option("--imbalance", o->imbalance,
+                   "δ: each rank gets between b-δ and b+δ samples per step [0]");
+  plan->add_option("--seed", o->seed, "Shuffle seed [0]");
+  plan->add_option("--order", o->order,
+                   "Epoch order: solar (portable RNG) or torch (= DistributedSampler) [solar]");
+  plan->add_flag("--drop-last", o->drop_last,
+                 "Drop the tail that does not fill a step (DistributedSampler and DataLoader)");
+  plan->add_flag("--peer-fetch", o->peer_fetch,
+                 "Let a node take a sample from a peer node's buffer instead of remote storage");
+  plan->add_option("--policy", o->policy,
+                   "none, lru, solar-paper, nopfs, solar, or all [solar]");
+  plan->add_flag("--compare", o->compare, "Same as --policy all");
+  plan->add_option("--out", o->out, "Write the plan file here (one policy only)");
+  plan->add_flag("--json", o->json, "Print machine-readable results");
+  plan->add_flag("!--no-progress", o->progress, "No progress bar");
+  plan->callback([o] { run_plan(*o); });
+
+  auto d = std::make_shared<DumpOptions>();
+  CLI::App* dump = app.add_subcommand(
+      "plan-dump", "Print a plan file: one row per (epoch position, step, rank, sample, hit).");
+  dump->add_option("file", d->file, "Plan file written by `solar plan --out`")->required();
+  dump->add_option("--format", d->format, "csv or json [csv]")
+      ->check(CLI::IsMember({"csv", "json"}));
+  dump->add_option("--node", d->node, "Only this node's part (read without the rest)");
+  dump->callback([d] {
+    try {
+      run_dump(*d);
+    } catch (const PlanFileError& e) {
+      std::fprintf(stderr, "solar plan-dump: %s\n", e.what());
+      exit_code() = kExitFailure;
+    }
+  });
+}
+
+}  // namespace solar::cli

@@ -1,0 +1,18 @@
+// Each subcommand registers itself on the `solar` app; main.cpp calls these in order.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace solar::cli {
+
+// Exit codes shared by all subcommands.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;  // the work failed (I/O, a corrupt file, a check)
+inline constexpr int kExitUsage = 2;    // bad input: an option, a value, a missing file
+
+// The subcommand that ran sets this; main returns it.
+int& exit_code();
+
+void add_plan_commands(CLI::App& app);  // plan, plan-dump
+
+}  // namespace solar::cli

@@ -1,0 +1,106 @@
+// What a plan is computed from, and how those inputs are checked.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace solar {
+
+// The order every epoch's samples come in.
+enum class OrderMode : std::uint8_t {
+  solar = 0,  // solar's portable RNG (rng.h)
+  torch = 1,  // exactly torch.utils.data.DistributedSampler(shuffle=True, seed) + set_epoch(e)
+};
+
+// How a plan decides assignment, epoch order and eviction. `solar` is ours; the rest are the
+// baselines it is compared with (see README: "Policies").
+enum class Policy : std::uint8_t {
+  none = 0,         // no buffer: every access reads remote storage
+  lru = 1,          // DistributedSampler assignment, per-node LRU buffer
+  solar_paper = 2,  // the published SOLAR artifact: FIFO, PSO epoch order, owner reassignment
+  nopfs = 3,        // static assignment, per-node static cache of most frequent samples
+  solar = 4,        // locality-steered assignment + clairvoyant (farthest next use) eviction
+};
+
+std::string_view to_string(OrderMode m);
+std::string_view to_string(Policy p);
+std::optional<OrderMode> parse_order_mode(std::string_view s);
+std::optional<Policy> parse_policy(std::string_view s);
+const std::vector<Policy>& all_policies();
+
+// A bad input: names the flag, what is wrong and the allowed range.
+class ConfigError : public std::runtime_error {
+ public:
+  ConfigError(std::string flag, const std::string& message)
+      : std::runtime_error(flag + ": " + message), flag_(std::move(flag)) {}
+  const std::string& flag() const { return flag_; }
+
+ private:
+  std::string flag_;
+};
+
+struct PlanConfig {
+  std::uint64_t samples = 0;       // N
+  std::uint64_t sample_bytes = 0;  // bytes of one sample
+  std::uint32_t epochs = 0;        // E
+  std::uint32_t nodes = 1;         // M
+  std::uint32_t ranks_per_node = 1;  // R
+  std::uint32_t batch = 0;         // b, per rank
+  bool drop_last = false;          // DistributedSampler(drop_last) and DataLoader(drop_last)
+  std::uint64_t seed = 0;
+  OrderMode order = OrderMode::solar;
+  std::uint64_t buffer_bytes = 0;  // per node
+  std::uint32_t imbalance = 0;     // δ: each rank gets between b-δ and b+δ samples per step
+  bool peer_fetch = false;         // allow a node to take a sample from a peer node's buffer
+  Policy policy = Policy::solar;
+
+  std::uint64_t world() const { return std::uint64_t{nodes} * ranks_per_node; }
+  std::uint64_t global_batch() const { return world() * batch; }
+  // C: whole samples that fit one node's buffer.
+  std::uint64_t buffer_samples() const { return sample_bytes ? buffer_bytes / sample_bytes : 0; }
+
+  // Throws ConfigError naming the first bad input. Checks ranges, overflow and that the buffer
+  // holds at least one step of one node's ranks (R·(b+δ) samples).
+  void validate() const;
+};
+
+// Limits enforced by validate(); exposed so messages and tests agree on them.
+inline constexpr std::uint64_t kMaxSamples = (1ULL << 31) - 1;  // sample ids are 31-bit
+inline constexpr std::uint64_t kMaxAccesses = 1ULL << 32;        // epochs × samples per plan
+inline constexpr std::uint64_t kMaxSampleBytes = 1ULL << 40;
+inline constexpr std::uint32_t kMaxNodes = 65535;
+inline constexpr std::uint32_t kMaxRanksPerNode = 1024;
+inline constexpr std::uint32_t kMaxEpochs = 1000000;
+
+// Parses "512", "16M", "1.5G", "2T" (binary multiples, B optional) into bytes. Throws
+// ConfigError(flag, ...) on garbage, negative values or overflow of 64 bits.
+std::uint64_t parse_bytes(std::string_view text, const std::string& flag);
+
+// A buffer size as given by the user: bytes, or a percentage of the dataset ("22.5%").
+struct BufferSpec {
+  std::uint64_t bytes = 0;
+  double percent = -1;  // >= 0 when given as a percentage
+  static BufferSpec parse(std::string_view text, const std::string& flag);
+  // Per-node bytes: a percentage means that share of the dataset's samples, rounded down to
+  // whole samples.
+  std::uint64_t resolve(std::uint64_t samples, std::uint64_t sample_bytes) const;
+};
+
+// The presets of `solar plan --scenario` (README: "Scenarios").
+struct Scenario {
+  std::string name;
+  std::uint64_t samples;
+  std::uint32_t epochs, nodes, ranks_per_node, batch;
+  std::uint64_t buffer_samples;  // per node
+  std::string description;
+};
+const std::vector<Scenario>& scenarios();
+const Scenario* find_scenario(std::string_view name);
+
+std::string format_bytes(std::uint64_t bytes);
+
+}  // namespace solar

@@ -1,0 +1,94 @@
+// A computed plan: who reads what, when, and where it comes from.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "solar/core/config.h"
+#include "solar/core/order.h"
+
+namespace solar {
+
+// An access record is a sample id (31 bits) with kHitBit set when the sample is already in the
+// node's buffer at that step (no fetch needed).
+inline constexpr std::uint32_t kHitBit = 0x80000000U;
+inline constexpr std::uint32_t kSampleMask = 0x7fffffffU;
+
+// A contiguous range of sample ids fetched together: one storage read.
+struct FetchRun {
+  std::uint32_t first = 0;
+  std::uint32_t count = 0;
+  bool operator==(const FetchRun&) const = default;
+};
+
+// A sample taken from another node's buffer instead of remote storage.
+struct PeerFetch {
+  std::uint32_t sample = 0;
+  std::uint32_t from_node = 0;
+  bool operator==(const PeerFetch&) const = default;
+};
+
+// One node's part of the plan, indexed by global step t = epoch_position·steps + step.
+// Before step t runs, the node evicts evicts[evict_offsets[t]..evict_offsets[t+1]), then fetches
+// the remote runs and the peer samples listed for t; after that every sample its ranks use in
+// step t is resident, and the buffer holds at most buffer_samples() samples.
+struct NodeSchedule {
+  std::vector<std::uint64_t> fetch_offsets;  // total_steps + 1, into fetch_runs
+  std::vector<FetchRun> fetch_runs;
+  std::vector<std::uint64_t> peer_offsets;   // total_steps + 1, into peer_fetches
+  std::vector<PeerFetch> peer_fetches;
+  std::vector<std::uint64_t> evict_offsets;  // total_steps + 1, into evicts
+  std::vector<std::uint32_t> evicts;
+
+  std::span<const FetchRun> fetches_at(std::uint64_t t) const {
+    return {fetch_runs.data() + fetch_offsets[t], fetch_offsets[t + 1] - fetch_offsets[t]};
+  }
+  std::span<const PeerFetch> peers_at(std::uint64_t t) const {
+    return {peer_fetches.data() + peer_offsets[t], peer_offsets[t + 1] - peer_offsets[t]};
+  }
+  std::span<const std::uint32_t> evicts_at(std::uint64_t t) const {
+    return {evicts.data() + evict_offsets[t], evict_offsets[t + 1] - evict_offsets[t]};
+  }
+};
+
+struct EpochMetrics {
+  std::uint64_t accesses = 0, hits = 0, remote_fetches = 0, peer_fetches = 0;
+  bool operator==(const EpochMetrics&) const = default;
+};
+
+struct Metrics {
+  std::uint64_t accesses = 0;
+  std::uint64_t hits = 0;
+  std::uint64_t remote_fetches = 0;
+  std::uint64_t remote_bytes = 0;
+  std::uint64_t remote_runs = 0;  // storage reads after coalescing
+  std::uint64_t peer_fetches = 0;
+  std::uint64_t lower_bound_fetches = 0;
+  std::vector<EpochMetrics> per_epoch;  // by epoch position
+
+  double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
+  double ratio_to_lower_bound() const {
+    return lower_bound_fetches ? double(remote_fetches) / double(lower_bound_fetches) : 0.0;
+  }
+  bool operator==(const Metrics&) const = default;
+};
+
+struct Plan {
+  PlanConfig config;
+  EpochLayout layout;
+  std::vector<std::uint32_t> epoch_order;  // position p runs epoch permutation epoch_order[p]
+  // rank_offsets[t·W + w] .. rank_offsets[t·W + w + 1] index `accesses` for rank w in step t.
+  std::vector<std::uint64_t> rank_offsets;
+  std::vector<std::uint32_t> accesses;  // sample id | kHitBit
+  std::vector<NodeSchedule> nodes;
+  Metrics metrics;
+
+  std::uint64_t total_steps() const { return std::uint64_t{layout.steps} * config.epochs; }
+  std::span<const std::uint32_t> rank_batch(std::uint64_t t, std::uint64_t rank) const {
+    const std::uint64_t i = t * layout.world + rank;
+    return {accesses.data() + rank_offsets[i], rank_offsets[i + 1] - rank_offsets[i]};
+  }
+};
+
+}  // namespace solar

@@ -1,0 +1,84 @@
+// The plan file: how a plan travels from the planner (solar plan, solar run, the SPANK plugin)
+// to the node agents.
+//
+// Layout (little-endian, version 1):
+//   header     magic "SOLARPLN", version, header size, the PlanConfig, the epoch layout, the
+//              metrics (total and per epoch), the epoch order, and a directory with one entry
+//              per node: {offset, length, crc32}; the header ends with its own crc32.
+//   node i     magic "SOLARNOD", node id, then for every global step t: each local rank's
+//              access count and records (sample | kHitBit); and the node's fetch runs, peer
+//              fetches and evictions with per-step offsets.
+// A node section is self-contained and checksummed, so an agent reads the header and its own
+// section only. Nothing time- or host-dependent is stored: identical inputs give identical
+// bytes.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "solar/core/plan.h"
+
+namespace solar {
+
+inline constexpr std::uint32_t kPlanFileVersion = 1;
+
+// A plan file that cannot be used: names the file and what is wrong with it.
+class PlanFileError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Everything except the per-node sections.
+struct PlanHeader {
+  PlanConfig config;
+  EpochLayout layout;
+  Metrics metrics;
+  std::vector<std::uint32_t> epoch_order;
+  struct NodeEntry {
+    std::uint64_t offset = 0, length = 0;
+    std::uint32_t crc = 0;
+  };
+  std::vector<NodeEntry> directory;
+};
+
+// One node's part: its ranks' batches and its schedule.
+struct NodePlan {
+  std::uint32_t node = 0;
+  // rank_offsets[t·R + r] .. [t·R + r + 1] index `accesses` for local rank r at global step t.
+  std::vector<std::uint64_t> rank_offsets;
+  std::vector<std::uint32_t> accesses;
+  NodeSchedule schedule;
+};
+
+// Serialises a plan (also used to compare plans byte for byte).
+std::vector<std::uint8_t> encode_plan(const Plan& plan);
+// Writes atomically: a temporary file beside `path`, fsync'ed, then renamed over it.
+void write_plan_file(const Plan& plan, const std::filesystem::path& path);
+
+// Parses and checks a header (magic, version, sizes, checksum, config validity).
+// `name` is used in error messages.
+PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::string& name);
+NodePlan decode_node(const PlanHeader& h, std::uint32_t node, const std::uint8_t* data,
+                     std::size_t size, const std::string& name);
+
+// Reads a plan file; open() reads only the header, node() only that node's section.
+class PlanFile {
+ public:
+  static PlanFile open(const std::filesystem::path& path);
+  const PlanHeader& header() const { return header_; }
+  NodePlan node(std::uint32_t node) const;
+
+ private:
+  std::filesystem::path path_;
+  PlanHeader header_;
+};
+
+// The whole plan back from its encoding (all nodes).
+Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& name);
+
+std::uint32_t crc32(const std::uint8_t* data, std::size_t size, std::uint32_t crc = 0);
+
+}  // namespace solar

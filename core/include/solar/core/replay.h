@@ -1,0 +1,33 @@
+// An independent check of a plan: replays it from its own records (rank batches, fetches,
+// evictions) without any planner code, checks every invariant, and recounts its metrics.
+#pragma once
+
+#include <stdexcept>
+
+#include "solar/core/plan.h"
+
+namespace solar {
+
+// A plan that breaks an invariant; the message names the step, node or rank.
+class PlanInvalid : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ReplayReport {
+  Metrics metrics;                      // recounted from the records
+  std::uint64_t peak_occupancy = 0;     // most samples any node held at once
+};
+
+// Checks: the epoch order is a permutation; every step's global batch is, as a multiset,
+// exactly that step of the epoch's sequence; every rank gets between max(1, b_j-δ) and b_j+δ
+// samples; every eviction removes a resident sample, every fetch brings a new one and is used
+// in its step, peers serve only samples they hold; every access finds its sample resident and
+// is flagged a hit exactly when it was not fetched for it; no buffer exceeds its capacity; and
+// the recounted metrics equal plan.metrics. Throws PlanInvalid on the first violation.
+ReplayReport replay_plan(const Plan& plan);
+
+// The buffer capacity (samples per node) the plan's policy works with.
+std::uint64_t effective_capacity(const PlanConfig& c);
+
+}  // namespace solar

@@ -1,0 +1,173 @@
+#include "solar/core/config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fmt/format.h>
+
+namespace solar {
+
+std::string_view to_string(OrderMode m) { return m == OrderMode::torch ? "torch" : "solar"; }
+
+std::string_view to_string(Policy p) {
+  switch (p) {
+    case Policy::none: return "none";
+    case Policy::lru: return "lru";
+    case Policy::solar_paper: return "solar-paper";
+    case Policy::nopfs: return "nopfs";
+    case Policy::solar: return "solar";
+  }
+  return "?";
+}
+
+std::optional<OrderMode> parse_order_mode(std::string_view s) {
+  if (s == "solar") return OrderMode::solar;
+  if (s == "torch") return OrderMode::torch;
+  return std::nullopt;
+}
+
+std::optional<Policy> parse_policy(std::string_view s) {
+  for (Policy p : all_policies())
+    if (to_string(p) == s) return p;
+  return std::nullopt;
+}
+
+const std::vector<Policy>& all_policies() {
+  static const std::vector<Policy> v{Policy::none, Policy::lru, Policy::solar_paper,
+                                     Policy::nopfs, Policy::solar};
+  return v;
+}
+
+void PlanConfig::validate() const {
+  auto range = [](const char* flag, std::uint64_t v, std::uint64_t lo, std::uint64_t hi,
+                  const char* what) {
+    if (v < lo || v > hi)
+      throw ConfigError(flag, fmt::format("{} is {}; allowed range is {}..{}", what, v, lo, hi));
+  };
+  range("--samples", samples, 1, kMaxSamples, "sample count");
+  range("--sample-bytes", sample_bytes, 1, kMaxSampleBytes, "sample size");
+  range("--epochs", epochs, 1, kMaxEpochs, "epoch count");
+  range("--nodes", nodes, 1, kMaxNodes, "node count");
+  range("--ranks-per-node", ranks_per_node, 1, kMaxRanksPerNode, "ranks per node");
+  if (world() > samples)
+    throw ConfigError("--ranks-per-node",
+                      fmt::format("{} nodes × {} ranks = {} ranks exceed the {} samples; allowed "
+                                  "total ranks is 1..{}",
+                                  nodes, ranks_per_node, world(), samples, samples));
+  const std::uint64_t max_batch = samples / world();
+  range("--batch", batch, 1, max_batch,
+        fmt::format("per-rank batch (global batch {} × {} ranks must fit the {} samples)", batch,
+                    world(), samples)
+            .c_str());
+  if (imbalance >= batch)
+    throw ConfigError("--imbalance", fmt::format("δ is {}; allowed range is 0..{} (each rank "
+                                                 "must get at least one sample: b-δ ≥ 1)",
+                                                 imbalance, batch - 1));
+  if (std::uint64_t{epochs} * samples > kMaxAccesses)
+    throw ConfigError("--epochs", fmt::format("{} epochs × {} samples = {} accesses exceed the "
+                                              "plan limit of {}; allowed epochs is 1..{}",
+                                              epochs, samples, std::uint64_t{epochs} * samples,
+                                              kMaxAccesses, kMaxAccesses / samples));
+  if (policy != Policy::none) {
+    const std::uint64_t need = std::uint64_t{ranks_per_node} * (batch + imbalance);
+    if (buffer_bytes < sample_bytes)
+      throw ConfigError("--buffer", fmt::format("{} per node is smaller than one sample ({}); "
+                                                "allowed is at least {} (one step of a node's "
+                                                "ranks: {} samples)",
+                                                format_bytes(buffer_bytes),
+                                                format_bytes(sample_bytes),
+                                                format_bytes(need * sample_bytes), need));
+    if (buffer_samples() < need)
+      throw ConfigError("--buffer",
+                        fmt::format("{} per node holds {} samples but one step of a node's {} "
+                                    "ranks needs {} (R·(b+δ)); allowed is at least {}",
+                                    format_bytes(buffer_bytes), buffer_samples(), ranks_per_node,
+                                    need, format_bytes(need * sample_bytes)));
+  }
+}
+
+std::uint64_t parse_bytes(std::string_view text, const std::string& flag) {
+  std::string s(text);
+  auto bad = [&](const std::string& why) {
+    return ConfigError(flag, fmt::format("'{}' {}; use a byte count with an optional K, M, G or "
+                                         "T suffix (binary multiples), e.g. 512M",
+                                         s, why));
+  };
+  if (s.empty()) throw bad("is empty");
+  if (s.find('-') != std::string::npos) throw bad("is negative");
+  errno = 0;
+  char* end = nullptr;
+  const long double v = std::strtold(s.c_str(), &end);
+  if (end == s.c_str() || errno == ERANGE || !std::isfinite(static_cast<double>(v)))
+    throw bad("is not a size");
+  std::string suffix(end);
+  if (!suffix.empty() && (suffix.back() == 'B' || suffix.back() == 'b')) suffix.pop_back();
+  if (suffix.size() == 2 && (suffix[1] == 'i')) suffix.pop_back();
+  long double mult = 1;
+  if (suffix.empty()) mult = 1;
+  else if (suffix == "K" || suffix == "k") mult = 1024.0L;
+  else if (suffix == "M" || suffix == "m") mult = 1024.0L * 1024;
+  else if (suffix == "G" || suffix == "g") mult = 1024.0L * 1024 * 1024;
+  else if (suffix == "T" || suffix == "t") mult = 1024.0L * 1024 * 1024 * 1024;
+  else throw bad("has an unknown suffix '" + std::string(end) + "'");
+  const long double bytes = v * mult;
+  if (bytes >= 18446744073709551615.0L) throw bad("overflows 64 bits");
+  return static_cast<std::uint64_t>(bytes);
+}
+
+BufferSpec BufferSpec::parse(std::string_view text, const std::string& flag) {
+  BufferSpec spec;
+  if (!text.empty() && text.back() == '%') {
+    std::string s(text.substr(0, text.size() - 1));
+    char* end = nullptr;
+    errno = 0;
+    const double p = std::strtod(s.c_str(), &end);
+    if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !(p > 0) || p > 100)
+      throw ConfigError(flag, fmt::format("'{}' is not a percentage; allowed is (0, 100]%, "
+                                          "e.g. 22.5%",
+                                          text));
+    spec.percent = p;
+    return spec;
+  }
+  spec.bytes = parse_bytes(text, flag);
+  return spec;
+}
+
+std::uint64_t BufferSpec::resolve(std::uint64_t samples, std::uint64_t sample_bytes) const {
+  if (percent < 0) return bytes;
+  // Exact for the presets: 22.5% of 8192 = 1843.2 -> 1843 samples.
+  const auto n = static_cast<std::uint64_t>(std::floor(percent * static_cast<double>(samples) /
+                                                       100.0 + 1e-9));
+  return n * sample_bytes;
+}
+
+const std::vector<Scenario>& scenarios() {
+  static const std::vector<Scenario> v{
+      {"seed", 800, 3, 1, 4, 16, 512, "the SOLAR artifact's setup: 800 samples, buffer 512"},
+      {"s1", 8192, 10, 4, 4, 16, 1843, "4×4 ranks, buffer 22.5% of N per node"},
+      {"s2", 8192, 10, 4, 4, 16, 1024, "4×4 ranks, buffer 12.5% of N per node"},
+      {"cosmoflow", 47616, 20, 8, 4, 16, 2976, "CosmoFlow-sized, buffer 6.25% of N per node"},
+      {"huge", 1000000, 100, 256, 4, 32, 2000, "1M samples, 100 epochs, 1024 ranks, 0.2%"},
+  };
+  return v;
+}
+
+const Scenario* find_scenario(std::string_view name) {
+  for (const auto& s : scenarios())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+std::string format_bytes(std::uint64_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  if (u == 0) return fmt::format("{} B", bytes);
+  return fmt::format("{:.{}f} {}", v, v < 10 ? 2 : (v < 100 ? 1 : 0), units[u]);
+}
+
+}  // namespace solar

@@ -1,0 +1,151 @@
+// Pieces every policy uses to produce a Plan: the stream of epoch sequences (with each access's
+// next use, for clairvoyant eviction) and the recorder that turns per-step decisions into the
+// Plan's arrays and metrics.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "node_buffer.h"
+#include "solar/core/plan.h"
+#include "solar/core/planner.h"
+
+namespace solar::detail {
+
+inline constexpr std::uint64_t kNever = ~std::uint64_t{0};
+
+// Walks the epochs in plan order. Access i of epoch position p has the global time
+// p·used + i; next_use() gives the time of the same sample's next access (kNever if none).
+class EpochStream {
+ public:
+  EpochStream(const PlanConfig& c, const EpochLayout& layout,
+              std::span<const std::uint32_t> order, bool want_next_use);
+
+  void load(std::uint32_t position);
+  std::span<const std::uint32_t> batch(std::uint32_t step) const {
+    return {cur_.data() + layout_.step_begin(step), layout_.step_size(step)};
+  }
+  // Next use of the k-th access of `step` in the current epoch.
+  std::uint64_t next_use(std::uint32_t step, std::uint64_t k) const;
+  std::uint64_t time_of(std::uint32_t step, std::uint64_t k) const {
+    return std::uint64_t{position_} * layout_.used() + layout_.step_begin(step) + k;
+  }
+
+ private:
+  const PlanConfig& c_;
+  const EpochLayout& layout_;
+  std::span<const std::uint32_t> order_;
+  bool want_next_use_;
+  std::uint32_t position_ = 0;
+  std::vector<std::uint32_t> cur_, next_;
+  std::vector<std::uint32_t> next_in_cur_;   // per access of cur_: index of next occurrence
+  std::vector<std::uint32_t> first_in_next_;  // per sample: first index in next_
+  std::vector<std::uint32_t> scratch_;
+  bool have_next_ = false;
+};
+
+// One step's decisions, filled by a policy and handed to PlanRecorder::commit.
+struct StepRecord {
+  std::vector<std::vector<std::uint32_t>> ranks;    // W lists: sample | kHitBit
+  std::vector<std::vector<std::uint32_t>> misses;   // per node: fetched from remote storage
+  std::vector<std::vector<PeerFetch>> peers;        // per node: taken from a peer's buffer
+  std::vector<std::vector<std::uint32_t>> evicted;  // per node: evicted before the fetches
+
+  void reset(std::uint64_t world, std::uint32_t nodes);
+};
+
+class PlanRecorder {
+ public:
+  PlanRecorder(const PlanConfig& c, std::vector<std::uint32_t> epoch_order,
+               const ProgressFn& progress);
+  const Plan& plan() const { return plan_; }
+  // Appends step t (steps must come in order) and accounts its metrics in epoch `position`.
+  void commit(std::uint32_t position, StepRecord& rec);
+  Plan finish();
+
+ private:
+  Plan plan_;
+  const ProgressFn& progress_;
+  std::uint64_t steps_done_ = 0;
+};
+
+// Runs one node's share of a step through its buffer. `node_samples` are the node's accesses
+// in rank order; `key_of(k)` gives the eviction key the k-th of them gets after its use. Hits
+// are pinned first so a miss never evicts a sample the same step needs. Returns per-access hit
+// flags in `hit`, and fills the misses and evictions of rec for `node`.
+template <class KeyFn>
+void run_node_step(NodeBuffer& buf, std::uint32_t node, std::uint64_t stamp,
+                   std::span<const std::uint32_t> node_samples, KeyFn&& key_of,
+                   std::vector<char>& hit, StepRecord& rec) {
+  hit.assign(node_samples.size(), 0);
+  for (std::size_t k = 0; k < node_samples.size(); ++k) {
+    const std::uint32_t x = node_samples[k];
+    if (buf.contains(x)) {
+      buf.touch(x, stamp, key_of(k));
+      hit[k] = 1;
+    }
+  }
+  for (std::size_t k = 0; k < node_samples.size(); ++k) {
+    if (hit[k]) continue;
+    const std::uint32_t x = node_samples[k];
+    if (buf.contains(x)) {  // a duplicate earlier in this step brought it in
+      buf.touch(x, stamp, key_of(k));
+      hit[k] = 1;
+      continue;
+    }
+    buf.insert(x, stamp, key_of(k), rec.evicted[node]);
+    rec.misses[node].push_back(x);
+  }
+}
+
+// Splits `count` samples over `ranks` ranks as evenly as possible; returns the size of rank r.
+inline std::uint64_t even_share(std::uint64_t count, std::uint64_t ranks, std::uint64_t r) {
+  return count / ranks + (r < count % ranks ? 1 : 0);
+}
+
+// Per-rank lists of batch positions: the assignment of one step.
+using Assignment = std::vector<std::vector<std::uint32_t>>;
+
+// DistributedSampler's assignment: batch position k belongs to rank k mod W.
+inline void standard_assignment(std::uint64_t size, std::uint64_t world, Assignment& a) {
+  a.resize(world);
+  for (auto& r : a) r.clear();
+  for (std::uint64_t k = 0; k < size; ++k) a[k % world].push_back(static_cast<std::uint32_t>(k));
+}
+
+// Runs every node's share of the step through its buffer and writes the ranks' access records.
+// key(node, k, x, resident) is the eviction key of batch position k (sample x) after its use.
+template <class KeyFn>
+void simulate_step(const PlanConfig& c, std::span<const std::uint32_t> batch, const Assignment& a,
+                   std::vector<NodeBuffer>& bufs, std::uint64_t stamp, KeyFn&& key,
+                   StepRecord& rec) {
+  std::vector<std::uint32_t> samples, pos;
+  std::vector<char> hit;
+  const std::uint32_t R = c.ranks_per_node;
+  for (std::uint32_t m = 0; m < c.nodes; ++m) {
+    samples.clear();
+    pos.clear();
+    for (std::uint32_t r = 0; r < R; ++r)
+      for (std::uint32_t k : a[std::uint64_t{m} * R + r]) {
+        samples.push_back(batch[k]);
+        pos.push_back(k);
+      }
+    run_node_step(
+        bufs[m], m, stamp, samples,
+        [&](std::size_t i) { return key(m, pos[i], samples[i], bufs[m].contains(samples[i])); },
+        hit, rec);
+    std::size_t i = 0;
+    for (std::uint32_t r = 0; r < R; ++r)
+      for (std::uint32_t k : a[std::uint64_t{m} * R + r]) {
+        rec.ranks[std::uint64_t{m} * R + r].push_back(batch[k] | (hit[i] ? kHitBit : 0U));
+        ++i;
+      }
+  }
+}
+
+inline std::vector<NodeBuffer> make_buffers(const PlanConfig& c, std::uint64_t capacity) {
+  return std::vector<NodeBuffer>(c.nodes, NodeBuffer(capacity));
+}
+
+}  // namespace solar::detail

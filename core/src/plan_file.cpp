@@ -1,0 +1,464 @@
+#include "solar/core/plan_file.h"
+
+#include <array>
+#include <bit>
+#include <cstring>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+namespace solar {
+
+static_assert(std::endian::native == std::endian::little,
+              "the plan file is little-endian; add byte swapping for this platform");
+
+namespace {
+
+constexpr char kMagic[8] = {'S', 'O', 'L', 'A', 'R', 'P', 'L', 'N'};
+constexpr char kNodeMagic[8] = {'S', 'O', 'L', 'A', 'R', 'N', 'O', 'D'};
+
+class Writer {
+ public:
+  template <class T>
+  void put(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
+    out.insert(out.end(), p, p + sizeof(T));
+  }
+  template <class T>
+  void put_array(const std::vector<T>& v) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(v.data());
+    out.insert(out.end(), p, p + v.size() * sizeof(T));
+  }
+  void put_bytes(const char* p, std::size_t n) { out.insert(out.end(), p, p + n); }
+  void align8() {
+    while (out.size() % 8) out.push_back(0);
+  }
+  std::vector<std::uint8_t> out;
+};
+
+class Reader {
+ public:
+  Reader(const std::uint8_t* d, std::size_t n, const std::string& name, const char* part)
+      : data_(d), size_(n), name_(name), part_(part) {}
+  template <class T>
+  T get() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, data_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  template <class T>
+  void get_array(std::vector<T>& v, std::uint64_t count) {
+    if (count > (size_ - pos_) / sizeof(T)) truncated(count * sizeof(T));
+    v.resize(count);
+    std::memcpy(v.data(), data_ + pos_, count * sizeof(T));
+    pos_ += count * sizeof(T);
+  }
+  void need(std::uint64_t n) {
+    if (n > size_ - pos_) truncated(n);
+  }
+  void skip(std::uint64_t n) {
+    need(n);
+    pos_ += n;
+  }
+  std::size_t pos() const { return pos_; }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw PlanFileError(fmt::format("{}: {}: {}; recompute it with `solar plan --out`", name_,
+                                    part_, what));
+  }
+
+ private:
+  [[noreturn]] void truncated(std::uint64_t n) const {
+    fail(fmt::format("truncated (needs {} more bytes at offset {}, has {})", n, pos_,
+                     size_ - pos_));
+  }
+  const std::uint8_t* data_;
+  std::size_t size_, pos_ = 0;
+  const std::string& name_;
+  const char* part_;
+};
+
+std::array<std::uint32_t, 256> make_crc_table() {
+  std::array<std::uint32_t, 256> t{};
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    std::uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320U ^ (c >> 1) : c >> 1;
+    t[i] = c;
+  }
+  return t;
+}
+
+void encode_header_body(const Plan& p, Writer& w) {
+  const PlanConfig& c = p.config;
+  w.put_bytes(kMagic, 8);
+  w.put<std::uint32_t>(kPlanFileVersion);
+  w.put<std::uint32_t>(0);  // header size, patched below
+  w.put<std::uint64_t>(c.samples);
+  w.put<std::uint64_t>(c.sample_bytes);
+  w.put<std::uint32_t>(c.epochs);
+  w.put<std::uint32_t>(c.nodes);
+  w.put<std::uint32_t>(c.ranks_per_node);
+  w.put<std::uint32_t>(c.batch);
+  w.put<std::uint32_t>(c.imbalance);
+  w.put<std::uint8_t>(c.drop_last);
+  w.put<std::uint8_t>(static_cast<std::uint8_t>(c.order));
+  w.put<std::uint8_t>(static_cast<std::uint8_t>(c.policy));
+  w.put<std::uint8_t>(c.peer_fetch);
+  w.put<std::uint64_t>(c.seed);
+  w.put<std::uint64_t>(c.buffer_bytes);
+  w.put<std::uint64_t>(p.layout.per_rank);
+  w.put<std::uint32_t>(p.layout.steps);
+  w.put<std::uint32_t>(p.layout.last_batch);
+  const Metrics& m = p.metrics;
+  for (std::uint64_t v : {m.accesses, m.hits, m.remote_fetches, m.remote_bytes, m.remote_runs,
+                          m.peer_fetches, m.lower_bound_fetches})
+    w.put(v);
+  w.put_array(p.epoch_order);
+  for (const auto& e : m.per_epoch)
+    for (std::uint64_t v : {e.accesses, e.hits, e.remote_fetches, e.peer_fetches}) w.put(v);
+}
+
+std::vector<std::uint8_t> encode_node(const Plan& p, std::uint32_t node) {
+  Writer w;
+  const std::uint64_t T = p.total_steps(), R = p.config.ranks_per_node;
+  const NodeSchedule& ns = p.nodes[node];
+  w.put_bytes(kNodeMagic, 8);
+  w.put<std::uint32_t>(node);
+  w.put<std::uint32_t>(0);
+  std::vector<std::uint32_t> counts;
+  counts.reserve(T * R);
+  std::uint64_t n_access = 0;
+  for (std::uint64_t t = 0; t < T; ++t)
+    for (std::uint64_t r = 0; r < R; ++r) {
+      const auto b = p.rank_batch(t, node * R + r);
+      counts.push_back(static_cast<std::uint32_t>(b.size()));
+      n_access += b.size();
+    }
+  for (std::uint64_t v : {T, n_access, std::uint64_t(ns.fetch_runs.size()),
+                          std::uint64_t(ns.peer_fetches.size()), std::uint64_t(ns.evicts.size())})
+    w.put(v);
+  w.put_array(counts);
+  for (std::uint64_t t = 0; t < T; ++t)
+    for (std::uint64_t r = 0; r < R; ++r) {
+      const auto b = p.rank_batch(t, node * R + r);
+      const auto* q = reinterpret_cast<const std::uint8_t*>(b.data());
+      w.out.insert(w.out.end(), q, q + b.size() * 4);
+    }
+  w.align8();
+  w.put_array(ns.fetch_offsets);
+  w.put_array(ns.fetch_runs);
+  w.align8();
+  w.put_array(ns.peer_offsets);
+  w.put_array(ns.peer_fetches);
+  w.align8();
+  w.put_array(ns.evict_offsets);
+  w.put_array(ns.evicts);
+  w.align8();
+  return std::move(w.out);
+}
+
+void check_offsets(Reader& r, const std::vector<std::uint64_t>& off, std::uint64_t total,
+                   const char* what) {
+  for (std::size_t i = 0; i + 1 < off.size(); ++i)
+    if (off[i] > off[i + 1]) r.fail(fmt::format("{} offsets decrease at step {}", what, i));
+  if (off.empty() || off.front() != 0 || off.back() != total)
+    r.fail(fmt::format("{} offsets do not cover the {} entries", what, total));
+}
+
+}  // namespace
+
+std::uint32_t crc32(const std::uint8_t* data, std::size_t size, std::uint32_t crc) {
+  static const auto table = make_crc_table();
+  crc = ~crc;
+  for (std::size_t i = 0; i < size; ++i) crc = table[(crc ^ data[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+std::vector<std::uint8_t> encode_plan(const Plan& p) {
+  Writer w;
+  encode_header_body(p, w);
+  const std::size_t dir_at = w.out.size();
+  for (std::uint32_t m = 0; m < p.config.nodes; ++m) {
+    w.put<std::uint64_t>(0);
+    w.put<std::uint64_t>(0);
+    w.put<std::uint32_t>(0);
+    w.put<std::uint32_t>(0);
+  }
+  w.put<std::uint32_t>(0);  // header crc
+  w.align8();
+  const auto header_size = static_cast<std::uint32_t>(w.out.size());
+  std::memcpy(&w.out[12], &header_size, 4);
+  for (std::uint32_t m = 0; m < p.config.nodes; ++m) {
+    const std::uint64_t offset = w.out.size();
+    auto section = encode_node(p, m);
+    const std::uint64_t length = section.size();
+    const std::uint32_t crc = crc32(section.data(), section.size());
+    w.out.insert(w.out.end(), section.begin(), section.end());
+    std::uint8_t* e = &w.out[dir_at + std::size_t{m} * 24];
+    std::memcpy(e, &offset, 8);
+    std::memcpy(e + 8, &length, 8);
+    std::memcpy(e + 16, &crc, 4);
+  }
+  const std::size_t crc_at = dir_at + std::size_t{p.config.nodes} * 24;
+  const std::uint32_t hcrc = crc32(w.out.data(), crc_at);
+  std::memcpy(&w.out[crc_at], &hcrc, 4);
+  return std::move(w.out);
+}
+
+PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::string& name) {
+  Reader r(data, size, name, "header");
+  r.need(16);
+  if (std::memcmp(data, kMagic, 8) != 0) r.fail("not a solar plan file (bad magic)");
+  Reader pre(data + 8, size - 8, name, "header");
+  const auto version = pre.get<std::uint32_t>();
+  if (version != kPlanFileVersion)
+    r.fail(fmt::format("plan file version {} is not supported by this solar (reads version {})",
+                       version, kPlanFileVersion));
+  const auto header_size = pre.get<std::uint32_t>();
+  if (header_size > size) r.fail(fmt::format("truncated (header says {} bytes, file has {})",
+                                             header_size, size));
+  r.get<std::uint64_t>();
+  r.get<std::uint64_t>();
+  PlanHeader h;
+  PlanConfig& c = h.config;
+  c.samples = r.get<std::uint64_t>();
+  c.sample_bytes = r.get<std::uint64_t>();
+  c.epochs = r.get<std::uint32_t>();
+  c.nodes = r.get<std::uint32_t>();
+  c.ranks_per_node = r.get<std::uint32_t>();
+  c.batch = r.get<std::uint32_t>();
+  c.imbalance = r.get<std::uint32_t>();
+  c.drop_last = r.get<std::uint8_t>() != 0;
+  const auto order = r.get<std::uint8_t>();
+  const auto policy = r.get<std::uint8_t>();
+  c.peer_fetch = r.get<std::uint8_t>() != 0;
+  c.seed = r.get<std::uint64_t>();
+  c.buffer_bytes = r.get<std::uint64_t>();
+  if (order > 1) r.fail(fmt::format("unknown order mode {}", order));
+  if (policy > 4) r.fail(fmt::format("unknown policy {}", policy));
+  c.order = static_cast<OrderMode>(order);
+  c.policy = static_cast<Policy>(policy);
+  try {
+    c.validate();
+  } catch (const ConfigError& e) {
+    r.fail(std::string("invalid inputs: ") + e.what());
+  }
+  h.layout = EpochLayout::of(c);
+  const auto per_rank = r.get<std::uint64_t>();
+  const auto steps = r.get<std::uint32_t>();
+  const auto last_batch = r.get<std::uint32_t>();
+  if (per_rank != h.layout.per_rank || steps != h.layout.steps ||
+      last_batch != h.layout.last_batch)
+    r.fail("epoch layout does not match its inputs");
+  Metrics& m = h.metrics;
+  for (std::uint64_t* v : {&m.accesses, &m.hits, &m.remote_fetches, &m.remote_bytes,
+                           &m.remote_runs, &m.peer_fetches, &m.lower_bound_fetches})
+    *v = r.get<std::uint64_t>();
+  r.get_array(h.epoch_order, c.epochs);
+  std::vector<bool> seen(c.epochs, false);
+  for (std::uint32_t e : h.epoch_order) {
+    if (e >= c.epochs || seen[e]) r.fail("epoch order is not a permutation of the epochs");
+    seen[e] = true;
+  }
+  m.per_epoch.resize(c.epochs);
+  for (auto& e : m.per_epoch)
+    for (std::uint64_t* v : {&e.accesses, &e.hits, &e.remote_fetches, &e.peer_fetches})
+      *v = r.get<std::uint64_t>();
+  h.directory.resize(c.nodes);
+  for (auto& d : h.directory) {
+    d.offset = r.get<std::uint64_t>();
+    d.length = r.get<std::uint64_t>();
+    d.crc = r.get<std::uint32_t>();
+    r.get<std::uint32_t>();
+  }
+  const std::size_t crc_at = r.pos();
+  const auto stored = r.get<std::uint32_t>();
+  if (crc32(data, crc_at) != stored) r.fail("header checksum mismatch (file is corrupt)");
+  if (r.pos() > header_size) r.fail("header is longer than its recorded size");
+  for (std::uint32_t n = 0; n < c.nodes; ++n) {
+    const auto& d = h.directory[n];
+    if (d.offset < header_size || d.length < 56 || d.offset % 8 != 0)
+      r.fail(fmt::format("directory entry of node {} is malformed", n));
+  }
+  return h;
+}
+
+NodePlan decode_node(const PlanHeader& h, std::uint32_t node, const std::uint8_t* data,
+                     std::size_t size, const std::string& name) {
+  const std::string part = fmt::format("node {} section", node);
+  Reader r(data, size, name, part.c_str());
+  if (node >= h.config.nodes)
+    r.fail(fmt::format("no such node (the plan has nodes 0..{})", h.config.nodes - 1));
+  const auto& d = h.directory[node];
+  if (size != d.length) r.fail(fmt::format("truncated ({} of {} bytes)", size, d.length));
+  if (crc32(data, size) != d.crc) r.fail("checksum mismatch (file is corrupt)");
+  r.need(16);
+  if (std::memcmp(data, kNodeMagic, 8) != 0) r.fail("bad section magic");
+  r.get<std::uint64_t>();
+  NodePlan np;
+  np.node = r.get<std::uint32_t>();
+  r.get<std::uint32_t>();
+  if (np.node != node) r.fail(fmt::format("section belongs to node {}", np.node));
+  const std::uint64_t T = r.get<std::uint64_t>(), n_access = r.get<std::uint64_t>(),
+                      n_runs = r.get<std::uint64_t>(), n_peers = r.get<std::uint64_t>(),
+                      n_evicts = r.get<std::uint64_t>();
+  const std::uint64_t R = h.config.ranks_per_node;
+  if (T != std::uint64_t{h.layout.steps} * h.config.epochs) r.fail("wrong number of steps");
+  std::vector<std::uint32_t> counts;
+  r.get_array(counts, T * R);
+  np.rank_offsets.resize(T * R + 1);
+  np.rank_offsets[0] = 0;
+  for (std::uint64_t i = 0; i < counts.size(); ++i)
+    np.rank_offsets[i + 1] = np.rank_offsets[i] + counts[i];
+  if (np.rank_offsets.back() != n_access) r.fail("access counts do not add up");
+  r.get_array(np.accesses, n_access);
+  for (std::uint32_t a : np.accesses)
+    if ((a & kSampleMask) >= h.config.samples) r.fail("sample id out of range");
+  auto skip_pad = [&] { r.skip((8 - r.pos() % 8) % 8); };
+  skip_pad();
+  NodeSchedule& s = np.schedule;
+  r.get_array(s.fetch_offsets, T + 1);
+  r.get_array(s.fetch_runs, n_runs);
+  check_offsets(r, s.fetch_offsets, n_runs, "fetch");
+  for (const auto& run : s.fetch_runs)
+    if (run.count == 0 || std::uint64_t{run.first} + run.count > h.config.samples)
+      r.fail("fetch run out of range");
+  skip_pad();
+  r.get_array(s.peer_offsets, T + 1);
+  r.get_array(s.peer_fetches, n_peers);
+  check_offsets(r, s.peer_offsets, n_peers, "peer");
+  for (const auto& pf : s.peer_fetches)
+    if (pf.sample >= h.config.samples || pf.from_node >= h.config.nodes || pf.from_node == node)
+      r.fail("peer fetch out of range");
+  skip_pad();
+  r.get_array(s.evict_offsets, T + 1);
+  r.get_array(s.evicts, n_evicts);
+  check_offsets(r, s.evict_offsets, n_evicts, "evict");
+  for (std::uint32_t x : s.evicts)
+    if (x >= h.config.samples) r.fail("evicted sample out of range");
+  return np;
+}
+
+Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& name) {
+  PlanHeader h = decode_header(data, size, name);
+  Plan p;
+  p.config = h.config;
+  p.layout = h.layout;
+  p.epoch_order = h.epoch_order;
+  p.metrics = h.metrics;
+  const std::uint64_t T = p.total_steps(), R = p.config.ranks_per_node, M = p.config.nodes;
+  std::vector<NodePlan> parts;
+  parts.reserve(M);
+  for (std::uint32_t m = 0; m < M; ++m) {
+    const auto& d = h.directory[m];
+    if (d.offset > size || d.length > size - d.offset)
+      throw PlanFileError(fmt::format("{}: node {} section: truncated (file has {} bytes, "
+                                      "section ends at {}); recompute it with `solar plan --out`",
+                                      name, m, size, d.offset + d.length));
+    parts.push_back(decode_node(h, m, data + d.offset, d.length, name));
+  }
+  p.rank_offsets.reserve(T * R * M + 1);
+  p.rank_offsets.push_back(0);
+  for (std::uint64_t t = 0; t < T; ++t)
+    for (std::uint32_t m = 0; m < M; ++m)
+      for (std::uint64_t r = 0; r < R; ++r) {
+        const NodePlan& np = parts[m];
+        const std::uint64_t b = np.rank_offsets[t * R + r], e = np.rank_offsets[t * R + r + 1];
+        p.accesses.insert(p.accesses.end(), np.accesses.begin() + static_cast<std::ptrdiff_t>(b),
+                          np.accesses.begin() + static_cast<std::ptrdiff_t>(e));
+        p.rank_offsets.push_back(p.accesses.size());
+      }
+  for (auto& np : parts) p.nodes.push_back(std::move(np.schedule));
+  return p;
+}
+
+namespace {
+std::vector<std::uint8_t> read_range(int fd, std::uint64_t offset, std::uint64_t length,
+                                     const std::string& name) {
+  std::vector<std::uint8_t> buf(length);
+  std::uint64_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pread(fd, buf.data() + done, length - done,
+                              static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw PlanFileError(fmt::format("{}: read failed: {}", name, std::strerror(errno)));
+    }
+    if (n == 0) break;
+    done += static_cast<std::uint64_t>(n);
+  }
+  buf.resize(done);
+  return buf;
+}
+
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+}  // namespace
+
+PlanFile PlanFile::open(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0)
+    throw PlanFileError(fmt::format("{}: cannot open plan file: {}", name, std::strerror(errno)));
+  auto head = read_range(f.fd, 0, 16, name);
+  std::uint32_t header_size = 0;
+  if (head.size() == 16) std::memcpy(&header_size, head.data() + 12, 4);
+  if (header_size > (1u << 30)) header_size = 16;  // garbage: let decode_header report it
+  auto bytes = read_range(f.fd, 0, std::max<std::uint32_t>(header_size, 16), name);
+  PlanFile pf;
+  pf.path_ = path;
+  pf.header_ = decode_header(bytes.data(), bytes.size(), name);
+  return pf;
+}
+
+NodePlan PlanFile::node(std::uint32_t node) const {
+  const std::string name = path_.string();
+  if (node >= header_.config.nodes)
+    throw PlanFileError(fmt::format("{}: no node {} (the plan has nodes 0..{})", name, node,
+                                    header_.config.nodes - 1));
+  Fd f{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0)
+    throw PlanFileError(fmt::format("{}: cannot open plan file: {}", name, std::strerror(errno)));
+  const auto& d = header_.directory[node];
+  auto bytes = read_range(f.fd, d.offset, d.length, name);
+  return decode_node(header_, node, bytes.data(), bytes.size(), name);
+}
+
+void write_plan_file(const Plan& plan, const std::filesystem::path& path) {
+  const auto bytes = encode_plan(plan);
+  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw PlanFileError(fmt::format("{}: cannot create: {}", tmp.string(), std::strerror(errno)));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw PlanFileError(fmt::format("{}: write failed: {}", tmp.string(), std::strerror(err)));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw PlanFileError(fmt::format("{}: fsync failed: {}", tmp.string(), std::strerror(err)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw PlanFileError(fmt::format("{}: cannot rename into place: {}", path.string(),
+                                    std::strerror(err)));
+  }
+}
+
+}  // namespace solar

@@ -1,0 +1,156 @@
+#include "solar/core/planner.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "plan_builder.h"
+#include "policies.h"
+
+namespace solar {
+namespace detail {
+
+EpochStream::EpochStream(const PlanConfig& c, const EpochLayout& layout,
+                         std::span<const std::uint32_t> order, bool want_next_use)
+    : c_(c), layout_(layout), order_(order), want_next_use_(want_next_use) {}
+
+void EpochStream::load(std::uint32_t position) {
+  const std::uint64_t used = layout_.used();
+  if (have_next_ && position == position_ + 1) {
+    std::swap(cur_, next_);
+  } else {
+    epoch_sequence(c_, layout_, order_[position], cur_);
+  }
+  cur_.resize(used);
+  position_ = position;
+  have_next_ = false;
+  if (!want_next_use_) return;
+
+  const std::uint32_t none = ~std::uint32_t{0};
+  scratch_.assign(c_.samples, none);
+  next_in_cur_.assign(used, none);
+  for (std::uint64_t i = used; i-- > 0;) {
+    const std::uint32_t x = cur_[i];
+    next_in_cur_[i] = scratch_[x];
+    scratch_[x] = static_cast<std::uint32_t>(i);
+  }
+  first_in_next_.assign(c_.samples, none);
+  if (position + 1 < order_.size()) {
+    epoch_sequence(c_, layout_, order_[position + 1], next_);
+    next_.resize(used);
+    for (std::uint64_t i = used; i-- > 0;) first_in_next_[next_[i]] = static_cast<std::uint32_t>(i);
+    have_next_ = true;
+  }
+}
+
+std::uint64_t EpochStream::next_use(std::uint32_t step, std::uint64_t k) const {
+  const std::uint32_t none = ~std::uint32_t{0};
+  const std::uint64_t i = layout_.step_begin(step) + k;
+  const std::uint64_t used = layout_.used();
+  if (next_in_cur_[i] != none) return std::uint64_t{position_} * used + next_in_cur_[i];
+  const std::uint32_t f = first_in_next_[cur_[i]];
+  if (f != none) return std::uint64_t{position_ + 1} * used + f;
+  return kNever;
+}
+
+void StepRecord::reset(std::uint64_t world, std::uint32_t nodes) {
+  ranks.resize(world);
+  for (auto& r : ranks) r.clear();
+  misses.resize(nodes);
+  peers.resize(nodes);
+  evicted.resize(nodes);
+  for (std::uint32_t m = 0; m < nodes; ++m) {
+    misses[m].clear();
+    peers[m].clear();
+    evicted[m].clear();
+  }
+}
+
+PlanRecorder::PlanRecorder(const PlanConfig& c, std::vector<std::uint32_t> epoch_order,
+                           const ProgressFn& progress)
+    : progress_(progress) {
+  plan_.config = c;
+  plan_.layout = EpochLayout::of(c);
+  plan_.epoch_order = std::move(epoch_order);
+  const std::uint64_t steps = plan_.total_steps();
+  plan_.rank_offsets.reserve(steps * plan_.layout.world + 1);
+  plan_.rank_offsets.push_back(0);
+  plan_.accesses.reserve(std::uint64_t{c.epochs} * plan_.layout.used());
+  plan_.nodes.resize(c.nodes);
+  for (auto& n : plan_.nodes) {
+    n.fetch_offsets.assign(1, 0);
+    n.peer_offsets.assign(1, 0);
+    n.evict_offsets.assign(1, 0);
+    n.fetch_offsets.reserve(steps + 1);
+    n.peer_offsets.reserve(steps + 1);
+    n.evict_offsets.reserve(steps + 1);
+  }
+  plan_.metrics.per_epoch.resize(c.epochs);
+  plan_.metrics.lower_bound_fetches = lower_bound_fetches(c);
+}
+
+void PlanRecorder::commit(std::uint32_t position, StepRecord& rec) {
+  Metrics& m = plan_.metrics;
+  EpochMetrics& em = m.per_epoch[position];
+  for (auto& r : rec.ranks) {
+    for (std::uint32_t a : r) {
+      plan_.accesses.push_back(a);
+      ++em.accesses;
+      if (a & kHitBit) ++em.hits;
+    }
+    plan_.rank_offsets.push_back(plan_.accesses.size());
+  }
+  for (std::uint32_t node = 0; node < plan_.nodes.size(); ++node) {
+    NodeSchedule& ns = plan_.nodes[node];
+    auto& miss = rec.misses[node];
+    std::sort(miss.begin(), miss.end());
+    em.remote_fetches += miss.size();
+    for (std::size_t i = 0; i < miss.size();) {
+      std::size_t j = i + 1;
+      while (j < miss.size() && miss[j] == miss[j - 1] + 1) ++j;
+      ns.fetch_runs.push_back({miss[i], static_cast<std::uint32_t>(j - i)});
+      i = j;
+    }
+    ns.fetch_offsets.push_back(ns.fetch_runs.size());
+    auto& peers = rec.peers[node];
+    std::sort(peers.begin(), peers.end(), [](const PeerFetch& a, const PeerFetch& b) {
+      return a.sample < b.sample;
+    });
+    em.peer_fetches += peers.size();
+    ns.peer_fetches.insert(ns.peer_fetches.end(), peers.begin(), peers.end());
+    ns.peer_offsets.push_back(ns.peer_fetches.size());
+    ns.evicts.insert(ns.evicts.end(), rec.evicted[node].begin(), rec.evicted[node].end());
+    ns.evict_offsets.push_back(ns.evicts.size());
+  }
+  ++steps_done_;
+  if (progress_ && (steps_done_ % 64 == 0 || steps_done_ == plan_.total_steps()))
+    progress_(steps_done_, plan_.total_steps());
+}
+
+Plan PlanRecorder::finish() {
+  Metrics& m = plan_.metrics;
+  for (const auto& e : m.per_epoch) {
+    m.accesses += e.accesses;
+    m.hits += e.hits;
+    m.remote_fetches += e.remote_fetches;
+    m.peer_fetches += e.peer_fetches;
+  }
+  m.remote_bytes = m.remote_fetches * plan_.config.sample_bytes;
+  for (const auto& n : plan_.nodes) m.remote_runs += n.fetch_runs.size();
+  return std::move(plan_);
+}
+
+}  // namespace detail
+
+Plan make_plan(const PlanConfig& config, const ProgressFn& progress) {
+  config.validate();
+  switch (config.policy) {
+    case Policy::none: return detail::plan_none(config, progress);
+    case Policy::lru: return detail::plan_lru(config, progress);
+    case Policy::solar_paper: return detail::plan_solar_paper(config, progress);
+    case Policy::nopfs: return detail::plan_nopfs(config, progress);
+    case Policy::solar: return detail::plan_solar(config, progress);
+  }
+  throw ConfigError("--policy", "unknown policy");
+}
+
+}  // namespace solar

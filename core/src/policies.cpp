@@ -1,0 +1,207 @@
+// The five policies. All share the epoch stream, the node buffer simulation and the recorder
+// (plan_builder.h); they differ in epoch order, in who gets which sample of a step, and in the
+// eviction key a buffered sample carries.
+#include "policies.h"
+
+#include <algorithm>
+#include <numeric>
+#include <queue>
+
+#include "plan_builder.h"
+#include <unordered_map>
+
+namespace solar::detail {
+namespace {
+
+std::vector<std::uint32_t> identity_order(std::uint32_t epochs) {
+  std::vector<std::uint32_t> v(epochs);
+  std::iota(v.begin(), v.end(), 0U);
+  return v;
+}
+
+// The common loop of the policies whose assignment ignores the buffers (none, lru, nopfs).
+template <class KeyFn>
+Plan run_static(const PlanConfig& c, const ProgressFn& progress, std::uint64_t capacity,
+                KeyFn&& key, bool keep_between_steps = true) {
+  const EpochLayout layout = EpochLayout::of(c);
+  const auto order = identity_order(c.epochs);
+  EpochStream stream(c, layout, order, false);
+  PlanRecorder recorder(c, order, progress);
+  auto bufs = make_buffers(c, capacity);
+  StepRecord rec;
+  Assignment a;
+  std::uint64_t t = 0;
+  for (std::uint32_t p = 0; p < c.epochs; ++p) {
+    stream.load(p);
+    for (std::uint32_t j = 0; j < layout.steps; ++j, ++t) {
+      const auto batch = stream.batch(j);
+      rec.reset(layout.world, c.nodes);
+      standard_assignment(batch.size(), layout.world, a);
+      if (!keep_between_steps)
+        for (std::uint32_t m = 0; m < c.nodes; ++m) bufs[m].clear(rec.evicted[m]);
+      simulate_step(c, batch, a, bufs, t + 1, key, rec);
+      recorder.commit(p, rec);
+    }
+  }
+  return recorder.finish();
+}
+
+}  // namespace
+
+Plan plan_none(const PlanConfig& c, const ProgressFn& progress) {
+  // No buffer: a sample lives only while its step runs.
+  const std::uint64_t step_cap = std::uint64_t{c.ranks_per_node} * c.batch;
+  return run_static(
+      c, progress, step_cap, [](std::uint32_t, std::uint32_t, std::uint32_t, bool) { return 0; },
+      false);
+}
+
+Plan plan_lru(const PlanConfig& c, const ProgressFn& progress) {
+  std::uint64_t clock = 0;
+  return run_static(c, progress, c.buffer_samples(),
+                    [&](std::uint32_t, std::uint32_t, std::uint32_t, bool) { return ++clock; });
+}
+
+Plan plan_nopfs(const PlanConfig& c, const ProgressFn& progress) {
+  // NoPFS: with the access stream known, each node keeps the samples it will read most often
+  // (static assignment) for the whole run; the rest of its buffer stages the current step.
+  const EpochLayout layout = EpochLayout::of(c);
+  const std::uint64_t step_cap = std::uint64_t{c.ranks_per_node} * c.batch;
+  const std::uint64_t static_cap = c.buffer_samples() - std::min(c.buffer_samples(), step_cap);
+  const std::uint64_t used = layout.used(), R = c.ranks_per_node, W = layout.world;
+
+  // node_of[e·N + x]: the node that reads x in epoch e (the first time, if padded twice).
+  // Extra reads of padded duplicates are few and counted on the side.
+  const std::uint16_t none16 = 0xffff;
+  std::vector<std::uint16_t> node_of(std::uint64_t{c.epochs} * c.samples, none16);
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> extra;  // (x, node)
+  {
+    std::vector<std::uint32_t> seq;
+    for (std::uint32_t e = 0; e < c.epochs; ++e) {
+      epoch_sequence(c, layout, e, seq);
+      for (std::uint64_t q = 0; q < used; ++q) {
+        // Within step j, batch position k = q - j·W·b goes to rank k mod W, i.e. q mod W.
+        const auto node = static_cast<std::uint32_t>((q % W) / R);
+        auto& slot = node_of[std::uint64_t{e} * c.samples + seq[q]];
+        if (slot == none16) slot = static_cast<std::uint16_t>(node);
+        else extra.emplace_back(seq[q], node);
+      }
+    }
+  }
+  std::sort(extra.begin(), extra.end());
+  // Top static_cap samples per node by access count (ties: lower sample id).
+  using Item = std::pair<std::uint32_t, std::int64_t>;  // (count, -x): min-heap keeps the best
+  std::vector<std::priority_queue<Item, std::vector<Item>, std::greater<>>> top(c.nodes);
+  std::vector<std::uint32_t> counts(c.nodes, 0);
+  std::vector<std::uint32_t> touched;
+  std::size_t ex = 0;
+  for (std::uint32_t x = 0; x < c.samples; ++x) {
+    touched.clear();
+    auto bump = [&](std::uint32_t node) {
+      if (counts[node]++ == 0) touched.push_back(node);
+    };
+    for (std::uint32_t e = 0; e < c.epochs; ++e) {
+      const std::uint16_t node = node_of[std::uint64_t{e} * c.samples + x];
+      if (node != none16) bump(node);
+    }
+    while (ex < extra.size() && extra[ex].first == x) bump(extra[ex++].second);
+    for (std::uint32_t node : touched) {
+      const Item item{counts[node], -std::int64_t{x}};
+      auto& h = top[node];
+      if (h.size() < static_cap) h.push(item);
+      else if (static_cap > 0 && h.top() < item) {
+        h.pop();
+        h.push(item);
+      }
+      counts[node] = 0;
+    }
+  }
+  node_of.clear();
+  node_of.shrink_to_fit();
+  std::vector<std::unordered_map<std::uint32_t, char>> pinned(c.nodes);
+  for (std::uint32_t m = 0; m < c.nodes; ++m) {
+    pinned[m].reserve(top[m].size() * 2);
+    while (!top[m].empty()) {
+      pinned[m].emplace(static_cast<std::uint32_t>(-top[m].top().second), 1);
+      top[m].pop();
+    }
+  }
+  constexpr std::uint64_t kStatic = ~std::uint64_t{0} - 1;
+  std::uint64_t clock = 0;
+  return run_static(c, progress, c.buffer_samples(),
+                    [&](std::uint32_t m, std::uint32_t, std::uint32_t x, bool) {
+                      return pinned[m].count(x) ? kStatic : ++clock;
+                    });
+}
+
+Plan plan_solar_paper(const PlanConfig& c, const ProgressFn& progress) {
+  // The published SOLAR artifact (ANL-FAIR-SBI/SOLAR, utils/solar_shuffle.py and the dataset
+  // class), re-implemented:
+  //  - epoch order: PSO over the cost "first K of epoch j not in last K of epoch i", K = the
+  //    aggregate buffer M·C;
+  //  - the first ⌊K/G⌋ steps of each epoch are rescheduled: a sample that was among the last K
+  //    of the previous epoch goes to the rank that read it then (its owner) while that rank
+  //    has room, all ranks keeping exactly b samples; the rest fill the free slots in order;
+  //  - each node's buffer is FIFO (hits do not refresh), filled by every miss.
+  const EpochLayout layout = EpochLayout::of(c);
+  const auto order = paper_epoch_order(c);
+  EpochStream stream(c, layout, order, false);
+  PlanRecorder recorder(c, order, progress);
+  auto bufs = make_buffers(c, c.buffer_samples());
+  const std::uint64_t W = layout.world, used = layout.used();
+  const std::uint64_t K = std::min<std::uint64_t>(std::uint64_t{c.nodes} * c.buffer_samples(), used);
+  const std::uint64_t G = W * c.batch;
+  const std::uint64_t rescheduled = K / G;
+  const std::uint32_t none = ~std::uint32_t{0};
+  // owner[x]: rank that read x among the previous epoch's last K accesses (none otherwise).
+  std::vector<std::uint32_t> owner(c.samples, none), reader(c.samples, none);
+  StepRecord rec;
+  Assignment a(W);
+  std::vector<std::uint32_t> fill(W);
+  std::vector<std::uint32_t> misses;
+  std::uint64_t clock = 0, t = 0;
+  for (std::uint32_t p = 0; p < c.epochs; ++p) {
+    stream.load(p);
+    std::uint64_t q0 = 0;  // position of the step's first access in the epoch
+    for (std::uint32_t j = 0; j < layout.steps; ++j, ++t) {
+      const auto batch = stream.batch(j);
+      const std::uint32_t bj = layout.rank_batch(j);
+      rec.reset(W, c.nodes);
+      if (p > 0 && j < rescheduled) {
+        for (auto& r : a) r.clear();
+        misses.clear();
+        for (std::uint32_t k = 0; k < batch.size(); ++k) {
+          const std::uint32_t o = owner[batch[k]];
+          if (o != none && a[o].size() < bj) a[o].push_back(k);
+          else misses.push_back(k);
+        }
+        std::size_t next = 0;
+        for (std::uint64_t w = 0; w < W; ++w)
+          while (a[w].size() < bj) a[w].push_back(misses[next++]);
+      } else {
+        standard_assignment(batch.size(), W, a);
+      }
+      simulate_step(c, batch, a, bufs, t + 1,
+                    [&](std::uint32_t m, std::uint32_t, std::uint32_t x, bool resident) {
+                      return resident ? bufs[m].key(x) : ++clock;
+                    },
+                    rec);
+      for (std::uint64_t w = 0; w < W; ++w)
+        for (std::uint32_t k : a[w]) reader[batch[k]] = static_cast<std::uint32_t>(w);
+      recorder.commit(p, rec);
+      q0 += batch.size();
+    }
+    // Owners for the next epoch: who read each of this epoch's last K accesses.
+    std::fill(owner.begin(), owner.end(), none);
+    const auto& seq_end = q0;
+    for (std::uint32_t j = 0; j < layout.steps; ++j) {
+      const auto batch = stream.batch(j);
+      const std::uint64_t begin = layout.step_begin(j);
+      for (std::uint64_t k = 0; k < batch.size(); ++k)
+        if (begin + k + K >= seq_end) owner[batch[k]] = reader[batch[k]];
+    }
+  }
+  return recorder.finish();
+}
+
+}  // namespace solar::detail

@@ -1,0 +1,15 @@
+// One function per policy; each computes a whole Plan. See README "Policies".
+#pragma once
+
+#include "solar/core/plan.h"
+#include "solar/core/planner.h"
+
+namespace solar::detail {
+
+Plan plan_none(const PlanConfig& c, const ProgressFn& progress);
+Plan plan_lru(const PlanConfig& c, const ProgressFn& progress);
+Plan plan_nopfs(const PlanConfig& c, const ProgressFn& progress);
+Plan plan_solar_paper(const PlanConfig& c, const ProgressFn& progress);
+Plan plan_solar(const PlanConfig& c, const ProgressFn& progress);
+
+}  // namespace solar::detail

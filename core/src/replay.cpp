@@ -1,0 +1,132 @@
+#include "solar/core/replay.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace solar {
+
+std::uint64_t effective_capacity(const PlanConfig& c) {
+  return c.policy == Policy::none ? std::uint64_t{c.ranks_per_node} * c.batch
+                                  : c.buffer_samples();
+}
+
+ReplayReport replay_plan(const Plan& plan) {
+  const PlanConfig& c = plan.config;
+  const EpochLayout layout = EpochLayout::of(c);
+  const std::uint64_t W = layout.world, R = c.ranks_per_node, M = c.nodes;
+  const std::uint64_t cap = effective_capacity(c);
+  auto fail = [](const std::string& what) { throw PlanInvalid(what); };
+
+  if (plan.epoch_order.size() != c.epochs) fail("epoch order has the wrong length");
+  {
+    std::vector<std::uint32_t> sorted = plan.epoch_order;
+    std::sort(sorted.begin(), sorted.end());
+    for (std::uint32_t e = 0; e < c.epochs; ++e)
+      if (sorted[e] != e) fail("epoch order is not a permutation of the epochs");
+  }
+  if (plan.rank_offsets.size() != plan.total_steps() * W + 1) fail("rank offsets: wrong size");
+  if (plan.nodes.size() != M) fail("wrong number of node schedules");
+
+  ReplayReport rep;
+  Metrics& m = rep.metrics;
+  m.per_epoch.resize(c.epochs);
+  m.lower_bound_fetches = lower_bound_fetches(c);
+  std::vector<std::unordered_set<std::uint32_t>> resident(M);
+  std::vector<std::uint32_t> seq, expect, got;
+  std::vector<std::unordered_map<std::uint32_t, int>> fetched(M);  // this step: sample -> uses
+  std::uint64_t t = 0;
+  for (std::uint32_t p = 0; p < c.epochs; ++p) {
+    epoch_sequence(c, layout, plan.epoch_order[p], seq);
+    EpochMetrics& em = m.per_epoch[p];
+    for (std::uint32_t j = 0; j < layout.steps; ++j, ++t) {
+      const std::uint32_t bj = layout.rank_batch(j);
+      const std::uint64_t lo = bj > c.imbalance ? bj - c.imbalance : 1, hi = bj + c.imbalance;
+      // Membership and sizes.
+      expect.assign(seq.begin() + static_cast<std::ptrdiff_t>(layout.step_begin(j)),
+                    seq.begin() + static_cast<std::ptrdiff_t>(layout.step_begin(j) +
+                                                              layout.step_size(j)));
+      got.clear();
+      for (std::uint64_t w = 0; w < W; ++w) {
+        const auto b = plan.rank_batch(t, w);
+        if (b.size() < lo || b.size() > hi)
+          fail(fmt::format("step {} rank {}: {} samples, outside [{}, {}]", t, w, b.size(), lo,
+                           hi));
+        for (std::uint32_t a : b) got.push_back(a & kSampleMask);
+      }
+      std::sort(expect.begin(), expect.end());
+      std::sort(got.begin(), got.end());
+      if (got != expect)
+        fail(fmt::format("step {} (epoch position {}, step {}): the global batch's membership "
+                         "differs from the epoch's order",
+                         t, p, j));
+      // Evictions, then fetches, on every node.
+      for (std::uint64_t n = 0; n < M; ++n)
+        for (std::uint32_t x : plan.nodes[n].evicts_at(t))
+          if (resident[n].erase(x) == 0)
+            fail(fmt::format("step {} node {}: evicts sample {} that it does not hold", t, n, x));
+      for (std::uint64_t n = 0; n < M; ++n) {
+        fetched[n].clear();
+        auto bring = [&](std::uint32_t x) {
+          if (!resident[n].insert(x).second)
+            fail(fmt::format("step {} node {}: fetches sample {} that it already holds", t, n, x));
+          fetched[n][x] = 0;
+        };
+        for (const FetchRun& run : plan.nodes[n].fetches_at(t)) {
+          for (std::uint32_t x = run.first; x < run.first + run.count; ++x) bring(x);
+          em.remote_fetches += run.count;
+          ++m.remote_runs;
+        }
+        for (const PeerFetch& pf : plan.nodes[n].peers_at(t)) {
+          if (pf.from_node >= M || pf.from_node == n || !resident[pf.from_node].count(pf.sample))
+            fail(fmt::format("step {} node {}: peer node {} does not hold sample {}", t, n,
+                             pf.from_node, pf.sample));
+          bring(pf.sample);
+          ++em.peer_fetches;
+        }
+        if (resident[n].size() > cap)
+          fail(fmt::format("step {} node {}: holds {} samples, over its capacity of {}", t, n,
+                           resident[n].size(), cap));
+        rep.peak_occupancy = std::max<std::uint64_t>(rep.peak_occupancy, resident[n].size());
+      }
+      // Accesses.
+      for (std::uint64_t w = 0; w < W; ++w) {
+        const std::uint64_t n = w / R;
+        for (std::uint32_t a : plan.rank_batch(t, w)) {
+          const std::uint32_t x = a & kSampleMask;
+          if (!resident[n].count(x))
+            fail(fmt::format("step {} rank {}: sample {} is not in node {}'s buffer", t, w, x, n));
+          auto f = fetched[n].find(x);
+          const bool hit = f == fetched[n].end() || f->second++ > 0;
+          if (hit != ((a & kHitBit) != 0))
+            fail(fmt::format("step {} rank {}: sample {} is flagged {} but was {}", t, w, x,
+                             (a & kHitBit) ? "hit" : "miss", hit ? "a hit" : "fetched for it"));
+          ++em.accesses;
+          if (hit) ++em.hits;
+        }
+      }
+      for (std::uint64_t n = 0; n < M; ++n)
+        for (const auto& [x, uses] : fetched[n])
+          if (uses == 0)
+            fail(fmt::format("step {} node {}: fetches sample {} that no rank of it uses", t, n,
+                             x));
+    }
+  }
+  for (const auto& e : m.per_epoch) {
+    m.accesses += e.accesses;
+    m.hits += e.hits;
+    m.remote_fetches += e.remote_fetches;
+    m.peer_fetches += e.peer_fetches;
+  }
+  m.remote_bytes = m.remote_fetches * c.sample_bytes;
+  if (!(m == plan.metrics))
+    fail(fmt::format("recounted metrics differ from the plan's: remote {} vs {}, hits {} vs {}, "
+                     "peer {} vs {}, accesses {} vs {}, runs {} vs {}",
+                     m.remote_fetches, plan.metrics.remote_fetches, m.hits, plan.metrics.hits,
+                     m.peer_fetches, plan.metrics.peer_fetches, m.accesses,
+                     plan.metrics.accesses, m.remote_runs, plan.metrics.remote_runs));
+  return rep;
+}
+
+}  // namespace solar

@@ -1,0 +1,116 @@
+#include <gtest/gtest.h>
+
+#include "solar/core/order.h"
+
+namespace solar {
+namespace {
+
+PlanConfig small(std::uint64_t n, std::uint32_t nodes, std::uint32_t r, std::uint32_t b) {
+  PlanConfig c;
+  c.samples = n;
+  c.sample_bytes = 1;
+  c.epochs = 3;
+  c.nodes = nodes;
+  c.ranks_per_node = r;
+  c.batch = b;
+  c.buffer_bytes = n;
+  return c;
+}
+
+TEST(Layout, MatchesDistributedSamplerAndDataLoader) {
+  auto c = small(10, 1, 4, 2);  // W=4: num_samples = ceil(10/4) = 3 -> steps of 2 and 1
+  auto l = EpochLayout::of(c);
+  EXPECT_EQ(l.per_rank, 3U);
+  EXPECT_EQ(l.steps, 2U);
+  EXPECT_EQ(l.last_batch, 1U);
+  EXPECT_EQ(l.used(), 12U);
+  c.drop_last = true;  // num_samples = ceil((10-4)/4) = 2 -> one full step
+  l = EpochLayout::of(c);
+  EXPECT_EQ(l.per_rank, 2U);
+  EXPECT_EQ(l.steps, 1U);
+  EXPECT_EQ(l.used(), 8U);
+}
+
+TEST(Layout, PaddingWrapsAroundThePermutation) {
+  auto c = small(10, 1, 4, 3);
+  const auto l = EpochLayout::of(c);
+  std::vector<std::uint32_t> seq;
+  epoch_sequence(c, l, 0, seq);
+  ASSERT_EQ(seq.size(), 12U);
+  EXPECT_EQ(seq[10], seq[0]);
+  EXPECT_EQ(seq[11], seq[1]);
+}
+
+TEST(LowerBound, FormulaAndSaturation) {
+  auto c = small(800, 1, 4, 16);
+  c.sample_bytes = 1;
+  c.buffer_bytes = 512;
+  EXPECT_EQ(lower_bound_fetches(c), 800U + 2 * 288);
+  c.nodes = 2;
+  c.buffer_bytes = 512;  // 2·512 ≥ 800: everything can stay
+  EXPECT_EQ(lower_bound_fetches(c), 800U);
+}
+
+TEST(Config, RejectsBadInputWithTheFlagNamed) {
+  auto expect_flag = [](PlanConfig c, const char* flag) {
+    try {
+      c.validate();
+      FAIL() << "accepted a config that should fail on " << flag;
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.flag(), flag) << e.what();
+      EXPECT_NE(std::string(e.what()).find("allowed"), std::string::npos) << e.what();
+    }
+  };
+  auto ok = small(800, 1, 4, 16);
+  ok.sample_bytes = 10;
+  ok.buffer_bytes = 5120;
+  EXPECT_NO_THROW(ok.validate());
+  auto c = ok;
+  c.samples = 0;
+  expect_flag(c, "--samples");
+  c = ok;
+  c.batch = 201;  // 201 × 4 > 800
+  expect_flag(c, "--batch");
+  c = ok;
+  c.batch = 0;
+  expect_flag(c, "--batch");
+  c = ok;
+  c.buffer_bytes = 9;  // less than one sample
+  expect_flag(c, "--buffer");
+  c = ok;
+  c.buffer_bytes = 630;  // 63 samples < one step of 64
+  expect_flag(c, "--buffer");
+  c = ok;
+  c.ranks_per_node = 801;
+  expect_flag(c, "--ranks-per-node");
+  c = ok;
+  c.epochs = 0;
+  expect_flag(c, "--epochs");
+  c = ok;
+  c.epochs = 6000000;  // 6e6 × 800 accesses overflow the plan limit
+  expect_flag(c, "--epochs");
+  c = ok;
+  c.imbalance = 16;
+  expect_flag(c, "--imbalance");
+  c = ok;
+  c.sample_bytes = 0;
+  expect_flag(c, "--sample-bytes");
+}
+
+TEST(Config, ParsesSizesAndRejectsGarbage) {
+  EXPECT_EQ(parse_bytes("512", "--x"), 512U);
+  EXPECT_EQ(parse_bytes("16M", "--x"), 16ULL << 20);
+  EXPECT_EQ(parse_bytes("1.5G", "--x"), 3ULL << 29);
+  EXPECT_EQ(parse_bytes("2TiB", "--x"), 2ULL << 40);
+  EXPECT_THROW(parse_bytes("lots", "--x"), ConfigError);
+  EXPECT_THROW(parse_bytes("-5M", "--x"), ConfigError);
+  EXPECT_THROW(parse_bytes("99999999999T", "--x"), ConfigError);
+  EXPECT_THROW(parse_bytes("5Q", "--x"), ConfigError);
+  const auto pct = BufferSpec::parse("22.5%", "--buffer");
+  EXPECT_EQ(pct.resolve(8192, 16), 1843U * 16);
+  EXPECT_THROW(BufferSpec::parse("150%", "--buffer"), ConfigError);
+  EXPECT_THROW(BufferSpec::parse("%", "--buffer"), ConfigError);
+}
+
+}  // namespace
+}  // namespace solar
