@@ -13,6 +13,7 @@ inline constexpr int kExitUsage = 2;    // bad input: an option, a value, a miss
 // The subcommand that ran sets this; main returns it.
 int& exit_code();
 
-void add_plan_commands(CLI::App& app);  // plan, plan-dump
+void add_plan_commands(CLI::App& app);     // plan, plan-dump (cmd_plan.cpp)
+void add_storage_commands(CLI::App& app);  // gen, verify, bench io (cmd_storage.cpp)
 
 }  // namespace solar::cli

@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "solar 0.1.0");
   solar::cli::add_plan_commands(app);
+#ifdef SOLAR_HAVE_STORAGE
+  solar::cli::add_storage_commands(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
