@@ -7,82 +7,181 @@
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace solar::detail {
 
-class NodeBuffer {
+// Open-addressing hash map from sample id to Entry (linear probing, backward-shift deletion):
+// the planner's innermost data structure, several lookups per access.
+template <class V>
+class SampleMap {
  public:
-  explicit NodeBuffer(std::uint64_t capacity) : capacity_(capacity) {
-    map_.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(capacity, 1u << 22)) * 2);
+  static constexpr std::uint32_t kEmpty = ~std::uint32_t{0};
+  explicit SampleMap(std::uint64_t expected) {
+    std::size_t cap = 16;
+    while (cap < expected * 2) cap <<= 1;
+    keys_.assign(cap, kEmpty);
+    vals_.resize(cap);
+    mask_ = cap - 1;
   }
+  std::size_t size() const { return size_; }
+  V* find(std::uint32_t k) {
+    for (std::size_t i = hash(k);; i = (i + 1) & mask_) {
+      if (keys_[i] == k) return &vals_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+    }
+  }
+  const V* find(std::uint32_t k) const { return const_cast<SampleMap*>(this)->find(k); }
+  // Inserts k (which must be absent).
+  V& insert(std::uint32_t k, const V& v) {
+    if ((size_ + 1) * 2 > keys_.size()) grow();
+    std::size_t i = hash(k);
+    while (keys_[i] != kEmpty) i = (i + 1) & mask_;
+    keys_[i] = k;
+    vals_[i] = v;
+    ++size_;
+    return vals_[i];
+  }
+  bool erase(std::uint32_t k) {
+    std::size_t i = hash(k);
+    while (keys_[i] != k) {
+      if (keys_[i] == kEmpty) return false;
+      i = (i + 1) & mask_;
+    }
+    // Backward-shift: move later members of the probe chain into the hole.
+    std::size_t hole = i;
+    for (std::size_t j = (i + 1) & mask_; keys_[j] != kEmpty; j = (j + 1) & mask_) {
+      const std::size_t home = hash(keys_[j]);
+      if (((j - home) & mask_) >= ((j - hole) & mask_)) {
+        keys_[hole] = keys_[j];
+        vals_[hole] = vals_[j];
+        hole = j;
+      }
+    }
+    keys_[hole] = kEmpty;
+    --size_;
+    return true;
+  }
+  void clear() {
+    std::fill(keys_.begin(), keys_.end(), kEmpty);
+    size_ = 0;
+  }
+  template <class F>
+  void for_each(F&& f) const {
+    for (std::size_t i = 0; i < keys_.size(); ++i)
+      if (keys_[i] != kEmpty) f(keys_[i], vals_[i]);
+  }
+
+ private:
+  std::size_t hash(std::uint32_t k) const {
+    return static_cast<std::size_t>((std::uint64_t{k} * 0x9e3779b97f4a7c15ULL) >> 20) & mask_;
+  }
+  void grow() {
+    std::vector<std::uint32_t> keys = std::move(keys_);
+    std::vector<V> vals = std::move(vals_);
+    keys_.assign(keys.size() * 2, kEmpty);
+    vals_.assign(keys.size() * 2, V{});
+    mask_ = keys_.size() - 1;
+    size_ = 0;
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] != kEmpty) insert(keys[i], vals[i]);
+  }
+  std::vector<std::uint32_t> keys_;
+  std::vector<V> vals_;
+  std::size_t mask_ = 0, size_ = 0;
+};
+
+// Eviction keys are 32-bit (plans have fewer than 2^32 accesses): a heap item packs key and
+// sample into one 64-bit word, so heap comparisons are single integer compares.
+using EvictKey = std::uint32_t;
+inline constexpr EvictKey kEvictFirst = 0;
+inline constexpr EvictKey kEvictLast = ~EvictKey{0} - 1;
+// While a step runs, the samples it uses carry this key (they sink to the bottom of the heap)
+// and get their real keys at end_step(): so evictions never wade through pinned samples.
+inline constexpr EvictKey kPinnedKey = ~EvictKey{0};
+
+class NodeBuffer {
+  struct Entry {
+    EvictKey key = 0;
+    std::uint64_t pin = 0;  // the step stamp it is pinned for
+  };
+
+ public:
+  explicit NodeBuffer(std::uint64_t capacity)
+      : capacity_(capacity), map_(std::min<std::uint64_t>(capacity, 1u << 20)) {}
 
   std::uint64_t capacity() const { return capacity_; }
   std::size_t size() const { return map_.size(); }
-  bool contains(std::uint32_t x) const { return map_.count(x) != 0; }
+  bool contains(std::uint32_t x) const { return map_.find(x) != nullptr; }
 
-  // A hit: x is resident; pin it for step `stamp` and give it a new key.
-  void touch(std::uint32_t x, std::uint64_t stamp, std::uint64_t key) {
-    Entry& e = map_.at(x);
+  // A hit: x is resident; pin it for step `stamp`; it gets `key` at end_step().
+  void touch(std::uint32_t x, std::uint64_t stamp, EvictKey key) {
+    Entry& e = *map_.find(x);
     e.pin = stamp;
-    if (e.key != key) {
-      e.key = key;
-      push(key, x);
+    if (key != kPinnedKey) pending_.emplace_back(x, key);
+    if (e.key != kPinnedKey) {
+      e.key = kPinnedKey;
+      push(kPinnedKey, x);
     }
   }
 
+  // Ends the step: the samples it used get their eviction keys.
+  void end_step() {
+    for (const auto& [x, key] : pending_) {
+      Entry* e = map_.find(x);
+      if (!e || e->key == key) continue;
+      e->key = key;
+      push(key, x);
+    }
+    pending_.clear();
+  }
+
   // Pins x for step `stamp` keeping its key (FIFO hits, a copy a peer reads this step).
-  void pin(std::uint32_t x, std::uint64_t stamp) { map_.at(x).pin = stamp; }
-  std::uint64_t key(std::uint32_t x) const { return map_.at(x).key; }
+  void pin(std::uint32_t x, std::uint64_t stamp) { map_.find(x)->pin = stamp; }
+  EvictKey key(std::uint32_t x) const { return map_.find(x)->key; }
 
   // Changes x's key without pinning (e.g. a copy that will never be used here again).
-  void rekey(std::uint32_t x, std::uint64_t key) {
-    auto it = map_.find(x);
-    if (it == map_.end() || it->second.key == key) return;
-    it->second.key = key;
+  void rekey(std::uint32_t x, EvictKey key) {
+    Entry* e = map_.find(x);
+    if (!e || e->key == key) return;
+    e->key = key;
     push(key, x);
   }
 
   // A miss: makes room (appending evicted samples to `evicted`) and inserts x pinned.
-  void insert(std::uint32_t x, std::uint64_t stamp, std::uint64_t key,
+  void insert(std::uint32_t x, std::uint64_t stamp, EvictKey key,
               std::vector<std::uint32_t>& evicted) {
     while (map_.size() >= capacity_) evicted.push_back(evict_one(stamp));
-    map_.emplace(x, Entry{key, stamp});
-    push(key, x);
+    map_.insert(x, Entry{kPinnedKey, stamp});
+    push(kPinnedKey, x);
+    if (key != kPinnedKey) pending_.emplace_back(x, key);
   }
 
   // Evicts everything, appending the samples (in ascending order) to `evicted`.
   void clear(std::vector<std::uint32_t>& evicted) {
     const std::size_t from = evicted.size();
-    for (const auto& [x, e] : map_) evicted.push_back(x);
+    map_.for_each([&](std::uint32_t x, const Entry&) { evicted.push_back(x); });
     std::sort(evicted.begin() + static_cast<std::ptrdiff_t>(from), evicted.end());
     map_.clear();
     heap_.clear();
-  }
-
-  template <class F>
-  void for_each(F&& f) const {
-    for (const auto& [x, e] : map_) f(x, e.key);
+    pending_.clear();
   }
 
  private:
-  struct Entry {
-    std::uint64_t key;
-    std::uint64_t pin;  // the step stamp it is pinned for
-  };
-  using HeapItem = std::pair<std::uint64_t, std::uint32_t>;
+  static std::uint64_t item(EvictKey key, std::uint32_t x) {
+    return (std::uint64_t{key} << 32) | x;
+  }
 
-  void push(std::uint64_t key, std::uint32_t x) {
-    heap_.emplace_back(key, x);
+  void push(EvictKey key, std::uint32_t x) {
+    heap_.push_back(item(key, x));
     std::push_heap(heap_.begin(), heap_.end(), std::greater<>{});
     if (heap_.size() > 4 * map_.size() + 1024) compact();
   }
 
   void compact() {
     heap_.clear();
-    for (const auto& [x, e] : map_) heap_.emplace_back(e.key, x);
+    map_.for_each([&](std::uint32_t x, const Entry& e) { heap_.push_back(item(e.key, x)); });
     std::make_heap(heap_.begin(), heap_.end(), std::greater<>{});
   }
 
@@ -93,27 +192,29 @@ class NodeBuffer {
       // exists; running out means a policy pinned more than a step.
       if (heap_.empty()) throw std::logic_error("node buffer: every resident sample is pinned");
       std::pop_heap(heap_.begin(), heap_.end(), std::greater<>{});
-      const HeapItem top = heap_.back();
+      const std::uint64_t top = heap_.back();
       heap_.pop_back();
-      auto it = map_.find(top.second);
-      if (it == map_.end() || it->second.key != top.first) continue;  // stale
-      if (it->second.pin == stamp) {
+      const auto x = static_cast<std::uint32_t>(top);
+      const Entry* e = map_.find(x);
+      if (!e || e->key != static_cast<EvictKey>(top >> 32)) continue;  // stale
+      if (e->pin == stamp) {
         stash_.push_back(top);
         continue;
       }
-      map_.erase(it);
-      for (const auto& s : stash_) {
+      map_.erase(x);
+      for (const std::uint64_t s : stash_) {
         heap_.push_back(s);
         std::push_heap(heap_.begin(), heap_.end(), std::greater<>{});
       }
-      return top.second;
+      return x;
     }
   }
 
   std::uint64_t capacity_;
-  std::unordered_map<std::uint32_t, Entry> map_;
-  std::vector<HeapItem> heap_;
-  std::vector<HeapItem> stash_;
+  SampleMap<Entry> map_;
+  std::vector<std::uint64_t> heap_;
+  std::vector<std::uint64_t> stash_;
+  std::vector<std::pair<std::uint32_t, EvictKey>> pending_;
 };
 
 }  // namespace solar::detail

@@ -97,6 +97,7 @@ void run_node_step(NodeBuffer& buf, std::uint32_t node, std::uint64_t stamp,
     buf.insert(x, stamp, key_of(k), rec.evicted[node]);
     rec.misses[node].push_back(x);
   }
+  buf.end_step();
 }
 
 // Splits `count` samples over `ranks` ranks as evenly as possible; returns the size of rank r.
@@ -115,7 +116,7 @@ inline void standard_assignment(std::uint64_t size, std::uint64_t world, Assignm
 }
 
 // Runs every node's share of the step through its buffer and writes the ranks' access records.
-// key(node, k, x, resident) is the eviction key of batch position k (sample x) after its use.
+// key(node, k, x) is the eviction key of batch position k (sample x) after its use.
 template <class KeyFn>
 void simulate_step(const PlanConfig& c, std::span<const std::uint32_t> batch, const Assignment& a,
                    std::vector<NodeBuffer>& bufs, std::uint64_t stamp, KeyFn&& key,
@@ -133,7 +134,7 @@ void simulate_step(const PlanConfig& c, std::span<const std::uint32_t> batch, co
       }
     run_node_step(
         bufs[m], m, stamp, samples,
-        [&](std::size_t i) { return key(m, pos[i], samples[i], bufs[m].contains(samples[i])); },
+        [&](std::size_t i) { return key(m, pos[i], samples[i]); },
         hit, rec);
     std::size_t i = 0;
     for (std::uint32_t r = 0; r < R; ++r)

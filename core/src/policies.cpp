@@ -52,14 +52,14 @@ Plan plan_none(const PlanConfig& c, const ProgressFn& progress) {
   // No buffer: a sample lives only while its step runs.
   const std::uint64_t step_cap = std::uint64_t{c.ranks_per_node} * c.batch;
   return run_static(
-      c, progress, step_cap, [](std::uint32_t, std::uint32_t, std::uint32_t, bool) { return 0; },
+      c, progress, step_cap, [](std::uint32_t, std::uint32_t, std::uint32_t) { return 0; },
       false);
 }
 
 Plan plan_lru(const PlanConfig& c, const ProgressFn& progress) {
-  std::uint64_t clock = 0;
+  std::uint32_t clock = 0;
   return run_static(c, progress, c.buffer_samples(),
-                    [&](std::uint32_t, std::uint32_t, std::uint32_t, bool) { return ++clock; });
+                    [&](std::uint32_t, std::uint32_t, std::uint32_t) { return ++clock; });
 }
 
 Plan plan_nopfs(const PlanConfig& c, const ProgressFn& progress) {
@@ -126,11 +126,10 @@ Plan plan_nopfs(const PlanConfig& c, const ProgressFn& progress) {
       top[m].pop();
     }
   }
-  constexpr std::uint64_t kStatic = ~std::uint64_t{0} - 1;
-  std::uint64_t clock = 0;
+  std::uint32_t clock = 0;
   return run_static(c, progress, c.buffer_samples(),
-                    [&](std::uint32_t m, std::uint32_t, std::uint32_t x, bool) {
-                      return pinned[m].count(x) ? kStatic : ++clock;
+                    [&](std::uint32_t m, std::uint32_t, std::uint32_t x) {
+                      return pinned[m].count(x) ? kEvictLast : ++clock;
                     });
 }
 
@@ -159,7 +158,8 @@ Plan plan_solar_paper(const PlanConfig& c, const ProgressFn& progress) {
   Assignment a(W);
   std::vector<std::uint32_t> fill(W);
   std::vector<std::uint32_t> misses;
-  std::uint64_t clock = 0, t = 0;
+  std::uint32_t clock = 0;
+  std::uint64_t t = 0;
   for (std::uint32_t p = 0; p < c.epochs; ++p) {
     stream.load(p);
     std::uint64_t q0 = 0;  // position of the step's first access in the epoch
@@ -182,8 +182,8 @@ Plan plan_solar_paper(const PlanConfig& c, const ProgressFn& progress) {
         standard_assignment(batch.size(), W, a);
       }
       simulate_step(c, batch, a, bufs, t + 1,
-                    [&](std::uint32_t m, std::uint32_t, std::uint32_t x, bool resident) {
-                      return resident ? bufs[m].key(x) : ++clock;
+                    [&](std::uint32_t m, std::uint32_t, std::uint32_t x) {
+                      return bufs[m].contains(x) ? bufs[m].key(x) : ++clock;
                     },
                     rec);
       for (std::uint64_t w = 0; w < W; ++w)

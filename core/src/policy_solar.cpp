@@ -202,8 +202,10 @@ class SolarPlanner {
 
     rec_.reset(W_, M_);
     simulate_step(c_, batch, assignment_, bufs_, stamp,
-                  [&](std::uint32_t, std::uint32_t k, std::uint32_t, bool) {
-                    return ~stream_.next_use(j, k);
+                  [&](std::uint32_t, std::uint32_t k, std::uint32_t) {
+                    // Farthest next use first: never-again and dead copies (key 0) lead.
+                    const std::uint64_t next = stream_.next_use(j, k);
+                    return next == kNever ? kEvictFirst : static_cast<EvictKey>(kEvictLast - next);
                   },
                   rec_);
     for (std::uint32_t m = 0; m < M_; ++m) {
@@ -224,7 +226,7 @@ class SolarPlanner {
       }
       miss.resize(keep);
     }
-    for (const auto& [x, h] : moved_) bufs_[h].rekey(x, 0);  // dead: first to go
+    for (const auto& [x, h] : moved_) bufs_[h].rekey(x, kEvictFirst);  // dead: first to go
     recorder_.commit(p, rec_);
   }
 

@@ -70,7 +70,7 @@ struct PlanConfig {
 
 // Limits enforced by validate(); exposed so messages and tests agree on them.
 inline constexpr std::uint64_t kMaxSamples = (1ULL << 31) - 1;  // sample ids are 31-bit
-inline constexpr std::uint64_t kMaxAccesses = 1ULL << 32;        // epochs × samples per plan
+inline constexpr std::uint64_t kMaxAccesses = (1ULL << 32) - (1ULL << 26);  // epochs × samples
 inline constexpr std::uint64_t kMaxSampleBytes = 1ULL << 40;
 inline constexpr std::uint32_t kMaxNodes = 65535;
 inline constexpr std::uint32_t kMaxRanksPerNode = 1024;
