@@ -20,11 +20,11 @@ namespace {
 
 struct PlanOptions {
   std::string scenario;
-  std::optional<std::uint64_t> samples;
-  std::optional<std::string> sample_bytes;
-  std::optional<std::uint32_t> epochs, nodes, ranks_per_node, batch, imbalance;
-  std::optional<std::string> buffer;
-  std::uint64_t seed = 0;
+  // Numbers are taken as text and parsed strictly (parse_count): a negative or overflowing
+  // value is named as such instead of being wrapped or saturated.
+  std::optional<std::string> samples, sample_bytes, epochs, nodes, ranks_per_node, batch,
+      imbalance, buffer;
+  std::string seed = "0";
   std::string order = "solar";
   bool drop_last = false;
   bool peer_fetch = false;
@@ -102,12 +102,16 @@ PlanConfig build_config(const PlanOptions& o) {
     if (!o.scenario.empty() && !o.buffer)  // the preset's buffer is counted in samples
       buffer->bytes = find_scenario(o.scenario)->buffer_samples * c.sample_bytes;
   }
-  if (o.samples) c.samples = *o.samples;
-  if (o.epochs) c.epochs = *o.epochs;
-  if (o.nodes) c.nodes = *o.nodes;
-  if (o.ranks_per_node) c.ranks_per_node = *o.ranks_per_node;
-  if (o.batch) c.batch = *o.batch;
-  if (o.imbalance) c.imbalance = *o.imbalance;
+  auto u32 = [](const std::string& text, const char* flag, std::uint64_t lo, std::uint64_t hi) {
+    return static_cast<std::uint32_t>(parse_count(text, flag, lo, hi));
+  };
+  if (o.samples) c.samples = parse_count(*o.samples, "--samples", 1, kMaxSamples);
+  if (o.epochs) c.epochs = u32(*o.epochs, "--epochs", 1, kMaxEpochs);
+  if (o.nodes) c.nodes = u32(*o.nodes, "--nodes", 1, kMaxNodes);
+  if (o.ranks_per_node)
+    c.ranks_per_node = u32(*o.ranks_per_node, "--ranks-per-node", 1, kMaxRanksPerNode);
+  if (o.batch) c.batch = u32(*o.batch, "--batch", 1, kMaxSamples);
+  if (o.imbalance) c.imbalance = u32(*o.imbalance, "--imbalance", 0, kMaxSamples);
   if (o.buffer) buffer = BufferSpec::parse(*o.buffer, "--buffer");
   if (o.scenario.empty()) {
     if (!o.samples) throw ConfigError("--samples", "required without --scenario (1..2147483647)");
@@ -118,7 +122,7 @@ PlanConfig build_config(const PlanOptions& o) {
                                     "percentage of the dataset, e.g. 12.5%)");
   }
   c.buffer_bytes = buffer ? buffer->resolve(c.samples, c.sample_bytes) : 0;
-  c.seed = o.seed;
+  c.seed = parse_count(o.seed, "--seed", 0, ~std::uint64_t{0});
   auto order = parse_order_mode(o.order);
   if (!order) throw ConfigError("--order", fmt::format("'{}' is not solar or torch", o.order));
   c.order = *order;

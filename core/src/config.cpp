@@ -55,10 +55,11 @@ void PlanConfig::validate() const {
                                   "total ranks is 1..{}",
                                   nodes, ranks_per_node, world(), samples, samples));
   const std::uint64_t max_batch = samples / world();
-  range("--batch", batch, 1, max_batch,
-        fmt::format("per-rank batch (global batch {} × {} ranks must fit the {} samples)", batch,
-                    world(), samples)
-            .c_str());
+  if (batch < 1 || batch > max_batch)
+    throw ConfigError("--batch", fmt::format("{} per rank × {} ranks = {} exceeds the dataset's {} "
+                                             "samples; allowed range is 1..{}",
+                                             batch, world(), std::uint64_t{batch} * world(),
+                                             samples, max_batch));
   if (imbalance >= batch)
     throw ConfigError("--imbalance", fmt::format("δ is {}; allowed range is 0..{} (each rank "
                                                  "must get at least one sample: b-δ ≥ 1)",
@@ -84,6 +85,24 @@ void PlanConfig::validate() const {
                                     format_bytes(buffer_bytes), buffer_samples(), ranks_per_node,
                                     need, format_bytes(need * sample_bytes)));
   }
+}
+
+std::uint64_t parse_count(std::string_view text, const std::string& flag, std::uint64_t lo,
+                          std::uint64_t hi) {
+  auto bad = [&](const char* why) {
+    return ConfigError(flag, fmt::format("'{}' {}; allowed range is {}..{}", text, why, lo, hi));
+  };
+  if (text.empty()) throw bad("is empty");
+  if (text.front() == '-') throw bad("is negative");
+  std::uint64_t v = 0;
+  for (char ch : text) {
+    if (ch < '0' || ch > '9') throw bad("is not a whole number");
+    const auto d = static_cast<std::uint64_t>(ch - '0');
+    if (v > (~std::uint64_t{0} - d) / 10) throw bad("is out of range");
+    v = v * 10 + d;
+  }
+  if (v < lo || v > hi) throw bad("is out of range");
+  return v;
 }
 
 std::uint64_t parse_bytes(std::string_view text, const std::string& flag) {

@@ -53,6 +53,7 @@ class Reader {
   void get_array(std::vector<T>& v, std::uint64_t count) {
     if (count > (size_ - pos_) / sizeof(T)) truncated(count * sizeof(T));
     v.resize(count);
+    if (count == 0) return;  // memcpy's pointers must be valid even for zero bytes
     std::memcpy(v.data(), data_ + pos_, count * sizeof(T));
     pos_ += count * sizeof(T);
   }

@@ -36,7 +36,7 @@ class SolarPlanner {
         W_(layout_.world),
         horizon_(2 * std::uint64_t{layout_.steps} + 1),
         where_(c.samples, kNowhere),
-        due_(c.samples, kNone),
+        due_(c.samples, kNoSlot),
         future_(std::uint64_t{M_} * horizon_, 0),
         demand_(M_),
         quota_(M_),
@@ -54,7 +54,7 @@ class SolarPlanner {
 
  private:
   static constexpr std::int32_t kNowhere = -1;
-  static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  static constexpr std::uint32_t kNoSlot = ~std::uint32_t{0};
 
   static std::vector<std::uint32_t> identity(std::uint32_t n) {
     std::vector<std::uint32_t> v(n);
@@ -67,17 +67,18 @@ class SolarPlanner {
     const std::uint64_t used = layout_.used();
     return (time / used) * layout_.steps + (time % used) / (W_ * layout_.batch);
   }
-  std::uint32_t& future(std::uint32_t node, std::uint64_t step) {
-    return future_[std::uint64_t{node} * horizon_ + step % horizon_];
+  // Live copies at `node` due at the step whose ring slot is `slot` (= step mod horizon).
+  std::uint32_t& future(std::uint32_t node, std::uint32_t slot) {
+    return future_[std::uint64_t{node} * horizon_ + slot];
   }
 
-  // x is read by `node` now; from here on its live copy is there, due again at its next use.
-  void account(std::uint32_t x, std::uint32_t node, std::uint32_t j, std::uint32_t k) {
-    if (due_[x] != kNone) --future(static_cast<std::uint32_t>(where_[x]), due_[x]);
+  // x (batch position k) is read by `node` now; from here on its live copy is there, due
+  // again at its next use.
+  void account(std::uint32_t x, std::uint32_t node, std::uint32_t k) {
+    if (due_[x] != kNoSlot) --future(static_cast<std::uint32_t>(where_[x]), due_[x]);
     where_[x] = static_cast<std::int32_t>(node);
-    const std::uint64_t next = stream_.next_use(j, k);
-    due_[x] = next == kNever ? kNone : step_of(next);
-    if (due_[x] != kNone) ++future(node, due_[x]);
+    due_[x] = due_slot_[k];
+    if (due_[x] != kNoSlot) ++future(node, due_[x]);
   }
 
   void compute_quotas(std::uint64_t size, std::uint64_t lo, std::uint64_t hi) {
@@ -108,11 +109,11 @@ class SolarPlanner {
   }
 
   // The node with room this step that has the least demand at `due` (ties: most room).
-  std::uint32_t place(std::uint32_t x, std::uint64_t due, std::uint64_t t) {
+  std::uint32_t place(std::uint32_t x, std::uint32_t due, std::uint64_t t) {
     const std::size_t n_open = open_.size();
     auto better = [&](std::uint32_t a, std::uint32_t b) {
-      const std::uint32_t fa = due == kNone ? 0 : future(a, due);
-      const std::uint32_t fb = due == kNone ? 0 : future(b, due);
+      const std::uint32_t fa = due == kNoSlot ? 0 : future(a, due);
+      const std::uint32_t fb = due == kNoSlot ? 0 : future(b, due);
       if (fa != fb) return fa < fb;
       const std::uint64_t ra = quota_[a] - node_pos_[a].size();
       const std::uint64_t rb = quota_[b] - node_pos_[b].size();
@@ -160,6 +161,13 @@ class SolarPlanner {
       }
     }
     compute_quotas(size, lo, hi);
+    next_.resize(size);
+    due_slot_.resize(size);
+    for (std::uint64_t k = 0; k < size; ++k) {
+      next_[k] = stream_.next_use(j, k);
+      due_slot_[k] = next_[k] == kNever ? kNoSlot
+                                        : static_cast<std::uint32_t>(step_of(next_[k]) % horizon_);
+    }
 
     // Steer resident samples home; the rest wait in `spare_`.
     for (auto& v : node_pos_) v.clear();
@@ -169,7 +177,7 @@ class SolarPlanner {
       const std::int32_t h = holder_[k];
       if (h != kNowhere && node_pos_[h].size() < quota_[h]) {
         node_pos_[h].push_back(static_cast<std::uint32_t>(k));
-        account(batch[k], static_cast<std::uint32_t>(h), j, static_cast<std::uint32_t>(k));
+        account(batch[k], static_cast<std::uint32_t>(h), static_cast<std::uint32_t>(k));
       } else {
         spare_.push_back(static_cast<std::uint32_t>(k));
         if (h != kNowhere) {
@@ -184,10 +192,9 @@ class SolarPlanner {
       if (node_pos_[m].size() < quota_[m]) open_.push_back(m);
     for (std::uint32_t k : spare_) {
       const std::uint32_t x = batch[k];
-      const std::uint64_t next = stream_.next_use(j, k);
-      const std::uint32_t m = place(x, next == kNever ? kNone : step_of(next), t);
+      const std::uint32_t m = place(x, due_slot_[k], t);
       node_pos_[m].push_back(k);
-      account(x, m, j, k);
+      account(x, m, k);
       if (node_pos_[m].size() == quota_[m]) open_.erase(std::find(open_.begin(), open_.end(), m));
     }
     for (std::uint32_t m = 0; m < M_; ++m) {
@@ -204,15 +211,15 @@ class SolarPlanner {
     simulate_step(c_, batch, assignment_, bufs_, stamp,
                   [&](std::uint32_t, std::uint32_t k, std::uint32_t) {
                     // Farthest next use first: never-again and dead copies (key 0) lead.
-                    const std::uint64_t next = stream_.next_use(j, k);
+                    const std::uint64_t next = next_[k];
                     return next == kNever ? kEvictFirst : static_cast<EvictKey>(kEvictLast - next);
                   },
                   rec_);
     for (std::uint32_t m = 0; m < M_; ++m) {
       for (std::uint32_t y : rec_.evicted[m]) {
-        if (where_[y] == static_cast<std::int32_t>(m) && due_[y] != kNone) {
+        if (where_[y] == static_cast<std::int32_t>(m) && due_[y] != kNoSlot) {
           --future(m, due_[y]);
-          due_[y] = kNone;
+          due_[y] = kNoSlot;
         }
       }
       if (!c_.peer_fetch) continue;
@@ -239,7 +246,9 @@ class SolarPlanner {
   const std::uint32_t M_, R_;
   const std::uint64_t W_, horizon_;
   std::vector<std::int32_t> where_;    // node of a sample's live copy (if resident)
-  std::vector<std::uint64_t> due_;     // global step of the live copy's next use
+  std::vector<std::uint32_t> due_;     // ring slot of the live copy's next-use step
+  std::vector<std::uint64_t> next_;     // this step: next use of each batch position
+  std::vector<std::uint32_t> due_slot_;  // this step: ring slot of that next use
   std::vector<std::uint32_t> future_;  // per node × step (ring): live copies due then
   std::vector<std::uint64_t> demand_, quota_;
   std::vector<std::vector<std::uint32_t>> node_pos_;

@@ -76,6 +76,11 @@ inline constexpr std::uint32_t kMaxNodes = 65535;
 inline constexpr std::uint32_t kMaxRanksPerNode = 1024;
 inline constexpr std::uint32_t kMaxEpochs = 1000000;
 
+// Parses a whole number in [lo, hi]. Throws ConfigError(flag, ...) naming the range on
+// garbage, a sign, or a value out of range (including values that overflow 64 bits).
+std::uint64_t parse_count(std::string_view text, const std::string& flag, std::uint64_t lo,
+                          std::uint64_t hi);
+
 // Parses "512", "16M", "1.5G", "2T" (binary multiples, B optional) into bytes. Throws
 // ConfigError(flag, ...) on garbage, negative values or overflow of 64 bits.
 std::uint64_t parse_bytes(std::string_view text, const std::string& flag);

@@ -1,0 +1,555 @@
+// solar gen: write a generated dataset (content checkable from (seed, index)).
+// solar verify: read a source and check every byte against the generator.
+// solar bench io: per-sample random reads vs coalesced runs vs a sequential read.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "commands.h"
+#include "solar/core/config.h"
+#include "solar/core/rng.h"
+#include "solar/storage/content.h"
+#include "solar/storage/hdf5_writer.h"
+#include "solar/storage/sample_source.h"
+
+namespace solar::cli {
+namespace {
+
+using storage::SampleRun;
+using storage::StorageError;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double gbps(std::uint64_t bytes, double s) { return s > 0 ? double(bytes) / s / 1e9 : 0; }
+
+// A bar on stderr when it is a terminal.
+class Progress {
+ public:
+  Progress(std::string label, bool enabled) : label_(std::move(label)), on_(enabled && ::isatty(2)) {}
+  ~Progress() {
+    if (shown_) std::fprintf(stderr, "\r\033[K");
+  }
+  void operator()(std::uint64_t done, std::uint64_t total) {
+    if (!on_) return;
+    shown_ = true;
+    const int width = 30;
+    const int fill = total ? static_cast<int>(width * done / total) : width;
+    std::fprintf(stderr, "\r%s [%.*s%*s] %3d%%  %.0fs", label_.c_str(), fill,
+                 "##############################", width - fill, "",
+                 total ? static_cast<int>(100 * done / total) : 100, since(t0_));
+    std::fflush(stderr);
+  }
+
+ private:
+  std::string label_;
+  bool on_, shown_ = false;
+  Clock::time_point t0_ = Clock::now();
+};
+
+int usage(const std::string& cmd, const std::string& msg) {
+  std::fprintf(stderr, "solar %s: %s\n", cmd.c_str(), msg.c_str());
+  return kExitUsage;
+}
+
+// ---------------------------------------------------------------------------- gen
+
+struct GenOptions {
+  std::string out;
+  std::optional<std::uint64_t> samples;
+  std::string preset = "cosmoflow";
+  std::optional<std::string> shape, dtype;
+  std::string layout = "contiguous";
+  std::uint64_t seed = 0;
+  bool force = false;
+  bool progress = true;
+};
+
+struct Preset {
+  const char* name;
+  std::vector<std::uint64_t> shape;
+  const char* dtype;
+};
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> p = {{"cosmoflow", {4, 128, 128, 128}, "int16"},  // 16 MiB
+                                        {"small", {4, 32, 32, 32}, "int16"},         // 256 KiB
+                                        {"tiny", {4, 8, 8, 8}, "int16"}};            // 4 KiB
+  return p;
+}
+
+std::vector<std::uint64_t> parse_shape(const std::string& s) {
+  std::vector<std::uint64_t> dims;
+  std::size_t pos = 0;
+  while (pos <= s.size()) {
+    const std::size_t comma = std::min(s.find_first_of(",x", pos), s.size());
+    const std::string part = s.substr(pos, comma - pos);
+    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos ||
+        part.size() > 12)
+      throw ConfigError("--shape", fmt::format("'{}' is not a list of positive integers such as "
+                                               "4,128,128,128",
+                                               s));
+    dims.push_back(std::stoull(part));
+    if (dims.back() == 0) throw ConfigError("--shape", "every dimension must be at least 1");
+    pos = comma + 1;
+  }
+  return dims;
+}
+
+void run_gen(const GenOptions& o) {
+  storage::GenSpec spec;
+  try {
+    spec.path = o.out;
+    if (!o.samples) throw ConfigError("--samples", "required (number of samples, ≥ 1)");
+    if (*o.samples == 0 || *o.samples > kMaxSamples)
+      throw ConfigError("--samples", fmt::format("must be in 1..{}", kMaxSamples));
+    spec.samples = *o.samples;
+    const Preset* p = nullptr;
+    for (const auto& x : presets())
+      if (o.preset == x.name) p = &x;
+    if (!p) throw ConfigError("--preset", fmt::format("'{}' is not cosmoflow, small or tiny", o.preset));
+    spec.shape = o.shape ? parse_shape(*o.shape) : p->shape;
+    const std::string dt = o.dtype.value_or(p->dtype);
+    auto dtype = storage::parse_dtype(dt);
+    if (!dtype)
+      throw ConfigError("--dtype", fmt::format("'{}' is not one of int8, uint8, int16, uint16, "
+                                               "int32, uint32, int64, uint64, float32, float64",
+                                               dt));
+    spec.dtype = *dtype;
+    if (o.layout == "contiguous") spec.layout = storage::Layout::contiguous;
+    else if (o.layout == "chunked") spec.layout = storage::Layout::chunked;
+    else if (o.layout == "gzip") spec.layout = storage::Layout::gzip;
+    else throw ConfigError("--layout", fmt::format("'{}' is not contiguous, chunked or gzip", o.layout));
+    spec.seed = o.seed;
+    spec.force = o.force;
+    std::error_code ec;
+    if (std::filesystem::exists(o.out, ec) && !o.force)
+      throw ConfigError("OUT", fmt::format("{} already exists; pass --force to replace it", o.out));
+  } catch (const ConfigError& e) {
+    exit_code() = usage("gen", e.what());
+    return;
+  }
+  std::uint64_t sb = storage::dtype_size(spec.dtype);
+  for (auto d : spec.shape) sb *= d;
+  const auto t0 = Clock::now();
+  try {
+    Progress bar("writing " + o.out, o.progress);
+    storage::write_dataset(spec, [&](std::uint64_t d, std::uint64_t t) { bar(d, t); });
+  } catch (const StorageError& e) {
+    std::fprintf(stderr, "solar gen: %s\n", e.what());
+    exit_code() = kExitFailure;
+    return;
+  }
+  const double s = since(t0);
+  std::string shape;
+  for (auto d : spec.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+  fmt::print("wrote {}: /data {} samples of {} {} ({} each, {} in all), layout {}, seed {}; "
+             "/label int32; {:.1f} s ({:.2f} GB/s)\n",
+             o.out, spec.samples, shape, storage::to_string(spec.dtype), format_bytes(sb),
+             format_bytes(sb * spec.samples), storage::to_string(spec.layout), spec.seed, s,
+             gbps(sb * spec.samples, s));
+}
+
+// ---------------------------------------------------------------------------- sources
+
+struct SourceFlags {
+  unsigned threads = 8;
+  unsigned queue_depth = 16;
+  double timeout = 30;
+  std::string provider;
+
+  void add(CLI::App* app) {
+    app->add_option("--threads", threads, "Parallel reads for files [8]")
+        ->check(CLI::Range(1, 256));
+    app->add_option("--queue-depth", queue_depth, "fabric:// reads in flight [16]")
+        ->check(CLI::Range(1, 1024));
+    app->add_option("--timeout", timeout,
+                    "fabric://: seconds without progress before a read is retried [30]")
+        ->check(CLI::PositiveNumber);
+    app->add_option("--provider", provider,
+                    "fabric://: libfabric provider (default: the server's)");
+  }
+  std::unique_ptr<storage::SampleSource> open(const std::string& spec) const {
+    storage::SourceOptions so;
+    so.io_threads = threads;
+    so.queue_depth = queue_depth;
+    so.timeout_s = timeout;
+    so.provider = provider;
+    return storage::open_source(spec, so);
+  }
+};
+
+// Splits sorted runs into batches of at most `max_bytes` (at least one sample each).
+std::vector<std::vector<SampleRun>> batches(const std::vector<SampleRun>& runs,
+                                            std::uint64_t sample_bytes, std::uint64_t max_bytes) {
+  const std::uint64_t per = std::max<std::uint64_t>(1, max_bytes / std::max<std::uint64_t>(1, sample_bytes));
+  std::vector<std::vector<SampleRun>> out(1);
+  std::uint64_t n = 0;
+  for (SampleRun r : runs) {
+    while (r.count) {
+      if (n == per) {
+        out.emplace_back();
+        n = 0;
+      }
+      const std::uint64_t take = std::min(r.count, per - n);
+      out.back().push_back({r.first, take});
+      r.first += take;
+      r.count -= take;
+      n += take;
+    }
+  }
+  if (out.back().empty()) out.pop_back();
+  return out;
+}
+
+// ---------------------------------------------------------------------------- verify
+
+struct VerifyOptions {
+  std::string source;
+  std::optional<std::string> range;
+  std::optional<std::uint64_t> sample;
+  std::optional<std::uint64_t> seed;
+  std::string batch = "256M";
+  bool progress = true;
+  bool json = false;
+  SourceFlags flags;
+};
+
+void run_verify(const VerifyOptions& o) {
+  std::unique_ptr<storage::SampleSource> src;
+  std::uint64_t batch_bytes = 0;
+  std::vector<SampleRun> runs;
+  std::uint64_t seed = 0;
+  try {
+    batch_bytes = parse_bytes(o.batch, "--batch-bytes");
+    if (batch_bytes == 0) throw ConfigError("--batch-bytes", "must be > 0");
+    if (o.range && o.sample) throw ConfigError("--sample", "give --range or --sample, not both");
+    try {
+      src = o.flags.open(o.source);
+    } catch (const StorageError& e) {
+      throw ConfigError("SOURCE", e.what());
+    }
+    const auto& info = src->info();
+    if (o.seed) seed = *o.seed;
+    else if (info.seed) seed = *info.seed;
+    else
+      throw ConfigError("--seed", fmt::format("{} carries no solar_seed attribute (not written by "
+                                              "`solar gen`?); pass the seed it was written with",
+                                              src->describe()));
+    std::uint64_t first = 0, last = info.samples;
+    if (o.range) {
+      const auto colon = o.range->find(':');
+      try {
+        if (colon == std::string::npos) throw std::invalid_argument("");
+        std::size_t used = 0;
+        const std::string a = o.range->substr(0, colon), b = o.range->substr(colon + 1);
+        if (!a.empty()) first = std::stoull(a, &used);
+        if (!a.empty() && used != a.size()) throw std::invalid_argument("");
+        if (!b.empty()) last = std::stoull(b, &used);
+        if (!b.empty() && used != b.size()) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        throw ConfigError("--range", fmt::format("'{}' is not FIRST:END (e.g. 0:100)", *o.range));
+      }
+      if (first >= last || last > info.samples)
+        throw ConfigError("--range", fmt::format("{}:{} is outside the dataset's samples 0:{}",
+                                                 first, last, info.samples));
+    }
+    if (o.sample) {
+      if (*o.sample == 0 || *o.sample > info.samples)
+        throw ConfigError("--sample", fmt::format("must be in 1..{}", info.samples));
+      std::vector<std::uint32_t> perm(info.samples);
+      solar_permutation(seed + 1, 0, perm);
+      runs = storage::coalesce({perm.begin(), perm.begin() + static_cast<std::ptrdiff_t>(*o.sample)});
+    } else if (info.samples) {
+      runs = {{first, last - first}};
+    }
+  } catch (const ConfigError& e) {
+    exit_code() = usage("verify", e.what());
+    return;
+  }
+  const auto& info = src->info();
+  const std::uint64_t sb = info.sample_bytes;
+  const bool check_labels = info.has_labels && info.label_dtype == storage::DType::int32 &&
+                            info.label_bytes == 4;
+  const auto parts = batches(runs, sb, batch_bytes);
+  std::vector<std::byte> buf(std::min(batch_bytes, storage::total_samples(runs) * sb) + sb);
+  std::vector<std::int32_t> labels;
+  std::vector<std::uint64_t> bad, bad_labels;
+  std::uint64_t checked = 0;
+  const std::uint64_t total = storage::total_samples(runs);
+  double read_s = 0;
+  const auto t0 = Clock::now();
+  try {
+    Progress bar("verifying", o.progress && !o.json);
+    for (const auto& part : parts) {
+      const std::uint64_t n = storage::total_samples(part);
+      const auto tr = Clock::now();
+      src->read(part, buf.data());
+      read_s += since(tr);
+      if (check_labels) {
+        labels.resize(n);
+        src->read_labels(part, reinterpret_cast<std::byte*>(labels.data()));
+      }
+      std::vector<std::uint64_t> ids;
+      for (const auto& r : part)
+        for (std::uint64_t i = 0; i < r.count; ++i) ids.push_back(r.first + i);
+      std::vector<char> ok(n, 1);
+      std::atomic<std::size_t> next{0};
+      auto work = [&] {
+        for (std::size_t i; (i = next.fetch_add(1)) < n;)
+          ok[i] = storage::content::check_sample(seed, ids[i], buf.data() + i * sb, sb);
+      };
+      std::thread helper(work);
+      work();
+      helper.join();
+      for (std::uint64_t i = 0; i < n; ++i) {
+        if (!ok[i]) bad.push_back(ids[i]);
+        if (check_labels && labels[i] != storage::content::label(seed, ids[i]))
+          bad_labels.push_back(ids[i]);
+      }
+      checked += n;
+      bar(checked, total);
+    }
+  } catch (const StorageError& e) {
+    std::fprintf(stderr, "solar verify: %s\n", e.what());
+    exit_code() = kExitFailure;
+    return;
+  }
+  const double s = since(t0);
+  const std::uint64_t bytes = checked * sb;
+  const bool all_ok = bad.empty() && bad_labels.empty();
+  if (o.json) {
+    fmt::print("{}\n", nlohmann::json{{"source", src->describe()},
+                                      {"samples", checked},
+                                      {"bytes", bytes},
+                                      {"bad_samples", bad},
+                                      {"bad_labels", bad_labels},
+                                      {"labels_checked", check_labels},
+                                      {"seconds", s},
+                                      {"read_gbps", gbps(bytes, read_s)},
+                                      {"ok", all_ok}}
+                           .dump(2));
+  } else {
+    fmt::print("{}: {} {} samples of {} {} ({}){}, seed {}\n", src->describe(),
+               all_ok ? "verified" : "checked", checked, info.shape_string(),
+               storage::to_string(info.dtype), format_bytes(bytes),
+               check_labels ? " and their labels" : "", seed);
+    fmt::print("read {:.2f} GB/s, overall {:.2f} GB/s ({:.2f} s)\n", gbps(bytes, read_s),
+               gbps(bytes, s), s);
+    auto list = [](const std::vector<std::uint64_t>& v) {
+      std::string s;
+      for (std::size_t i = 0; i < std::min<std::size_t>(v.size(), 10); ++i)
+        s += (i ? ", " : "") + std::to_string(v[i]);
+      return s + (v.size() > 10 ? ", ..." : "");
+    };
+    if (!bad.empty())
+      fmt::print("MISMATCH: {} sample(s) differ from the generator: {}\n", bad.size(), list(bad));
+    if (!bad_labels.empty())
+      fmt::print("MISMATCH: {} label(s) differ: {}\n", bad_labels.size(), list(bad_labels));
+    if (all_ok) fmt::print("all match\n");
+  }
+  exit_code() = all_ok ? kExitOk : kExitFailure;
+}
+
+// ---------------------------------------------------------------------------- bench io
+
+struct BenchOptions {
+  std::string source;
+  double fraction = 0.5;
+  unsigned workers = 8;
+  std::string batch = "256M";
+  std::uint64_t seed = 0;
+  bool cold = true;
+  bool json = false;
+  SourceFlags flags;
+};
+
+void run_bench_io(const BenchOptions& o) {
+  std::unique_ptr<storage::SampleSource> src;
+  std::uint64_t batch_bytes = 0;
+  try {
+    batch_bytes = parse_bytes(o.batch, "--batch-bytes");
+    if (batch_bytes == 0) throw ConfigError("--batch-bytes", "must be > 0");
+    if (!(o.fraction > 0 && o.fraction <= 1))
+      throw ConfigError("--fraction", "must be in (0, 1]");
+    try {
+      src = o.flags.open(o.source);
+    } catch (const StorageError& e) {
+      throw ConfigError("SOURCE", e.what());
+    }
+    if (src->info().samples == 0) throw ConfigError("SOURCE", "the dataset has no samples");
+  } catch (const ConfigError& e) {
+    exit_code() = usage("bench io", e.what());
+    return;
+  }
+  const auto& info = src->info();
+  const std::uint64_t sb = info.sample_bytes;
+  const std::uint64_t k = std::max<std::uint64_t>(
+      1, static_cast<std::uint64_t>(o.fraction * static_cast<double>(info.samples)));
+  std::vector<std::uint32_t> perm(info.samples);
+  solar_permutation(o.seed, 0, perm);
+  std::vector<std::uint64_t> ids(perm.begin(), perm.begin() + static_cast<std::ptrdiff_t>(k));
+  const auto sorted_runs = storage::coalesce(ids);
+
+  struct Phase {
+    std::string name;
+    std::uint64_t requests = 0;
+    double seconds = 0;
+  };
+  std::vector<Phase> phases;
+  const std::uint64_t bytes = k * sb;
+  try {
+    // 1. One sample per request, random order, from `workers` threads (a PyTorch Dataset's
+    //    __getitem__ under a DataLoader with that many workers).
+    if (o.cold) src->drop_cache();
+    {
+      std::atomic<std::uint64_t> next{0};
+      std::exception_ptr err;
+      std::mutex mu;
+      const auto t0 = Clock::now();
+      std::vector<std::thread> ts;
+      for (unsigned w = 0; w < o.workers; ++w)
+        ts.emplace_back([&] {
+          std::vector<std::byte> one(sb);
+          try {
+            for (std::uint64_t i; (i = next.fetch_add(1)) < k;) {
+              const SampleRun r{ids[i], 1};
+              src->read({&r, 1}, one.data());
+            }
+          } catch (...) {
+            std::lock_guard g(mu);
+            if (!err) err = std::current_exception();
+            next = k;
+          }
+        });
+      for (auto& t : ts) t.join();
+      if (err) std::rethrow_exception(err);
+      phases.push_back({"random, 1 sample/request", k, since(t0)});
+    }
+    std::vector<std::byte> buf(std::min(batch_bytes, bytes) + sb);
+    // 2. The same samples, sorted and coalesced into runs, read batch by batch.
+    if (o.cold) src->drop_cache();
+    {
+      const auto parts = batches(sorted_runs, sb, batch_bytes);
+      const auto t0 = Clock::now();
+      for (const auto& p : parts) src->read(p, buf.data());
+      phases.push_back({"sorted, coalesced runs", sorted_runs.size(), since(t0)});
+    }
+    // 3. Device limit: the same number of bytes, read sequentially from sample 0.
+    if (o.cold) src->drop_cache();
+    {
+      const std::vector<SampleRun> seq{{0, k}};
+      const auto parts = batches(seq, sb, batch_bytes);
+      const auto t0 = Clock::now();
+      for (const auto& p : parts) src->read(p, buf.data());
+      phases.push_back({"sequential (device limit)", parts.size(), since(t0)});
+    }
+  } catch (const StorageError& e) {
+    std::fprintf(stderr, "solar bench io: %s\n", e.what());
+    exit_code() = kExitFailure;
+    return;
+  }
+  const double seq = gbps(bytes, phases[2].seconds);
+  if (o.json) {
+    nlohmann::json j = {{"source", src->describe()},   {"layout", info.layout},
+                        {"sample_bytes", sb},          {"samples_read", k},
+                        {"bytes_per_phase", bytes},    {"cold", o.cold},
+                        {"workers", o.workers},        {"phases", nlohmann::json::array()}};
+    for (const auto& p : phases)
+      j["phases"].push_back({{"name", p.name}, {"requests", p.requests}, {"seconds", p.seconds},
+                             {"gbps", gbps(bytes, p.seconds)},
+                             {"vs_sequential", seq > 0 ? gbps(bytes, p.seconds) / seq : 0}});
+    j["coalesced_vs_random"] = phases[0].seconds / phases[1].seconds;
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("{}: {} samples of {} ({} layout); reading a random {:.0f}% = {} samples, {} per "
+             "phase, {} cache\n\n",
+             src->describe(), info.samples, format_bytes(sb), info.layout, 100 * o.fraction, k,
+             format_bytes(bytes), o.cold ? "cold (dropped before each phase)" : "warm");
+  fmt::print("{:<28} {:>10} {:>9} {:>9} {:>14}\n", "phase", "requests", "seconds", "GB/s",
+             "vs sequential");
+  for (const auto& p : phases) {
+    const double g = gbps(bytes, p.seconds);
+    fmt::print("{:<28} {:>10} {:>9.2f} {:>9.2f} {:>13.1f}%\n", p.name, p.requests, p.seconds, g,
+               seq > 0 ? 100 * g / seq : 0);
+  }
+  fmt::print("\ncoalesced vs random: {:.2f}x faster\n", phases[0].seconds / phases[1].seconds);
+}
+
+}  // namespace
+
+void add_storage_commands(CLI::App& app) {
+  auto g = std::make_shared<GenOptions>();
+  CLI::App* gen = app.add_subcommand(
+      "gen",
+      "Write a dataset: /data with N samples (content a deterministic function of seed and\n"
+      "index, so `solar verify` can check every byte) and /label (one int32 per sample).");
+  gen->add_option("out", g->out, "The HDF5 file to write (OUT.h5)")->required();
+  gen->add_option("--samples", g->samples, "Number of samples N (required)");
+  gen->add_option("--preset", g->preset,
+                  "Sample shape and dtype: cosmoflow = 4x128x128x128 int16 (16 MiB), small = "
+                  "4x32x32x32 int16 (256 KiB), tiny = 4x8x8x8 int16 (4 KiB) [cosmoflow]");
+  gen->add_option("--shape", g->shape, "Shape of one sample, e.g. 4,128,128,128 (overrides the preset)");
+  gen->add_option("--dtype", g->dtype,
+                  "int8, uint8, int16, uint16, int32, uint32, int64, uint64, float32, float64 "
+                  "(overrides the preset)");
+  gen->add_option("--layout", g->layout,
+                  "contiguous (raw, fastest), chunked (one sample per chunk), gzip (chunked + "
+                  "deflate level 1) [contiguous]");
+  gen->add_option("--seed", g->seed, "Content seed [0]");
+  gen->add_flag("--force", g->force, "Replace OUT if it exists");
+  gen->add_flag("!--no-progress", g->progress, "No progress bar");
+  gen->callback([g] { run_gen(*g); });
+
+  auto v = std::make_shared<VerifyOptions>();
+  CLI::App* verify = app.add_subcommand(
+      "verify",
+      "Read samples through a source and check every byte (and label) against the generator\n"
+      "of `solar gen`. Exit code 0: all match; 1: a mismatch or a read failed; 2: bad input.");
+  verify->add_option("source", v->source, "FILE.h5:/dataset (default /data) or fabric://HOST:PORT/NAME")
+      ->required();
+  verify->add_option("--range", v->range, "Only samples FIRST:END (END exclusive)");
+  verify->add_option("--sample", v->sample, "Only this many samples, chosen at random");
+  verify->add_option("--seed", v->seed, "Content seed (default: the file's solar_seed attribute)");
+  verify->add_option("--batch-bytes", v->batch, "Bytes read per request batch [256M]");
+  verify->add_flag("--json", v->json, "Print machine-readable results");
+  verify->add_flag("!--no-progress", v->progress, "No progress bar");
+  v->flags.add(verify);
+  verify->callback([v] { run_verify(*v); });
+
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks.");
+  bench->require_subcommand(1);
+  auto b = std::make_shared<BenchOptions>();
+  CLI::App* io = bench->add_subcommand(
+      "io",
+      "Measure a source three ways in one run, each over the same number of bytes: random\n"
+      "one-sample requests (what a PyTorch Dataset does), the same samples as sorted\n"
+      "coalesced runs (what solar does), and a sequential read (the device limit).");
+  io->add_option("source", b->source, "FILE.h5:/dataset or fabric://HOST:PORT/NAME")->required();
+  io->add_option("--fraction", b->fraction, "Share of the samples to read [0.5]");
+  io->add_option("--workers", b->workers, "Threads issuing one-sample requests [8]")
+      ->check(CLI::Range(1, 256));
+  io->add_option("--batch-bytes", b->batch, "Bytes per coalesced/sequential request batch [256M]");
+  io->add_option("--seed", b->seed, "Seed of the random sample choice [0]");
+  io->add_flag("!--warm", b->cold,
+               "Keep the page cache (default: drop it before each phase: posix_fadvise "
+               "DONTNEED for files, the server's cache for fabric://)");
+  io->add_flag("--json", b->json, "Print machine-readable results");
+  b->flags.add(io);
+  io->callback([b] { run_bench_io(*b); });
+}
+
+}  // namespace solar::cli

@@ -1,0 +1,133 @@
+"""`solar plan` / `solar plan-dump` from the outside: errors, JSON, determinism, and an
+independent recount of every metric from the dumped rows."""
+import csv
+import io
+import json
+import os
+from collections import defaultdict
+
+import pytest
+
+BASE = ["--samples", "400", "--epochs", "3", "--nodes", "2", "--ranks-per-node", "2",
+        "--batch", "4", "--sample-bytes", "1K", "--buffer", "60K"]
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--samples", "0", "--epochs", "1", "--batch", "1", "--buffer", "1G"], "--samples"),
+    (["--samples", "-3", "--epochs", "1", "--batch", "1", "--buffer", "1G"], "--samples"),
+    (["--samples", "99999999999999999999", "--epochs", "1", "--batch", "1", "--buffer", "1G"], "--samples"),
+    (["--samples", "100", "--epochs", "0", "--batch", "1", "--buffer", "1G"], "--epochs"),
+    (["--samples", "100", "--epochs", "1", "--batch", "200", "--buffer", "1G"], "--batch"),
+    (["--samples", "100", "--epochs", "1", "--batch", "1", "--buffer", "lots"], "--buffer"),
+    (["--samples", "100", "--epochs", "1", "--batch", "1", "--buffer", "1K"], "--buffer"),
+    (["--samples", "10", "--epochs", "1", "--batch", "1", "--nodes", "4", "--ranks-per-node", "4",
+      "--buffer", "1G"], "--ranks-per-node"),
+    (["--samples", "1000000", "--epochs", "9000", "--batch", "1", "--buffer", "1%"], "--epochs"),
+    (["--samples", "100", "--epochs", "1", "--batch", "4", "--imbalance", "4", "--buffer", "1G"],
+     "--imbalance"),
+    (["--samples", "100", "--epochs", "1", "--batch", "1", "--buffer", "1G", "--order", "x"], "--order"),
+    (["--samples", "100", "--epochs", "1", "--batch", "1", "--buffer", "1G", "--policy", "x"], "--policy"),
+    (["--scenario", "nope"], "--scenario"),
+    (["--scenario", "seed", "--sample-bytes", "0"], "--sample-bytes"),
+])
+def test_bad_input_is_one_line_exit_2_and_no_file(solar, tmp_path, args, flag):
+    out = tmp_path / "x.plan"
+    p = solar("plan", *args, "--out", out, check=False)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert flag in lines[0], lines[0]
+    assert "allowed" in lines[0] or "choose" in lines[0] or "not" in lines[0], lines[0]
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_json_has_every_policy_and_key(solar):
+    p = solar("plan", "--scenario", "seed", "--policy", "all", "--json")
+    doc = json.loads(p.stdout)
+    got = {r["policy"]: r for r in doc["results"]}
+    assert set(got) == {"none", "lru", "solar-paper", "nopfs", "solar"}
+    for r in got.values():
+        for key in ("policy", "remote_fetches", "remote_bytes", "hits", "hit_rate",
+                    "lower_bound_fetches", "ratio_to_lower_bound", "plan_seconds", "peak_rss_bytes"):
+            assert key in r, key
+        assert r["lower_bound_fetches"] == 800 + 2 * 288
+        assert r["remote_bytes"] == r["remote_fetches"] * 16 * 2**20
+        assert r["peak_rss_bytes"] > 0
+    assert got["solar"]["remote_fetches"] <= min(r["remote_fetches"] for r in got.values())
+
+
+def test_table_output(solar):
+    p = solar("plan", "--scenario", "seed", "--compare")
+    for name in ("none", "lru", "solar-paper", "nopfs", "solar", "lower bound"):
+        assert name in p.stdout
+
+
+def test_same_inputs_same_bytes_other_seed_other_bytes(solar, tmp_path):
+    a, b, c = tmp_path / "a.plan", tmp_path / "b.plan", tmp_path / "c.plan"
+    solar("plan", *BASE, "--seed", "5", "--out", a)
+    solar("plan", *BASE, "--seed", "5", "--out", b)
+    solar("plan", *BASE, "--seed", "6", "--out", c)
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["a.plan", "b.plan", "c.plan"]  # no temporaries
+
+
+@pytest.mark.parametrize("extra", [[], ["--imbalance", "2"], ["--order", "torch", "--drop-last"],
+                                   ["--policy", "lru"], ["--policy", "solar-paper"],
+                                   ["--policy", "nopfs"], ["--peer-fetch"]])
+def test_dump_recount_matches_metrics(solar, tmp_path, extra):
+    f = tmp_path / "p.plan"
+    solar("plan", *BASE, *extra, "--out", f)
+    meta = json.loads(solar("plan-dump", f, "--format", "json").stdout)
+    rows = list(csv.DictReader(io.StringIO(solar("plan-dump", f, "--format", "csv").stdout)))
+    cfg = meta["config"]
+    b, d = cfg["batch"], cfg["imbalance"]
+    assert len(rows) == meta["metrics"]["accesses"] == len(meta["accesses"])
+    hits = sum(int(r["hit"]) for r in rows)
+    m = meta["metrics"]
+    assert hits == m["hits"]
+    assert len(rows) - hits == m["remote_fetches"] + m["peer_fetches"]
+    per_epoch = defaultdict(lambda: [0, 0])
+    per_rank_step = defaultdict(int)
+    per_epoch_samples = defaultdict(list)
+    for r in rows:
+        e = int(r["epoch_position"])
+        per_epoch[e][0] += 1
+        per_epoch[e][1] += int(r["hit"])
+        per_rank_step[(int(r["global_step"]), int(r["rank"]))] += 1
+        per_epoch_samples[e].append(int(r["sample"]))
+    for e, pe in enumerate(m["per_epoch"]):
+        assert per_epoch[e] == [pe["accesses"], pe["hits"]]
+    steps = meta["steps_per_epoch"]
+    for (t, rank), n in per_rank_step.items():
+        if t % steps != steps - 1 or "--drop-last" in extra:  # full steps
+            assert b - d <= n <= b + d, (t, rank, n)
+    if "--drop-last" not in extra:  # 400 samples, 4 ranks: every epoch is a permutation
+        for e, samples in per_epoch_samples.items():
+            assert sorted(samples) == list(range(400)), e
+
+
+def test_dump_one_node_only(solar, tmp_path):
+    f = tmp_path / "p.plan"
+    solar("plan", *BASE, "--out", f)
+    rows = list(csv.DictReader(io.StringIO(solar("plan-dump", f, "--node", "1").stdout)))
+    assert rows and all(r["node"] == "1" for r in rows)
+    p = solar("plan-dump", f, "--node", "2", check=False)
+    assert p.returncode == 2 and "--node" in p.stderr
+
+
+def test_dump_rejects_damaged_files(solar, tmp_path):
+    f = tmp_path / "p.plan"
+    solar("plan", *BASE, "--out", f)
+    data = f.read_bytes()
+    (tmp_path / "trunc.plan").write_bytes(data[: len(data) // 2])
+    p = solar("plan-dump", tmp_path / "trunc.plan", check=False)
+    assert p.returncode == 1 and "truncated" in p.stderr, p.stderr
+    bad = bytearray(data)
+    bad[-50] ^= 0xFF
+    (tmp_path / "bad.plan").write_bytes(bytes(bad))
+    p = solar("plan-dump", tmp_path / "bad.plan", check=False)
+    assert p.returncode == 1 and "checksum" in p.stderr, p.stderr
+    p = solar("plan-dump", tmp_path / "missing.plan", check=False)
+    assert p.returncode == 1 and "missing.plan" in p.stderr
