@@ -3,8 +3,10 @@
 // Plan's arrays and metrics.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "node_buffer.h"
@@ -118,13 +120,13 @@ inline void standard_assignment(std::uint64_t size, std::uint64_t world, Assignm
 // Runs every node's share of the step through its buffer and writes the ranks' access records.
 // key(node, k, x) is the eviction key of batch position k (sample x) after its use.
 template <class KeyFn>
-void simulate_step(const PlanConfig& c, std::span<const std::uint32_t> batch, const Assignment& a,
-                   std::vector<NodeBuffer>& bufs, std::uint64_t stamp, KeyFn&& key,
-                   StepRecord& rec) {
+void simulate_nodes(const PlanConfig& c, std::span<const std::uint32_t> batch,
+                    const Assignment& a, std::vector<NodeBuffer>& bufs, std::uint64_t stamp,
+                    KeyFn& key, StepRecord& rec, std::uint32_t first, std::uint32_t last) {
   std::vector<std::uint32_t> samples, pos;
   std::vector<char> hit;
   const std::uint32_t R = c.ranks_per_node;
-  for (std::uint32_t m = 0; m < c.nodes; ++m) {
+  for (std::uint32_t m = first; m < last; ++m) {
     samples.clear();
     pos.clear();
     for (std::uint32_t r = 0; r < R; ++r)
@@ -143,6 +145,32 @@ void simulate_step(const PlanConfig& c, std::span<const std::uint32_t> batch, co
         ++i;
       }
   }
+}
+
+// Runs every node's share of the step through its buffer and writes the ranks' access records.
+// key(node, k, x) is the eviction key of batch position k (sample x) after its use. Nodes are
+// independent within a step, so with `parallel` (for keys that are pure functions of their
+// arguments) large steps are split over threads; the result is the same either way.
+template <class KeyFn>
+void simulate_step(const PlanConfig& c, std::span<const std::uint32_t> batch, const Assignment& a,
+                   std::vector<NodeBuffer>& bufs, std::uint64_t stamp, KeyFn&& key,
+                   StepRecord& rec, bool parallel = false) {
+  const unsigned threads =
+      std::min<unsigned>({std::max(1U, std::thread::hardware_concurrency()), 8U, c.nodes});
+  if (!parallel || threads < 2 || batch.size() < 4096) {
+    simulate_nodes(c, batch, a, bufs, stamp, key, rec, 0, c.nodes);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const std::uint32_t per = (c.nodes + threads - 1) / threads;
+  for (unsigned i = 1; i < threads; ++i) {
+    const std::uint32_t first = std::min(c.nodes, i * per), last = std::min(c.nodes, first + per);
+    pool.emplace_back([&, first, last] {
+      simulate_nodes(c, batch, a, bufs, stamp, key, rec, first, last);
+    });
+  }
+  simulate_nodes(c, batch, a, bufs, stamp, key, rec, 0, std::min(c.nodes, per));
+  for (auto& th : pool) th.join();
 }
 
 inline std::vector<NodeBuffer> make_buffers(const PlanConfig& c, std::uint64_t capacity) {

@@ -214,7 +214,7 @@ class SolarPlanner {
                     const std::uint64_t next = next_[k];
                     return next == kNever ? kEvictFirst : static_cast<EvictKey>(kEvictLast - next);
                   },
-                  rec_);
+                  rec_, /*parallel=*/true);
     for (std::uint32_t m = 0; m < M_; ++m) {
       for (std::uint32_t y : rec_.evicted[m]) {
         if (where_[y] == static_cast<std::int32_t>(m) && due_[y] != kNoSlot) {
