@@ -349,10 +349,10 @@ void run_verify(const VerifyOptions& o) {
     fmt::print("read {:.2f} GB/s, overall {:.2f} GB/s ({:.2f} s)\n", gbps(bytes, read_s),
                gbps(bytes, s), s);
     auto list = [](const std::vector<std::uint64_t>& v) {
-      std::string s;
+      std::string out;
       for (std::size_t i = 0; i < std::min<std::size_t>(v.size(), 10); ++i)
-        s += (i ? ", " : "") + std::to_string(v[i]);
-      return s + (v.size() > 10 ? ", ..." : "");
+        out += (i ? ", " : "") + std::to_string(v[i]);
+      return out + (v.size() > 10 ? ", ..." : "");
     };
     if (!bad.empty())
       fmt::print("MISMATCH: {} sample(s) differ from the generator: {}\n", bad.size(), list(bad));
