@@ -1,0 +1,56 @@
+// FabricSource: samples exported by a solar-stored server (fabric://HOST:PORT/NAME), read with
+// one-sided libfabric RMA (fi_read) straight into the caller's memory.
+//
+// A TCP bootstrap tells the client the server's provider and fabric address, the memory keys
+// and addresses of the exported regions, and the dataset's metadata. Contiguous datasets are
+// read directly from the server's mapped file; chunked ones through a staging buffer the server
+// fills on request. Up to `queue_depth` reads are in flight. A read that fails (a CQ error, no
+// progress within `timeout_s`, the server closing the bootstrap connection) is retried on a new
+// connection up to `retries` times with exponential backoff; only reads that did not complete
+// are repeated, and a server that comes back with a different file is refused. When retries run
+// out the caller gets a StorageError, never partly-filled data reported as good.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "solar/storage/sample_source.h"
+
+namespace solar::storage {
+
+struct FabricOptions {
+  unsigned queue_depth = 16;
+  double timeout_s = 30;
+  unsigned retries = 4;
+  std::uint64_t request_bytes = 4ULL << 20;  // largest single fi_read
+  std::string token;     // shared secret the server asks for; "" = $SOLAR_STORED_TOKEN
+  std::string provider;  // "" = the server's provider (the client must use the same one)
+};
+
+class FabricSource : public SampleSource {
+ public:
+  // Connects and checks the dataset exists. Throws StorageError for a malformed URI, an
+  // unreachable server, a rejected token or an unknown dataset name.
+  static std::unique_ptr<FabricSource> connect(const std::string& uri,
+                                               const FabricOptions& options = {});
+  ~FabricSource() override;
+
+  const DatasetInfo& info() const override;
+  void read(std::span<const SampleRun> runs, std::byte* dst) override;
+  void read_labels(std::span<const SampleRun> runs, std::byte* dst) override;
+  void drop_cache() override;  // asks the server to drop its page cache for the file
+  std::string describe() const override;
+
+  std::string provider() const;
+  std::uint64_t bytes_read() const;    // completed payload bytes since connect (all threads)
+  std::uint64_t reconnects() const;
+
+  struct Impl;
+
+ private:
+  explicit FabricSource(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace solar::storage

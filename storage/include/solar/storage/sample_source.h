@@ -1,0 +1,94 @@
+// SampleSource: the one interface every storage backend implements. A dataset is N samples of
+// equal shape and dtype (the first dimension of an HDF5 dataset indexes samples), with an
+// optional label per sample. Reads take a list of index runs and fill caller memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace solar::storage {
+
+// Anything that went wrong reading or opening storage. The message names the source (file,
+// dataset, server) and what to do about it.
+class StorageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DType : std::uint8_t { int8, uint8, int16, uint16, int32, uint32, int64, uint64,
+                                  float32, float64 };
+std::string_view to_string(DType t);
+std::optional<DType> parse_dtype(std::string_view s);  // "int16", "float32", ...
+std::size_t dtype_size(DType t);
+
+// Samples [first, first + count).
+struct SampleRun {
+  std::uint64_t first = 0;
+  std::uint64_t count = 0;
+  bool operator==(const SampleRun&) const = default;
+};
+
+// Coalesces sample ids (any order, duplicates allowed) into sorted maximal runs.
+std::vector<SampleRun> coalesce(std::vector<std::uint64_t> ids);
+std::uint64_t total_samples(std::span<const SampleRun> runs);
+
+struct DatasetInfo {
+  std::uint64_t samples = 0;                // N
+  std::vector<std::uint64_t> sample_shape;  // shape of one sample (dataset shape without dim 0)
+  DType dtype = DType::uint8;
+  std::uint64_t sample_bytes = 0;
+  bool has_labels = false;                  // one label per sample (e.g. /label)
+  DType label_dtype = DType::int32;
+  std::uint64_t label_bytes = 0;            // bytes of one sample's label
+  std::optional<std::uint64_t> seed;        // content seed when written by `solar gen`
+  std::string layout;                       // contiguous, chunked, gzip, ... (for people)
+
+  std::string shape_string() const;         // "4x128x128x128"
+};
+
+// Throws StorageError when a run is empty-sized or reaches past the dataset.
+void check_runs(const DatasetInfo& info, std::span<const SampleRun> runs,
+                std::string_view source);
+
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual const DatasetInfo& info() const = 0;
+
+  // Reads the samples of `runs`, in the order given, back to back into `dst`
+  // (total_samples(runs) * info().sample_bytes bytes). Safe to call from several threads at
+  // once; each call keeps enough requests in flight to saturate the storage. On failure throws
+  // StorageError and the contents of `dst` are unspecified (never silently wrong).
+  virtual void read(std::span<const SampleRun> runs, std::byte* dst) = 0;
+
+  // Same for labels (info().label_bytes per sample). Throws when the dataset has no labels.
+  virtual void read_labels(std::span<const SampleRun> runs, std::byte* dst) = 0;
+
+  // Best effort: make the next reads come from the device, not a page cache (for benchmarks).
+  virtual void drop_cache() {}
+
+  // "file.h5:/data", "fabric://host:port/name": what this source reads, for messages.
+  virtual std::string describe() const = 0;
+};
+
+struct SourceOptions {
+  unsigned io_threads = 8;              // parallel requests per read() for files
+  std::string label_dataset = "/label"; // HDF5 labels dataset ("" = none)
+  unsigned queue_depth = 16;            // fabric reads in flight
+  double timeout_s = 30;                // fabric: a read with no progress this long fails
+  unsigned retries = 4;                 // fabric: reconnect attempts after a failure
+  std::string token;                    // fabric: shared token (else $SOLAR_STORED_TOKEN)
+  std::string provider;                 // fabric: override (normally the server's)
+};
+
+// Opens "FILE.h5:/dataset" (dataset defaults to /data) or "fabric://HOST:PORT/NAME".
+std::unique_ptr<SampleSource> open_source(std::string_view spec, const SourceOptions& options = {});
+
+}  // namespace solar::storage

@@ -1,0 +1,52 @@
+// StorageServer: the body of `solar-stored`. Exports named HDF5 datasets read-only over
+// libfabric. Contiguous datasets are memory-mapped and registered for remote read exactly over
+// their data region, so clients read them with one-sided RMA and no server CPU on the data
+// path; chunked or compressed ones are read by the server into a registered per-connection
+// staging buffer on request. A dedicated thread busy-polls the completion queue (providers
+// make no progress on the target side otherwise). Clients bootstrap over TCP (Boost.Asio).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace solar::storage {
+
+struct Export {
+  std::string name;     // what clients ask for: fabric://host:port/NAME
+  std::string path;     // FILE.h5
+  std::string dataset;  // /data
+  // Parses NAME=FILE.h5:/dataset (dataset defaults to /data). Throws StorageError.
+  static Export parse(const std::string& spec);
+};
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;  // 0: any free port (see ready_file)
+  std::vector<Export> exports;
+  std::string provider;    // "" = $FI_PROVIDER, else tcp;ofi_rxm
+  std::string token;       // "" = anyone may connect
+  std::uint64_t throttle_bandwidth = 0;  // emulation, bytes/s per client; 0 = off
+  double throttle_latency_s = 0;         // emulation, added to every request
+  std::uint64_t staging_bytes = 64ULL << 20;
+  std::string ready_file;  // written (HOST:PORT) once the server accepts connections
+};
+
+class StorageServer {
+ public:
+  // Opens every export and the fabric endpoint. Throws StorageError naming the bad export.
+  explicit StorageServer(ServerOptions options);
+  ~StorageServer();
+  // Serves until SIGINT/SIGTERM or stop(). Returns the port it listened on.
+  void run();
+  void stop();
+  std::uint16_t port() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace solar::storage

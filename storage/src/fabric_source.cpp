@@ -1,0 +1,437 @@
+#include "solar/storage/fabric_source.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdlib>
+#include <fmt/format.h>
+#include <mutex>
+#include <thread>
+
+#include "fabric.h"
+#include "wire.h"
+
+namespace solar::storage {
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A failure worth retrying on a new connection (the server went away, a read timed out).
+class TransientError : public StorageError {
+ public:
+  using StorageError::StorageError;
+};
+
+struct RemoteRegion {
+  std::uint64_t key = 0, base = 0;
+};
+
+// One connection: the bootstrap socket (kept open: its closing tells us the server is gone)
+// and a fabric endpoint that can reach the server.
+struct Session {
+  asio::io_context io;
+  tcp::socket sock{io};
+  std::unique_ptr<fabric::Endpoint> ep;
+  fi_addr_t server = FI_ADDR_UNSPEC;
+  bool rma = false;
+  RemoteRegion data, labels;
+  std::uint64_t staging_bytes = 0;
+
+  bool server_gone() {
+    pollfd p{sock.native_handle(), POLLIN | POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0;  // the server never speaks first: readable means closed
+  }
+  ~Session() {
+    if (sock.is_open()) {
+      try {
+        wire::send(sock, {{"op", "bye"}});
+      } catch (...) {
+      }
+    }
+  }
+};
+
+// One fi_read: `len` bytes at remote (key, addr) into `dst`.
+struct Piece {
+  std::uint64_t key, addr, len;
+  std::byte* dst;
+};
+
+}  // namespace
+
+struct FabricSource::Impl {
+  std::string uri, host, port, name;
+  FabricOptions opt;
+  DatasetInfo info;
+  std::string identity, provider;
+  double bandwidth = 0, latency = 0;  // emulated contention, from the server
+  double bucket = 0;                  // when the emulated link is next free (seconds)
+  std::mutex mu;
+  std::unique_ptr<Session> session;
+  std::atomic<std::uint64_t> bytes{0}, reconnects{0};
+
+  std::unique_ptr<Session> open_session(bool first);
+  void run_pieces(Session& s, std::vector<Piece>& pieces, std::vector<char>& done,
+                  std::byte* dst, std::uint64_t dst_len);
+  json request(Session& s, const json& msg);
+  template <class Work>
+  void with_retries(Work&& work);
+  double now() const {
+    return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  }
+};
+
+std::unique_ptr<Session> FabricSource::Impl::open_session(bool first) {
+  auto s = std::make_unique<Session>();
+  try {
+    tcp::resolver resolver(s->io);
+    asio::connect(s->sock, resolver.resolve(host, port));
+  } catch (const boost::system::system_error& e) {
+    const std::string msg = fmt::format("{}: cannot connect to {}:{}: {}; is solar-stored running "
+                                        "there?",
+                                        uri, host, port, e.code().message());
+    if (first) throw StorageError(msg);
+    throw TransientError(msg);
+  }
+  const int ms = static_cast<int>(opt.timeout_s * 1000);
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  ::setsockopt(s->sock.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string token = opt.token;
+  if (token.empty())
+    if (const char* t = std::getenv("SOLAR_STORED_TOKEN")) token = t;
+  const json reply = request(*s, {{"op", "hello"}, {"version", wire::kVersion}, {"token", token},
+                                  {"dataset", name}});
+  if (!reply.value("ok", false))
+    throw StorageError(fmt::format("{}: the server refused: {}", uri,
+                                   reply.value("error", std::string("no reason given"))));
+  try {
+    const DatasetInfo i = wire::info_from_json(reply.at("info"));
+    const std::string id = reply.at("identity").get<std::string>();
+    if (first) {
+      info = i;
+      identity = id;
+      provider = opt.provider.empty() ? reply.at("provider").get<std::string>() : opt.provider;
+      bandwidth = reply.at("throttle").at("bandwidth").get<double>();
+      latency = reply.at("throttle").at("latency_s").get<double>();
+    } else if (id != identity) {
+      throw StorageError(fmt::format("{}: the server came back exporting a different file; "
+                                     "refusing to mix its bytes into this read",
+                                     uri));
+    }
+    const json& d = reply.at("data");
+    s->rma = d.at("mode") == "rma";
+    if (s->rma)
+      s->data = {d.at("key").get<std::uint64_t>(), d.at("base").get<std::uint64_t>()};
+    else
+      s->staging_bytes = d.at("bytes").get<std::uint64_t>();
+    if (reply.contains("labels"))
+      s->labels = {reply["labels"].at("key").get<std::uint64_t>(),
+                   reply["labels"].at("base").get<std::uint64_t>()};
+    s->ep = fabric::Endpoint::open(provider, "");
+    if (s->ep->virt_addr() != reply.at("virt_addr").get<bool>())
+      throw StorageError(fmt::format("{}: provider {} disagrees with the server's about "
+                                     "FI_MR_VIRT_ADDR; use the server's provider",
+                                     uri, provider));
+    s->server = s->ep->insert(wire::from_hex(reply.at("address").get<std::string>()));
+  } catch (const json::exception& e) {
+    throw StorageError(fmt::format("{}: protocol error in the server's reply ({})", uri, e.what()));
+  }
+  return s;
+}
+
+json FabricSource::Impl::request(Session& s, const json& msg) {
+  try {
+    wire::send(s.sock, msg);
+    return wire::receive(s.sock);
+  } catch (const boost::system::system_error& e) {
+    throw TransientError(fmt::format("{}: lost the connection to the server ({})", uri,
+                                     e.code().message()));
+  }
+}
+
+void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
+                                    std::vector<char>& done, std::byte* dst,
+                                    std::uint64_t dst_len) {
+  fabric::Region local;
+  void* desc = nullptr;
+  if (s.ep->local_mr()) {
+    local = s.ep->register_memory(dst, dst_len, FI_READ);
+    desc = local.desc();
+  }
+  struct Op {
+    fi_context2 ctx;  // first: the completion's op_context points here
+    std::size_t piece = 0;
+    double due = 0;
+    bool completed = false;
+    bool busy = false;
+  };
+  const unsigned depth = std::max(1u, opt.queue_depth);
+  std::vector<Op> ops(depth);
+  std::size_t next = 0, inflight = 0;
+  auto last_progress = Clock::now();
+  auto last_check = last_progress;
+  const auto timeout = std::chrono::duration<double>(opt.timeout_s);
+
+  auto advance = [&] {
+    while (next < pieces.size() && done[next]) ++next;
+  };
+  advance();
+  while (next < pieces.size() || inflight > 0) {
+    // Issue reads while there is room.
+    for (auto& op : ops) {
+      if (op.busy) continue;
+      advance();
+      if (next >= pieces.size()) break;
+      const Piece& p = pieces[next];
+      double due = 0;
+      if (bandwidth > 0 || latency > 0) {
+        const double t = now();
+        bucket = std::max(bucket, t) + (bandwidth > 0 ? double(p.len) / bandwidth : 0);
+        due = std::max(bucket, t + latency);
+      }
+      ssize_t rc;
+      while ((rc = fi_read(s.ep->ep(), p.dst, p.len, desc, s.server, p.addr, p.key, &op.ctx)) ==
+             -FI_EAGAIN) {
+        fi_cq_entry e[1];
+        const ssize_t n = fi_cq_read(s.ep->cq(), e, 0);  // drive progress
+        if (n == -FI_EAVAIL) break;
+      }
+      if (rc != 0 && rc != -FI_EAGAIN)
+        throw TransientError(fmt::format("{}: fi_read failed: {}", uri, fabric::error_text(rc)));
+      if (rc == -FI_EAGAIN) break;
+      op = Op{};
+      op.busy = true;
+      op.piece = next;
+      op.due = due;
+      ++inflight;
+      ++next;
+    }
+    // Reap completions.
+    fi_cq_entry entries[16];
+    const ssize_t n = fi_cq_read(s.ep->cq(), entries, 16);
+    if (n > 0) {
+      for (ssize_t i = 0; i < n; ++i) static_cast<Op*>(entries[i].op_context)->completed = true;
+      last_progress = Clock::now();
+    } else if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      fi_cq_readerr(s.ep->cq(), &err, 0);
+      throw TransientError(fmt::format("{}: a remote read failed: {} ({})", uri,
+                                       fabric::error_text(err.err),
+                                       fi_cq_strerror(s.ep->cq(), err.prov_errno, err.err_data,
+                                                      nullptr, 0)));
+    } else if (n != -FI_EAGAIN) {
+      throw TransientError(fmt::format("{}: fi_cq_read: {}", uri, fabric::error_text(n)));
+    }
+    // Retire completed reads whose emulated delay has passed.
+    const double t = (bandwidth > 0 || latency > 0) ? now() : 0;
+    double earliest = 0;
+    bool waiting = false;
+    for (auto& op : ops) {
+      if (!op.busy || !op.completed) continue;
+      if (op.due > t) {
+        earliest = waiting ? std::min(earliest, op.due) : op.due;
+        waiting = true;
+        continue;
+      }
+      done[op.piece] = 1;
+      bytes += pieces[op.piece].len;
+      op.busy = false;
+      --inflight;
+      last_progress = Clock::now();
+    }
+    const auto tnow = Clock::now();
+    if (tnow - last_check > std::chrono::milliseconds(20)) {
+      last_check = tnow;
+      if (s.server_gone())
+        throw TransientError(fmt::format("{}: the server closed the connection mid-read", uri));
+    }
+    bool all_held = waiting;
+    for (auto& op : ops)
+      if (op.busy && !op.completed) all_held = false;
+    if (all_held) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(
+          std::min(0.005, std::max(0.0, earliest - now()))));
+      last_progress = Clock::now();
+    } else if (inflight > 0 && tnow - last_progress > timeout) {
+      throw TransientError(fmt::format("{}: no read completed for {:.1f} s (server hung or "
+                                       "unreachable)",
+                                       uri, opt.timeout_s));
+    }
+  }
+}
+
+template <class Work>
+void FabricSource::Impl::with_retries(Work&& work) {
+  for (unsigned attempt = 0;; ++attempt) {
+    try {
+      if (!session) {
+        session = open_session(false);
+        if (attempt > 0) ++reconnects;
+      }
+      work(*session);
+      return;
+    } catch (const TransientError& e) {
+      session.reset();  // closes the endpoint: nothing more lands in the caller's memory
+      if (attempt >= opt.retries)
+        throw StorageError(fmt::format("{} (gave up after {} attempt{})", e.what(), attempt + 1,
+                                       attempt ? "s" : ""));
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(std::min<std::uint64_t>(2000, 100ULL << attempt)));
+    }
+  }
+}
+
+FabricSource::FabricSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+FabricSource::~FabricSource() = default;
+
+std::unique_ptr<FabricSource> FabricSource::connect(const std::string& uri,
+                                                    const FabricOptions& options) {
+  auto im = std::make_unique<Impl>();
+  im->uri = uri;
+  im->opt = options;
+  const std::string_view rest = std::string_view(uri).substr(std::string_view("fabric://").size());
+  const auto slash = rest.find('/');
+  const auto colon = rest.substr(0, slash).rfind(':');
+  if (!uri.starts_with("fabric://") || slash == std::string_view::npos ||
+      colon == std::string_view::npos || slash + 1 == rest.size())
+    throw StorageError(fmt::format("source '{}': expected fabric://HOST:PORT/NAME", uri));
+  im->host = std::string(rest.substr(0, colon));
+  im->port = std::string(rest.substr(colon + 1, slash - colon - 1));
+  im->name = std::string(rest.substr(slash + 1));
+  unsigned p = 0;
+  auto [ptr, ec] = std::from_chars(im->port.data(), im->port.data() + im->port.size(), p);
+  if (ec != std::errc() || ptr != im->port.data() + im->port.size() || p == 0 || p > 65535)
+    throw StorageError(fmt::format("source '{}': port '{}' is not a number in 1..65535", uri,
+                                   im->port));
+  if (options.timeout_s <= 0) throw StorageError("fabric timeout must be positive");
+  im->session = im->open_session(true);
+  return std::unique_ptr<FabricSource>(new FabricSource(std::move(im)));
+}
+
+const DatasetInfo& FabricSource::info() const { return impl_->info; }
+std::string FabricSource::describe() const { return impl_->uri; }
+std::string FabricSource::provider() const { return impl_->provider; }
+std::uint64_t FabricSource::bytes_read() const { return impl_->bytes.load(); }
+std::uint64_t FabricSource::reconnects() const { return impl_->reconnects.load(); }
+
+void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) {
+  Impl& im = *impl_;
+  check_runs(im.info, runs, im.uri);
+  std::lock_guard g(im.mu);
+  const std::uint64_t sb = im.info.sample_bytes;
+  const std::uint64_t total = total_samples(runs) * sb;
+  if (total == 0) return;
+  const std::uint64_t max_piece = std::max<std::uint64_t>(1, im.opt.request_bytes);
+
+  // Contiguous exports: pieces address the remote file directly; done survives reconnects.
+  std::vector<Piece> pieces;
+  std::vector<std::uint64_t> offsets;
+  std::vector<char> done;
+  bool planned_rma = false;
+  // Staged exports: batches of runs that fit the staging buffer, done batch by batch.
+  std::size_t staged_run = 0;
+  std::uint64_t staged_skip = 0;  // samples of runs[staged_run] already delivered
+  std::byte* staged_out = dst;
+
+  im.with_retries([&](Session& s) {
+    if (s.rma) {
+      if (!planned_rma) {
+        std::byte* out = dst;
+        for (const auto& r : runs) {
+          std::uint64_t off = r.first * sb, left = r.count * sb;
+          while (left) {
+            const std::uint64_t n = std::min(left, max_piece);
+            pieces.push_back({0, 0, n, out});
+            offsets.push_back(off);
+            off += n;
+            out += n;
+            left -= n;
+          }
+        }
+        done.assign(pieces.size(), 0);
+        planned_rma = true;
+      }
+      for (std::size_t i = 0; i < pieces.size(); ++i) {
+        pieces[i].key = s.data.key;
+        pieces[i].addr = s.data.base + offsets[i];
+      }
+      im.run_pieces(s, pieces, done, dst, total);
+      return;
+    }
+    const std::uint64_t per_batch = std::max<std::uint64_t>(1, s.staging_bytes / sb);
+    while (staged_run < runs.size()) {
+      std::vector<SampleRun> batch;
+      std::uint64_t n = 0;
+      std::size_t r = staged_run;
+      std::uint64_t skip = staged_skip;
+      while (r < runs.size() && n < per_batch) {
+        const std::uint64_t take = std::min(runs[r].count - skip, per_batch - n);
+        batch.push_back({runs[r].first + skip, take});
+        n += take;
+        skip += take;
+        if (skip == runs[r].count) {
+          ++r;
+          skip = 0;
+        }
+      }
+      json req = {{"op", "stage"}, {"runs", json::array()}};
+      for (const auto& b : batch) req["runs"].push_back({b.first, b.count});
+      const json reply = im.request(s, req);
+      if (!reply.value("ok", false)) {
+        const std::string err = reply.value("error", std::string("no reason given"));
+        if (reply.value("retry", false)) throw TransientError(im.uri + ": " + err);
+        throw StorageError(fmt::format("{}: the server refused a read: {}", im.uri, err));
+      }
+      const std::uint64_t key = reply.at("key").get<std::uint64_t>();
+      const std::uint64_t base = reply.at("base").get<std::uint64_t>();
+      std::vector<Piece> bp;
+      for (std::uint64_t off = 0; off < n * sb; off += max_piece)
+        bp.push_back({key, base + off, std::min(max_piece, n * sb - off), staged_out + off});
+      std::vector<char> bdone(bp.size(), 0);
+      im.run_pieces(s, bp, bdone, staged_out, n * sb);
+      staged_out += n * sb;
+      staged_run = r;
+      staged_skip = skip;
+    }
+  });
+}
+
+void FabricSource::read_labels(std::span<const SampleRun> runs, std::byte* dst) {
+  Impl& im = *impl_;
+  if (!im.info.has_labels)
+    throw StorageError(fmt::format("{}: the exported dataset has no labels", im.uri));
+  check_runs(im.info, runs, im.uri);
+  std::lock_guard g(im.mu);
+  const std::uint64_t lb = im.info.label_bytes;
+  std::vector<Piece> pieces;
+  std::byte* out = dst;
+  for (const auto& r : runs) {
+    pieces.push_back({0, r.first * lb, r.count * lb, out});
+    out += r.count * lb;
+  }
+  std::vector<char> done(pieces.size(), 0);
+  const std::uint64_t total = static_cast<std::uint64_t>(out - dst);
+  if (total == 0) return;
+  std::vector<std::uint64_t> offsets;
+  for (const auto& p : pieces) offsets.push_back(p.addr);
+  im.with_retries([&](Session& s) {
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      pieces[i].key = s.labels.key;
+      pieces[i].addr = s.labels.base + offsets[i];
+    }
+    im.run_pieces(s, pieces, done, dst, total);
+  });
+}
+
+void FabricSource::drop_cache() {
+  std::lock_guard g(impl_->mu);
+  impl_->with_retries([&](Session& s) { impl_->request(s, {{"op", "drop_cache"}}); });
+}
+
+}  // namespace solar::storage

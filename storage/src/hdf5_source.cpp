@@ -1,0 +1,367 @@
+#include "solar/storage/hdf5_source.h"
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+
+#include "hdf5_util.h"
+#include "io_pool.h"
+#include "solar/storage/content.h"
+
+namespace solar::storage {
+
+struct Hdf5Source::Impl {
+  std::string path, dataset;
+  Hdf5Options options;
+  DatasetInfo info;
+  h5::Handle file, dset, space, dxpl;
+  hid_t mem_type = -1;
+  std::vector<hsize_t> dims;
+  std::optional<std::uint64_t> raw_offset;
+  int fd = -1;
+  std::vector<std::byte> labels;  // all labels, read once at open (small)
+  std::unique_ptr<IoPool> pool;
+
+  std::string where() const { return fmt::format("{}:{}", path, dataset); }
+
+  ~Impl() {
+    std::lock_guard g(h5::lock());
+    dxpl.reset();
+    space.reset();
+    dset.reset();
+    file.reset();
+    if (fd >= 0) ::close(fd);
+  }
+
+  void read_raw(std::span<const SampleRun> runs, std::byte* dst);
+  void read_h5(std::span<const SampleRun> runs, std::byte* dst);
+};
+
+namespace {
+
+// Dataset names directly under the root group, for "did you mean" messages.
+std::string list_datasets(hid_t file) {
+  std::string names;
+  auto visit = [](hid_t g, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    H5O_info_t oi;
+    if (H5Oget_info_by_name(g, name, &oi, H5P_DEFAULT) >= 0 && oi.type == H5O_TYPE_DATASET) {
+      auto* out = static_cast<std::string*>(data);
+      *out += (out->empty() ? "/" : ", /") + std::string(name);
+    }
+    return 0;
+  };
+  H5Literate(file, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, visit, &names);
+  H5Eclear2(H5E_DEFAULT);
+  return names.empty() ? "none" : names;
+}
+
+// True when every component of `path` exists and the last one is a dataset.
+bool dataset_exists(hid_t file, const std::string& path) {
+  std::string prefix;
+  std::size_t pos = 0;
+  while (pos < path.size()) {
+    std::size_t next = path.find('/', pos + 1);
+    if (next == std::string::npos) next = path.size();
+    prefix = path.substr(0, next);
+    if (prefix != "/" && H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return false;
+    }
+    pos = next;
+  }
+  H5O_info_t oi;
+  if (H5Oget_info_by_name(file, path.c_str(), &oi, H5P_DEFAULT) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return false;
+  }
+  return oi.type == H5O_TYPE_DATASET;
+}
+
+std::optional<std::string> string_attribute(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+  h5::Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  if (!a) return std::nullopt;
+  h5::Handle type(H5Aget_type(a.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_STRING) return std::nullopt;
+  if (H5Tis_variable_str(type.get()) > 0) {
+    h5::Handle mt(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mt.get(), H5T_VARIABLE);
+    H5Tset_cset(mt.get(), H5Tget_cset(type.get()));
+    char* s = nullptr;
+    if (H5Aread(a.get(), mt.get(), &s) < 0 || !s) return std::nullopt;
+    std::string out(s);
+    H5free_memory(s);
+    return out;
+  }
+  std::string out(H5Tget_size(type.get()), '\0');
+  if (H5Aread(a.get(), type.get(), out.data()) < 0) return std::nullopt;
+  out.resize(std::strlen(out.c_str()));
+  return out;
+}
+
+std::optional<std::uint64_t> u64_attribute(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+  h5::Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  std::uint64_t v = 0;
+  if (!a || H5Aread(a.get(), H5T_NATIVE_UINT64, &v) < 0) return std::nullopt;
+  return v;
+}
+
+std::string layout_name(H5D_layout_t layout, int filters) {
+  if (layout == H5D_CONTIGUOUS) return "contiguous";
+  if (layout == H5D_COMPACT) return "compact";
+  if (layout == H5D_CHUNKED) return filters > 0 ? "chunked+filtered" : "chunked";
+  return "virtual";
+}
+
+}  // namespace
+
+std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std::string& dataset,
+                                             const Hdf5Options& options) {
+  h5::quiet();
+  auto im = std::make_unique<Impl>();
+  im->path = path;
+  im->dataset = dataset.empty() || dataset[0] != '/' ? "/" + dataset : dataset;
+  im->options = options;
+
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw StorageError(fmt::format("{}: {}; check the path (a source is FILE.h5:/dataset)",
+                                   path, std::strerror(errno)));
+  if (!S_ISREG(st.st_mode))
+    throw StorageError(fmt::format("{}: not a regular file", path));
+  im->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (im->fd < 0)
+    throw StorageError(fmt::format("{}: cannot open for reading: {}", path, std::strerror(errno)));
+
+  std::lock_guard g(h5::lock());
+  h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (options.mpio) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited)
+      throw StorageError(fmt::format("{}: MPI-IO mode needs MPI_Init (run under mpirun)", path));
+    h5::check(H5Pset_fapl_mpio(fapl.get(), MPI_COMM_WORLD, MPI_INFO_NULL),
+              fmt::format("{}: cannot set up MPI-IO", path));
+  }
+  if (H5Fis_hdf5(path.c_str()) <= 0) {
+    H5Eclear2(H5E_DEFAULT);
+    throw StorageError(fmt::format("{}: not an HDF5 file (or damaged); write one with `solar gen` "
+                                   "or h5py",
+                                   path));
+  }
+  im->file = h5::Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (!im->file) {
+    const std::string e = h5::last_error();
+    throw StorageError(fmt::format("{}: cannot open as HDF5 ({}); the file may be truncated or "
+                                   "damaged",
+                                   path, e.empty() ? "unknown error" : e));
+  }
+  if (!dataset_exists(im->file.get(), im->dataset))
+    throw StorageError(fmt::format("{}: no dataset '{}' (datasets at the top level: {})", path,
+                                   im->dataset, list_datasets(im->file.get())));
+
+  h5::Handle dapl(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
+  im->dset = h5::Handle(
+      h5::check(H5Dopen2(im->file.get(), im->dataset.c_str(), H5P_DEFAULT),
+                fmt::format("{}: cannot open dataset", im->where())),
+      H5Dclose);
+  im->space = h5::Handle(H5Dget_space(im->dset.get()), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(im->space.get());
+  if (rank < 1)
+    throw StorageError(fmt::format("{}: dataset has rank {}; samples need an array whose first "
+                                   "dimension indexes them (N x sample shape)",
+                                   im->where(), rank));
+  im->dims.resize(rank);
+  H5Sget_simple_extent_dims(im->space.get(), im->dims.data(), nullptr);
+
+  h5::Handle ftype(H5Dget_type(im->dset.get()), H5Tclose);
+  const auto dtype = h5::dtype_of(ftype.get());
+  if (!dtype)
+    throw StorageError(fmt::format("{}: unsupported element type (class {}, {} bytes); use an "
+                                   "integer or float dataset",
+                                   im->where(), static_cast<int>(H5Tget_class(ftype.get())),
+                                   H5Tget_size(ftype.get())));
+  DatasetInfo& info = im->info;
+  info.samples = im->dims[0];
+  info.sample_shape.assign(im->dims.begin() + 1, im->dims.end());
+  info.dtype = *dtype;
+  info.sample_bytes = dtype_size(*dtype);
+  for (auto d : info.sample_shape) info.sample_bytes *= d;
+  im->mem_type = h5::native_type(*dtype);
+
+  h5::Handle dcpl(H5Dget_create_plist(im->dset.get()), H5Pclose);
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  const int filters = H5Pget_nfilters(dcpl.get());
+  info.layout = layout_name(layout, filters);
+  if (layout == H5D_CHUNKED) {
+    std::vector<hsize_t> chunk(rank);
+    H5Pget_chunk(dcpl.get(), rank, chunk.data());
+    std::uint64_t chunk_bytes = dtype_size(*dtype);
+    for (auto c : chunk) chunk_bytes *= c;
+    const std::uint64_t cache =
+        options.chunk_cache_bytes ? options.chunk_cache_bytes
+                                  : std::max<std::uint64_t>(64ULL << 20, 8 * chunk_bytes);
+    // Reopen with a chunk cache that holds several chunks (the default 1 MiB holds none).
+    im->dset.reset();
+    H5Pset_chunk_cache(dapl.get(), 12421, cache, 1.0);
+    im->dset = h5::Handle(
+        h5::check(H5Dopen2(im->file.get(), im->dataset.c_str(), dapl.get()),
+                  fmt::format("{}: cannot open dataset", im->where())),
+        H5Dclose);
+  }
+
+  if (!options.mpio && layout == H5D_CONTIGUOUS && filters == 0 && h5::native_order(ftype.get())) {
+    const haddr_t off = H5Dget_offset(im->dset.get());
+    H5Eclear2(H5E_DEFAULT);
+    if (off != HADDR_UNDEF) {
+      const std::uint64_t end = off + info.samples * info.sample_bytes;
+      if (end > static_cast<std::uint64_t>(st.st_size))
+        throw StorageError(fmt::format("{}: the file is truncated: the dataset's data ends at "
+                                       "byte {} but the file has {} bytes",
+                                       im->where(), end, st.st_size));
+      im->raw_offset = off;
+    }
+  }
+
+  im->dxpl = h5::Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  if (options.mpio)
+    H5Pset_dxpl_mpio(im->dxpl.get(),
+                     options.collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
+
+  if (auto gen = string_attribute(im->dset.get(), "solar_generator");
+      gen && *gen == content::kGenerator)
+    info.seed = u64_attribute(im->dset.get(), "solar_seed");
+  H5Eclear2(H5E_DEFAULT);
+
+  // Labels: optional; when present they must have one entry per sample.
+  std::string label = options.label_dataset;
+  if (!label.empty() && label[0] != '/') label = "/" + label;
+  if (!label.empty() && label != im->dataset && dataset_exists(im->file.get(), label)) {
+    h5::Handle ld(h5::check(H5Dopen2(im->file.get(), label.c_str(), H5P_DEFAULT),
+                            fmt::format("{}:{}: cannot open labels", path, label)),
+                  H5Dclose);
+    h5::Handle ls(H5Dget_space(ld.get()), H5Sclose);
+    const int lrank = H5Sget_simple_extent_ndims(ls.get());
+    std::vector<hsize_t> ldims(std::max(lrank, 0));
+    if (lrank > 0) H5Sget_simple_extent_dims(ls.get(), ldims.data(), nullptr);
+    if (lrank < 1 || ldims[0] != info.samples)
+      throw StorageError(fmt::format("{}:{}: labels need one entry per sample ({}), but the "
+                                     "dataset has shape {}",
+                                     path, label, info.samples,
+                                     lrank < 1 ? "scalar" : std::to_string(ldims[0]) + "x..."));
+    h5::Handle lt(H5Dget_type(ld.get()), H5Tclose);
+    const auto ltype = h5::dtype_of(lt.get());
+    if (!ltype)
+      throw StorageError(fmt::format("{}:{}: unsupported label type", path, label));
+    info.has_labels = true;
+    info.label_dtype = *ltype;
+    info.label_bytes = dtype_size(*ltype);
+    for (int i = 1; i < lrank; ++i) info.label_bytes *= ldims[i];
+    im->labels.resize(info.samples * info.label_bytes);
+    if (info.samples)
+      h5::check(H5Dread(ld.get(), h5::native_type(*ltype), H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                        im->labels.data()),
+                fmt::format("{}:{}: cannot read labels", path, label));
+  }
+
+  if (im->raw_offset) im->pool = std::make_unique<IoPool>(std::max(1u, options.io_threads) - 1);
+  return std::unique_ptr<Hdf5Source>(new Hdf5Source(std::move(im)));
+}
+
+Hdf5Source::Hdf5Source(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Hdf5Source::~Hdf5Source() = default;
+
+const DatasetInfo& Hdf5Source::info() const { return impl_->info; }
+const std::string& Hdf5Source::path() const { return impl_->path; }
+std::optional<std::uint64_t> Hdf5Source::raw_offset() const { return impl_->raw_offset; }
+std::string Hdf5Source::describe() const { return impl_->where(); }
+
+void Hdf5Source::Impl::read_raw(std::span<const SampleRun> runs, std::byte* dst) {
+  struct Piece {
+    std::uint64_t file_off, len;
+    std::byte* out;
+  };
+  std::vector<Piece> pieces;
+  const std::uint64_t sb = info.sample_bytes;
+  const std::uint64_t max = std::max<std::uint64_t>(options.request_bytes, sb ? sb : 1);
+  std::byte* out = dst;
+  for (const auto& r : runs) {
+    std::uint64_t off = *raw_offset + r.first * sb, left = r.count * sb;
+    while (left) {
+      const std::uint64_t n = std::min(left, max);
+      pieces.push_back({off, n, out});
+      off += n;
+      out += n;
+      left -= n;
+    }
+  }
+  pool->run(pieces.size(), [&](std::size_t i) {
+    const Piece& p = pieces[i];
+    std::uint64_t done = 0;
+    while (done < p.len) {
+      const ssize_t n = ::pread(fd, p.out + done, p.len - done, static_cast<off_t>(p.file_off + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0)
+        throw StorageError(fmt::format("{}: read of {} bytes at offset {} failed: {}", where(),
+                                       p.len, p.file_off, std::strerror(errno)));
+      if (n == 0)
+        throw StorageError(fmt::format("{}: the file ended at offset {} (truncated?)", where(),
+                                       p.file_off + done));
+      done += static_cast<std::uint64_t>(n);
+    }
+  });
+}
+
+void Hdf5Source::Impl::read_h5(std::span<const SampleRun> runs, std::byte* dst) {
+  const std::size_t rank = dims.size();
+  std::vector<hsize_t> start(rank, 0), count(dims);
+  std::byte* out = dst;
+  for (const auto& r : runs) {
+    start[0] = r.first;
+    count[0] = r.count;
+    std::lock_guard g(h5::lock());
+    h5::Handle fs(H5Scopy(space.get()), H5Sclose);
+    H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+    h5::Handle ms(H5Screate_simple(static_cast<int>(rank), count.data(), nullptr), H5Sclose);
+    h5::check(H5Dread(dset.get(), mem_type, ms.get(), fs.get(), dxpl.get(), out),
+              fmt::format("{}: reading samples [{}, {}) failed", where(), r.first,
+                          r.first + r.count));
+    out += r.count * info.sample_bytes;
+  }
+}
+
+void Hdf5Source::read(std::span<const SampleRun> runs, std::byte* dst) {
+  check_runs(impl_->info, runs, impl_->where());
+  if (impl_->raw_offset)
+    impl_->read_raw(runs, dst);
+  else
+    impl_->read_h5(runs, dst);
+}
+
+void Hdf5Source::read_labels(std::span<const SampleRun> runs, std::byte* dst) {
+  if (!impl_->info.has_labels)
+    throw StorageError(fmt::format("{}: the file has no labels dataset ({})", impl_->where(),
+                                   impl_->options.label_dataset.empty()
+                                       ? "none requested"
+                                       : impl_->options.label_dataset + " not found"));
+  check_runs(impl_->info, runs, impl_->where());
+  const std::uint64_t lb = impl_->info.label_bytes;
+  for (const auto& r : runs) {
+    std::memcpy(dst, impl_->labels.data() + r.first * lb, r.count * lb);
+    dst += r.count * lb;
+  }
+}
+
+void Hdf5Source::drop_cache() {
+  ::fdatasync(impl_->fd);
+  ::posix_fadvise(impl_->fd, 0, 0, POSIX_FADV_DONTNEED);
+}
+
+}  // namespace solar::storage

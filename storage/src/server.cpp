@@ -1,0 +1,428 @@
+#include "solar/storage/server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <list>
+#include <mutex>
+#include <spdlog/spdlog.h>
+#include <thread>
+
+#include "fabric.h"
+#include "solar/storage/hdf5_source.h"
+#include "wire.h"
+
+namespace solar::storage {
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using nlohmann::json;
+
+Export Export::parse(const std::string& spec) {
+  const auto eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+    throw StorageError(fmt::format("--export '{}': expected NAME=FILE.h5:/dataset", spec));
+  Export e;
+  e.name = spec.substr(0, eq);
+  for (char c : e.name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.')
+      throw StorageError(fmt::format("--export '{}': the name may use letters, digits, - _ . only",
+                                     spec));
+  std::string rest = spec.substr(eq + 1);
+  e.dataset = "/data";
+  if (auto pos = rest.rfind(":/"); pos != std::string::npos && pos > 0) {
+    e.dataset = rest.substr(pos + 1);
+    rest = rest.substr(0, pos);
+  }
+  e.path = rest;
+  return e;
+}
+
+namespace {
+
+// One exported dataset and the memory clients read it from.
+struct Exported {
+  Export spec;
+  std::unique_ptr<Hdf5Source> source;
+  std::string identity;  // changes when the file does: clients refuse to resume on another
+  bool rma = false;      // contiguous: mapped and registered; else staged
+  void* map = nullptr;
+  std::size_t map_len = 0;
+  const std::byte* data = nullptr;
+  fabric::Region data_region;
+  std::vector<std::byte> labels;
+  fabric::Region label_region;
+
+  ~Exported() {
+    data_region = fabric::Region();
+    if (map) ::munmap(map, map_len);
+  }
+};
+
+struct StagingSlot {
+  std::unique_ptr<std::byte[]> buf;
+  fabric::Region region;
+  bool busy = false;
+};
+
+}  // namespace
+
+struct StorageServer::Impl {
+  ServerOptions opt;
+  std::unique_ptr<fabric::Endpoint> ep;
+  std::vector<std::unique_ptr<Exported>> exports;
+  std::vector<std::pair<std::string, std::string>> unavailable;  // name, why
+  std::uint64_t staging_bytes = 0;
+  std::vector<StagingSlot> slots;
+  std::mutex slots_mu;
+
+  std::atomic<bool> stopping{false};
+  std::thread progress;
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  std::uint16_t port = 0;
+
+  struct Connection {
+    std::shared_ptr<tcp::socket> socket;
+    std::thread thread;
+    std::atomic<bool> finished{false};
+  };
+  std::mutex conns_mu;
+  std::list<Connection> conns;
+
+  void open_export(const Export& e);
+  void accept();
+  void serve(tcp::socket& s, const std::string& peer);
+  json hello_reply(const json& hello, Exported*& ex);
+  StagingSlot* acquire_slot();
+  void release_slot(StagingSlot* s);
+  void reap(bool all);
+};
+
+void StorageServer::Impl::open_export(const Export& e) {
+  for (const auto& x : exports)
+    if (x->spec.name == e.name)
+      throw StorageError(fmt::format("--export {}: the name is used twice", e.name));
+  auto ex = std::make_unique<Exported>();
+  ex->spec = e;
+  Hdf5Options ho;
+  ho.io_threads = 2;
+  try {
+    ex->source = Hdf5Source::open(e.path, e.dataset, ho);
+  } catch (const StorageError& err) {
+    throw StorageError(fmt::format("--export {}: {}", e.name, err.what()));
+  }
+  const DatasetInfo& info = ex->source->info();
+  struct stat st {};
+  ::stat(e.path.c_str(), &st);
+  ex->identity = fmt::format("{}:{}:{}:{}.{}", st.st_dev, st.st_ino, st.st_size,
+                             st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+  const std::uint64_t bytes = info.samples * info.sample_bytes;
+  if (auto off = ex->source->raw_offset(); off && bytes > 0) {
+    const int fd = ::open(e.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      throw StorageError(fmt::format("--export {}: {}: {}", e.name, e.path, std::strerror(errno)));
+    const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    const std::uint64_t aligned = *off / page * page;
+    ex->map_len = bytes + (*off - aligned);
+    ex->map = ::mmap(nullptr, ex->map_len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(aligned));
+    ::close(fd);
+    if (ex->map == MAP_FAILED) {
+      ex->map = nullptr;
+      throw StorageError(fmt::format("--export {}: cannot map {}: {}", e.name, e.path,
+                                     std::strerror(errno)));
+    }
+    ex->data = static_cast<const std::byte*>(ex->map) + (*off - aligned);
+    // Exactly the data region: nothing else of the file is remotely readable.
+    ex->data_region = ep->register_memory(ex->data, bytes, FI_REMOTE_READ);
+    ex->rma = true;
+  } else {
+    staging_bytes = std::max(staging_bytes, info.sample_bytes);
+  }
+  if (info.has_labels && info.samples) {
+    ex->labels.resize(info.samples * info.label_bytes);
+    const SampleRun all{0, info.samples};
+    ex->source->read_labels({&all, 1}, ex->labels.data());
+    ex->label_region = ep->register_memory(ex->labels.data(), ex->labels.size(), FI_REMOTE_READ);
+  }
+  spdlog::info("export {}: {} ({} samples of {} {}, {} B each, {}; {})", e.name,
+               ex->source->describe(), info.samples, info.shape_string(), to_string(info.dtype),
+               info.sample_bytes, info.layout,
+               ex->rma ? "one-sided RMA from the mapped file" : "staged reads");
+  exports.push_back(std::move(ex));
+}
+
+StorageServer::StorageServer(ServerOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& im = *impl_;
+  im.opt = std::move(options);
+  if (im.opt.exports.empty())
+    throw StorageError("--export: give at least one NAME=FILE.h5:/dataset");
+  std::string provider = im.opt.provider;
+  if (provider.empty() && !std::getenv("FI_PROVIDER")) provider = "tcp;ofi_rxm";
+  im.ep = fabric::Endpoint::open(provider, im.opt.host == "0.0.0.0" ? "" : im.opt.host);
+  // A bad export (missing, truncated, wrong rank) is reported and refused to clients that ask
+  // for it; the others are served. With none usable the server does not start.
+  std::string errors;
+  for (const auto& e : im.opt.exports) {
+    try {
+      im.open_export(e);
+    } catch (const StorageError& err) {
+      spdlog::error("{}", err.what());
+      im.unavailable.emplace_back(e.name, err.what());
+      errors += fmt::format("\n  {}", err.what());
+    }
+  }
+  if (im.exports.empty()) throw StorageError("no export could be opened:" + errors);
+  if (im.staging_bytes) {
+    im.staging_bytes = std::max(im.staging_bytes, im.opt.staging_bytes);
+    im.slots.resize(4);
+    for (auto& s : im.slots) {
+      s.buf = std::make_unique_for_overwrite<std::byte[]>(im.staging_bytes);
+      s.region = im.ep->register_memory(s.buf.get(), im.staging_bytes, FI_REMOTE_READ);
+    }
+  }
+  im.progress = std::thread([&im] {
+    // Target-side progress: reads do not complete unless someone drives the provider.
+    fi_cq_entry entries[16];
+    while (!im.stopping.load(std::memory_order_relaxed)) {
+      const ssize_t n = fi_cq_read(im.ep->cq(), entries, 16);
+      if (n == -FI_EAGAIN) {
+        sched_yield();
+      } else if (n == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        fi_cq_readerr(im.ep->cq(), &err, 0);
+        spdlog::warn("completion error: {}", fabric::error_text(err.err));
+      }
+    }
+  });
+}
+
+StorageServer::~StorageServer() {
+  stop();
+  impl_->reap(true);
+  impl_->stopping = true;
+  if (impl_->progress.joinable()) impl_->progress.join();
+}
+
+std::uint16_t StorageServer::port() const { return impl_->port; }
+
+void StorageServer::stop() {
+  asio::post(impl_->io, [im = impl_.get()] {
+    boost::system::error_code ec;
+    im->acceptor.close(ec);
+    im->io.stop();
+  });
+}
+
+StagingSlot* StorageServer::Impl::acquire_slot() {
+  std::lock_guard g(slots_mu);
+  for (auto& s : slots)
+    if (!s.busy) {
+      s.busy = true;
+      return &s;
+    }
+  return nullptr;
+}
+
+void StorageServer::Impl::release_slot(StagingSlot* s) {
+  if (!s) return;
+  std::lock_guard g(slots_mu);
+  s->busy = false;
+}
+
+json StorageServer::Impl::hello_reply(const json& hello, Exported*& ex) {
+  auto fail = [](const std::string& msg) { return json{{"ok", false}, {"error", msg}}; };
+  if (hello.value("op", "") != "hello")
+    return fail("protocol error: the first message must be hello");
+  if (hello.value("version", 0) != wire::kVersion)
+    return fail(fmt::format("protocol version {} is not supported (server speaks {}); use the "
+                            "same solar release on both sides",
+                            hello.value("version", 0), wire::kVersion));
+  if (!opt.token.empty()) {
+    const std::string t = hello.value("token", "");
+    unsigned char diff = t.size() != opt.token.size();
+    for (std::size_t i = 0; i < t.size() && i < opt.token.size(); ++i)
+      diff |= static_cast<unsigned char>(t[i] ^ opt.token[i]);
+    if (diff)
+      return fail("token rejected: this server requires a token; set SOLAR_STORED_TOKEN to the "
+                  "one solar-stored was started with");
+  }
+  const std::string name = hello.value("dataset", "");
+  ex = nullptr;
+  std::string names;
+  for (auto& x : exports) {
+    if (x->spec.name == name) ex = x.get();
+    names += (names.empty() ? "" : ", ") + x->spec.name;
+  }
+  for (const auto& [n, why] : unavailable)
+    if (!ex && n == name)
+      return fail(fmt::format("dataset '{}' is unavailable on this server: {}", name, why));
+  if (!ex) return fail(fmt::format("no dataset named '{}' is exported here (exports: {})", name, names));
+  const DatasetInfo& info = ex->source->info();
+  json r = {{"ok", true},
+            {"provider", ep->provider()},
+            {"address", wire::to_hex(ep->address())},
+            {"virt_addr", ep->virt_addr()},
+            {"info", wire::to_json(info)},
+            {"identity", ex->identity},
+            {"throttle", {{"bandwidth", opt.throttle_bandwidth}, {"latency_s", opt.throttle_latency_s}}}};
+  if (ex->rma)
+    r["data"] = {{"mode", "rma"}, {"key", ex->data_region.key()}, {"base", ex->data_region.base()}};
+  else
+    r["data"] = {{"mode", "staged"}, {"bytes", staging_bytes}};
+  if (!ex->labels.empty())
+    r["labels"] = {{"key", ex->label_region.key()}, {"base", ex->label_region.base()}};
+  return r;
+}
+
+void StorageServer::Impl::serve(tcp::socket& s, const std::string& peer) {
+  StagingSlot* slot = nullptr;
+  Exported* ex = nullptr;
+  try {
+    timeval tv{10, 0};  // a stranger that never says hello does not hold a thread forever
+    ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const json reply = hello_reply(wire::receive(s), ex);
+    wire::send(s, reply);
+    if (!reply["ok"].get<bool>()) {
+      spdlog::warn("{}: refused: {}", peer, reply["error"].get<std::string>());
+      return;
+    }
+    tv = {0, 0};
+    ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    spdlog::info("{}: reading {}", peer, ex->spec.name);
+    for (;;) {
+      const json msg = wire::receive(s);
+      const std::string op = msg.value("op", "");
+      if (op == "bye") return;
+      if (op == "drop_cache") {
+        if (ex->map) ::madvise(ex->map, ex->map_len, MADV_DONTNEED);
+        ex->source->drop_cache();
+        wire::send(s, {{"ok", true}});
+      } else if (op == "stage") {
+        std::vector<SampleRun> runs;
+        try {
+          for (const auto& r : msg.at("runs"))
+            runs.push_back({r.at(0).get<std::uint64_t>(), r.at(1).get<std::uint64_t>()});
+        } catch (const json::exception&) {
+          wire::send(s, {{"ok", false}, {"error", "protocol error: bad runs in stage request"}});
+          continue;
+        }
+        const DatasetInfo& info = ex->source->info();
+        try {
+          check_runs(info, runs, "fabric export " + ex->spec.name);
+          const std::uint64_t bytes = total_samples(runs) * info.sample_bytes;
+          if (ex->rma || bytes > staging_bytes)
+            throw StorageError(fmt::format("stage request of {} bytes refused (staging buffer "
+                                           "{} bytes; contiguous exports are read directly)",
+                                           bytes, staging_bytes));
+          if (!slot) slot = acquire_slot();
+          if (!slot) {
+            wire::send(s, {{"ok", false}, {"retry", true},
+                           {"error", "server busy: every staging buffer is in use"}});
+            continue;
+          }
+          ex->source->read(runs, slot->buf.get());
+          wire::send(s, {{"ok", true}, {"bytes", bytes}, {"key", slot->region.key()},
+                         {"base", slot->region.base()}});
+        } catch (const StorageError& e) {
+          wire::send(s, {{"ok", false}, {"error", e.what()}});
+        }
+      } else {
+        wire::send(s, {{"ok", false}, {"error", fmt::format("unknown request '{}'", op)}});
+      }
+    }
+  } catch (const boost::system::system_error&) {
+    // the client went away
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: {}", peer, e.what());
+  }
+  release_slot(slot);
+}
+
+void StorageServer::Impl::reap(bool all) {
+  std::lock_guard g(conns_mu);
+  for (auto it = conns.begin(); it != conns.end();) {
+    if (all && !it->finished) ::shutdown(it->socket->native_handle(), SHUT_RDWR);
+    if (all || it->finished) {
+      it->thread.join();
+      it = conns.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void StorageServer::Impl::accept() {
+  acceptor.async_accept([this](boost::system::error_code ec, tcp::socket s) {
+    if (ec) {
+      if (ec != asio::error::operation_aborted) spdlog::warn("accept: {}", ec.message());
+      if (acceptor.is_open()) accept();
+      return;
+    }
+    reap(false);
+    boost::system::error_code pe;
+    const auto ep_ = s.remote_endpoint(pe);
+    const std::string peer = pe ? "client" : fmt::format("{}:{}", ep_.address().to_string(), ep_.port());
+    auto sock = std::make_shared<tcp::socket>(std::move(s));
+    std::lock_guard g(conns_mu);
+    Connection& c = conns.emplace_back();
+    c.socket = sock;
+    c.thread = std::thread([this, sock, peer, &c] {
+      serve(*sock, peer);
+      boost::system::error_code ignored;
+      sock->close(ignored);
+      c.finished = true;
+    });
+    accept();
+  });
+}
+
+void StorageServer::run() {
+  Impl& im = *impl_;
+  boost::system::error_code ec;
+  const auto addr = asio::ip::make_address(im.opt.host, ec);
+  if (ec)
+    throw StorageError(fmt::format("--listen {}: not an IP address (use e.g. 127.0.0.1 or 0.0.0.0)",
+                                   im.opt.host));
+  tcp::endpoint where(addr, im.opt.port);
+  im.acceptor.open(where.protocol());
+  im.acceptor.set_option(tcp::acceptor::reuse_address(true));
+  im.acceptor.bind(where, ec);
+  if (ec)
+    throw StorageError(fmt::format("--listen {}:{}: {}", im.opt.host, im.opt.port, ec.message()));
+  im.acceptor.listen();
+  im.port = im.acceptor.local_endpoint().port();
+  asio::signal_set signals(im.io, SIGINT, SIGTERM);
+  signals.async_wait([this](const boost::system::error_code& e, int sig) {
+    if (!e) spdlog::info("signal {}: stopping", sig);
+    stop();
+  });
+  im.accept();
+  spdlog::info("listening on {}:{} (provider {}{})", im.opt.host, im.port, im.ep->provider(),
+               im.opt.token.empty() ? "" : ", token required");
+  if (im.opt.throttle_bandwidth || im.opt.throttle_latency_s)
+    spdlog::info("emulating a contended file system: {} B/s per client, +{} s per request",
+                 im.opt.throttle_bandwidth, im.opt.throttle_latency_s);
+  if (!im.opt.ready_file.empty()) {
+    const std::string tmp = im.opt.ready_file + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << im.opt.host << ":" << im.port << "\n";
+    }
+    std::filesystem::rename(tmp, im.opt.ready_file);
+  }
+  im.io.run();
+  im.reap(true);
+}
+
+}  // namespace solar::storage

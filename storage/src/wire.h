@@ -1,0 +1,38 @@
+// The bootstrap protocol between FabricSource and solar-stored: JSON messages over TCP, each
+// framed by a 4-byte little-endian length. Version 1:
+//   hello  {op, version, token, dataset}   -> {ok, provider, address (hex), virt_addr, info,
+//                                              identity, data {mode: rma|staged, key, base},
+//                                              labels {key, base}?, staging {key, base, bytes}?,
+//                                              throttle {bandwidth, latency_s}}
+//   stage  {op, runs: [[first, count], ...]} -> {ok, bytes}: samples copied into the staging
+//                                              buffer, to be fetched with fi_read
+//   drop_cache {op}                         -> {ok}
+// Every reply with ok=false carries `error`, a message for people.
+#pragma once
+
+#include <utility>  // before asio (g++ 12: std::exchange)
+
+#include <boost/asio.hpp>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "solar/storage/sample_source.h"
+
+namespace solar::storage::wire {
+
+inline constexpr int kVersion = 1;
+inline constexpr std::uint32_t kMaxMessage = 16u << 20;
+
+// Throw boost::system::system_error on socket errors, StorageError on a malformed message.
+void send(boost::asio::ip::tcp::socket& s, const nlohmann::json& msg);
+nlohmann::json receive(boost::asio::ip::tcp::socket& s);
+
+std::string to_hex(const std::vector<std::uint8_t>& bytes);
+std::vector<std::uint8_t> from_hex(const std::string& hex);
+
+nlohmann::json to_json(const DatasetInfo& info);
+DatasetInfo info_from_json(const nlohmann::json& j);
+
+}  // namespace solar::storage::wire

@@ -1,0 +1,211 @@
+// FabricSource against real solar-stored processes on loopback, for tcp;ofi_rxm and shm.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "solar/storage/content.h"
+#include "solar/storage/fabric_source.h"
+#include "solar/storage/hdf5_writer.h"
+#include "test_util.h"
+
+namespace solar::storage {
+namespace {
+using test::StoredProcess;
+using test::TempDir;
+
+std::string write(const TempDir& dir, const std::string& name, Layout layout,
+                  std::uint64_t samples = 48, std::vector<std::uint64_t> shape = {4, 16, 16, 16}) {
+  GenSpec s;
+  s.path = dir.file(name);
+  s.samples = samples;
+  s.shape = std::move(shape);
+  s.layout = layout;
+  s.seed = 5;
+  write_dataset(s);
+  return s.path;
+}
+
+void expect_all(SampleSource& src, const std::vector<SampleRun>& runs) {
+  const auto& info = src.info();
+  std::vector<std::byte> buf(total_samples(runs) * info.sample_bytes);
+  src.read(runs, buf.data());
+  std::vector<std::int32_t> labels(total_samples(runs));
+  src.read_labels(runs, reinterpret_cast<std::byte*>(labels.data()));
+  std::size_t k = 0;
+  for (const auto& r : runs)
+    for (std::uint64_t i = r.first; i < r.first + r.count; ++i, ++k) {
+      ASSERT_TRUE(content::check_sample(5, i, buf.data() + k * info.sample_bytes,
+                                        info.sample_bytes))
+          << src.describe() << " sample " << i;
+      ASSERT_EQ(labels[k], content::label(5, i));
+    }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const StorageError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+class Providers : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Providers, EveryLayoutVerifiesThroughTheServer) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous);
+  write(dir, "k.h5", Layout::chunked);
+  write(dir, "z.h5", Layout::gzip);
+  StoredProcess server(dir, {"--provider", GetParam(), "--staging-bytes", "100K", "--export",
+                             "c=" + dir.file("c.h5"), "--export", "k=" + dir.file("k.h5") + ":/data",
+                             "--export", "z=" + dir.file("z.h5")});
+  ASSERT_TRUE(server.start()) << server.log();
+  for (const char* name : {"c", "k", "z"}) {
+    FabricOptions o;
+    o.request_bytes = 40000;  // several fi_reads per sample and per run
+    o.queue_depth = 4;
+    auto src = FabricSource::connect(server.uri(name), o);
+    EXPECT_EQ(src->provider(), GetParam());
+    EXPECT_EQ(src->info().samples, 48u);
+    EXPECT_EQ(src->info().sample_bytes, 4u * 16 * 16 * 16 * 2);
+    EXPECT_EQ(*src->info().seed, 5u);
+    expect_all(*src, {{0, 48}});
+    expect_all(*src, {{47, 1}, {3, 9}, {20, 2}});
+    EXPECT_EQ(src->reconnects(), 0u);
+  }
+  // And through `solar verify`, as a user would.
+  std::string out;
+  EXPECT_EQ(test::run({SOLAR_CLI, "verify", server.uri("z"), "--no-progress"}, &out), 0) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Storage, Providers, ::testing::Values("tcp;ofi_rxm", "shm"),
+                         [](const auto& p) {
+                           return p.param == "shm" ? std::string("shm") : std::string("tcp_rxm");
+                         });
+
+TEST(FabricSource, BadRequestsGetClearErrorsAndTheServerKeepsServing) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous, 10, {64});
+  // A truncated copy and a scalar-free wrong dataset name: those exports are refused, the
+  // good one is served.
+  const std::string cut = dir.file("cut.h5");
+  std::filesystem::copy_file(dir.file("c.h5"), cut);
+  std::filesystem::resize_file(cut, std::filesystem::file_size(cut) - 300);
+  StoredProcess server(dir, {"--token", "s3cret", "--export", "good=" + dir.file("c.h5"),
+                             "--export", "cut=" + cut, "--export",
+                             "label=" + dir.file("c.h5") + ":/nolabel"});
+  ASSERT_TRUE(server.start()) << server.log();
+  FabricOptions ok;
+  ok.token = "s3cret";
+  EXPECT_NE(error_of([&] { FabricSource::connect(server.uri("good")); }).find("token rejected"),
+            std::string::npos);
+  FabricOptions wrong = ok;
+  wrong.token = "s3creT";
+  EXPECT_NE(error_of([&] { FabricSource::connect(server.uri("good"), wrong); })
+                .find("token rejected"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { FabricSource::connect(server.uri("nope"), ok); })
+                .find("no dataset named 'nope' is exported here (exports: good)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { FabricSource::connect(server.uri("cut"), ok); }).find("truncated"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { FabricSource::connect(server.uri("label"), ok); })
+                .find("no dataset '/nolabel'"),
+            std::string::npos);
+  auto src = FabricSource::connect(server.uri("good"), ok);
+  std::vector<std::byte> buf(64 * 20);
+  const SampleRun past{8, 3};
+  EXPECT_NE(error_of([&] { src->read({&past, 1}, buf.data()); }).find("samples [8, 11)"),
+            std::string::npos);
+  expect_all(*src, {{0, 10}});
+  EXPECT_NE(error_of([&] { FabricSource::connect("fabric://127.0.0.1:x/good", ok); }).find("port"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { FabricSource::connect("fabric://127.0.0.1:1/good", ok); })
+                .find("cannot connect"),
+            std::string::npos);
+}
+
+TEST(FabricSource, ServerStartsOnlyWithAUsableExport) {
+  TempDir dir;
+  StoredProcess server(dir, {"--export", "x=" + dir.file("missing.h5")});
+  EXPECT_FALSE(server.start());
+  EXPECT_NE(server.log().find("missing.h5"), std::string::npos) << server.log();
+}
+
+// Slow enough (emulated 8 MB/s) that the kill lands mid-read.
+StoredProcess throttled(const TempDir& dir) {
+  return StoredProcess(dir, {"--throttle-bandwidth", "8M", "--export", "c=" + dir.file("c.h5")});
+}
+
+TEST(FabricSource, ServerKilledMidReadIsAClearError) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous, 64, {4, 32, 32, 32});  // 16 MiB: ~2 s emulated
+  StoredProcess server = throttled(dir);
+  ASSERT_TRUE(server.start()) << server.log();
+  FabricOptions o;
+  o.retries = 1;
+  o.timeout_s = 5;
+  o.request_bytes = 256 << 10;
+  auto src = FabricSource::connect(server.uri("c"), o);
+  std::vector<std::byte> buf(64 * src->info().sample_bytes);
+  const SampleRun all{0, 64};
+  auto reading = std::async(std::launch::async, [&] { src->read({&all, 1}, buf.data()); });
+  while (src->bytes_read() == 0 &&
+         reading.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) {
+  }
+  server.kill_now();
+  try {
+    reading.get();
+    FAIL() << "the read succeeded with the server dead";
+  } catch (const StorageError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(server.uri("c")), std::string::npos) << m;
+    EXPECT_NE(m.find("gave up after 2 attempts"), std::string::npos) << m;
+  }
+}
+
+TEST(FabricSource, ServerRestartedMidReadIsRetriedWithCorrectBytes) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous, 64, {4, 32, 32, 32});
+  StoredProcess first = throttled(dir);
+  ASSERT_TRUE(first.start()) << first.log();
+  FabricOptions o;
+  o.retries = 8;
+  o.timeout_s = 5;
+  o.request_bytes = 256 << 10;
+  auto src = FabricSource::connect(first.uri("c"), o);
+  std::vector<std::byte> buf(64 * src->info().sample_bytes);
+  const SampleRun all{0, 64};
+  auto reading = std::async(std::launch::async, [&] { src->read({&all, 1}, buf.data()); });
+  while (src->bytes_read() == 0 &&
+         reading.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) {
+  }
+  first.kill_now();
+  StoredProcess second = throttled(dir);
+  ASSERT_TRUE(second.start(first.port())) << second.log();
+  reading.get();
+  EXPECT_GE(src->reconnects(), 1u);
+  for (std::uint64_t i = 0; i < 64; ++i)
+    ASSERT_TRUE(content::check_sample(5, i, buf.data() + i * src->info().sample_bytes,
+                                      src->info().sample_bytes))
+        << i;
+}
+
+TEST(SolarStored, HelpExplainsEveryFlag) {
+  std::string out;
+  EXPECT_EQ(test::run({SOLAR_STORED, "--help"}, &out), 0);
+  for (const char* flag : {"--listen", "--export", "--provider", "--token",
+                           "--throttle-bandwidth", "--throttle-latency", "--ready-file"})
+    EXPECT_NE(out.find(flag), std::string::npos) << flag;
+  EXPECT_EQ(test::run({SOLAR_STORED, "--export", "bad"}, &out), 2);
+  EXPECT_NE(out.find("NAME=FILE.h5:/dataset"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace solar::storage

@@ -1,0 +1,73 @@
+#!/usr/bin/python3
+"""Writes a dataset with h5py the way users do, with solar gen's content (include/solar/storage/
+content.h, re-implemented in numpy) so solar's readers can check every byte.
+
+  make_h5py_dataset.py OUT.h5 --samples N [--shape 4,8,8,8] [--dtype int16]
+                       [--layout contiguous|chunked|gzip] [--seed S] [--no-attrs]
+  make_h5py_dataset.py OUT.h5 --scalar      # a rank-0 dataset /data (must be refused)
+Must run under /usr/bin/python3 (Debian's h5py/numpy)."""
+import argparse
+
+import h5py
+import numpy as np
+
+G = np.uint64(0x9E3779B97F4A7C15)
+
+
+def mix(z):
+    z = np.asarray(z, dtype=np.uint64)
+    z = z ^ (z >> np.uint64(30))
+    z = z * np.uint64(0xBF58476D1CE4E5B9)
+    z = z ^ (z >> np.uint64(27))
+    z = z * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def sample_bytes(seed, index, nbytes):
+    key = mix(np.uint64(seed) ^ np.uint64(0x5EED5EED5EED5EED))
+    base = mix(key + np.uint64(index) * G)
+    words = (nbytes + 7) // 8
+    k = np.arange(1, words + 1, dtype=np.uint64)
+    w = mix(base + k * G).astype("<u8")
+    return w.tobytes()[:nbytes], int(np.int32(mix(base) >> np.uint64(33)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--shape", default="4,8,8,8")
+    ap.add_argument("--dtype", default="int16")
+    ap.add_argument("--layout", default="contiguous", choices=["contiguous", "chunked", "gzip"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-attrs", action="store_true")
+    ap.add_argument("--scalar", action="store_true")
+    a = ap.parse_args()
+    np.seterr(over="ignore")
+    with np.errstate(over="ignore"), h5py.File(a.out, "w") as f:
+        if a.scalar:
+            f.create_dataset("data", data=np.int16(3))
+            return
+        shape = tuple(int(x) for x in a.shape.split(","))
+        dt = np.dtype(a.dtype).newbyteorder("<")
+        nbytes = dt.itemsize * int(np.prod(shape))
+        data = np.empty((a.samples,) + shape, dtype=dt)
+        labels = np.empty(a.samples, dtype="<i4")
+        for i in range(a.samples):
+            raw, label = sample_bytes(a.seed, i, nbytes)
+            data[i] = np.frombuffer(raw, dtype=dt).reshape(shape)
+            labels[i] = label
+        kw = {}
+        if a.layout != "contiguous":
+            kw["chunks"] = (1,) + shape
+        if a.layout == "gzip":
+            kw["compression"] = "gzip"
+        d = f.create_dataset("data", data=data, **kw)
+        f.create_dataset("label", data=labels)
+        if not a.no_attrs:
+            d.attrs["solar_generator"] = "solar-splitmix64-v1"  # h5py: variable-length string
+            d.attrs["solar_seed"] = np.uint64(a.seed)
+
+
+if __name__ == "__main__":
+    main()

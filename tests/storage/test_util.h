@@ -1,0 +1,51 @@
+// Helpers for storage tests: a temporary directory that is always removed, running programs,
+// and a solar-stored process that is stopped by PID however the test ends.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace solar::storage::test {
+
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Runs argv to completion; returns the exit status (-1 if it could not start), output in `out`.
+int run(const std::vector<std::string>& argv, std::string* out = nullptr);
+
+// True when /usr/bin/python3 can import h5py and numpy.
+bool have_h5py();
+
+// A solar-stored child process. start() waits (by polling its ready file) until it accepts
+// connections, or returns false with its log when it exits first.
+class StoredProcess {
+ public:
+  StoredProcess(const TempDir& dir, std::vector<std::string> args);
+  ~StoredProcess();
+  bool start(std::uint16_t port = 0);
+  void kill_now();  // SIGKILL and reap
+  std::uint16_t port() const { return port_; }
+  std::string uri(const std::string& name) const;
+  std::string log() const;
+  int wait_exit();  // reaps; returns the exit status
+
+ private:
+  std::string ready_, log_;
+  std::vector<std::string> args_;
+  pid_t pid_ = -1;
+  std::uint16_t port_ = 0;
+};
+
+}  // namespace solar::storage::test
