@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -165,13 +166,13 @@ void run_gen(const GenOptions& o) {
 // ---------------------------------------------------------------------------- sources
 
 struct SourceFlags {
-  unsigned threads = 8;
+  unsigned threads = 4;
   unsigned queue_depth = 16;
   double timeout = 30;
   std::string provider;
 
   void add(CLI::App* app) {
-    app->add_option("--threads", threads, "Parallel reads for files [8]")
+    app->add_option("--threads", threads, "Parallel reads for files [4]")
         ->check(CLI::Range(1, 256));
     app->add_option("--queue-depth", queue_depth, "fabric:// reads in flight [16]")
         ->check(CLI::Range(1, 1024));
@@ -214,6 +215,29 @@ std::vector<std::vector<SampleRun>> batches(const std::vector<SampleRun>& runs,
   return out;
 }
 
+// Reads every batch, two at a time (double buffering: one batch is being issued while the
+// other completes, as the agent does), into scratch memory.
+void read_all(storage::SampleSource& src, const std::vector<std::vector<SampleRun>>& parts,
+              std::uint64_t batch_bytes) {
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr err;
+  std::mutex mu;
+  auto reader = [&] {
+    std::vector<std::byte> buf(batch_bytes + src.info().sample_bytes);
+    try {
+      for (std::size_t i; (i = next.fetch_add(1)) < parts.size();) src.read(parts[i], buf.data());
+    } catch (...) {
+      std::lock_guard g(mu);
+      if (!err) err = std::current_exception();
+      next = parts.size();
+    }
+  };
+  std::thread other(reader);
+  reader();
+  other.join();
+  if (err) std::rethrow_exception(err);
+}
+
 // ---------------------------------------------------------------------------- verify
 
 struct VerifyOptions {
@@ -221,7 +245,7 @@ struct VerifyOptions {
   std::optional<std::string> range;
   std::optional<std::uint64_t> sample;
   std::optional<std::uint64_t> seed;
-  std::string batch = "256M";
+  std::string batch = "64M";
   bool progress = true;
   bool json = false;
   SourceFlags flags;
@@ -369,7 +393,7 @@ struct BenchOptions {
   std::string source;
   double fraction = 0.5;
   unsigned workers = 8;
-  std::string batch = "256M";
+  std::string batch = "64M";
   std::uint64_t seed = 0;
   bool cold = true;
   bool json = false;
@@ -438,13 +462,13 @@ void run_bench_io(const BenchOptions& o) {
       if (err) std::rethrow_exception(err);
       phases.push_back({"random, 1 sample/request", k, since(t0)});
     }
-    std::vector<std::byte> buf(std::min(batch_bytes, bytes) + sb);
+    const std::uint64_t per_batch = std::min(batch_bytes, bytes);
     // 2. The same samples, sorted and coalesced into runs, read batch by batch.
     if (o.cold) src->drop_cache();
     {
       const auto parts = batches(sorted_runs, sb, batch_bytes);
       const auto t0 = Clock::now();
-      for (const auto& p : parts) src->read(p, buf.data());
+      read_all(*src, parts, per_batch);
       phases.push_back({"sorted, coalesced runs", sorted_runs.size(), since(t0)});
     }
     // 3. Device limit: the same number of bytes, read sequentially from sample 0.
@@ -453,7 +477,7 @@ void run_bench_io(const BenchOptions& o) {
       const std::vector<SampleRun> seq{{0, k}};
       const auto parts = batches(seq, sb, batch_bytes);
       const auto t0 = Clock::now();
-      for (const auto& p : parts) src->read(p, buf.data());
+      read_all(*src, parts, per_batch);
       phases.push_back({"sequential (device limit)", parts.size(), since(t0)});
     }
   } catch (const StorageError& e) {
@@ -524,7 +548,7 @@ void add_storage_commands(CLI::App& app) {
   verify->add_option("--range", v->range, "Only samples FIRST:END (END exclusive)");
   verify->add_option("--sample", v->sample, "Only this many samples, chosen at random");
   verify->add_option("--seed", v->seed, "Content seed (default: the file's solar_seed attribute)");
-  verify->add_option("--batch-bytes", v->batch, "Bytes read per request batch [256M]");
+  verify->add_option("--batch-bytes", v->batch, "Bytes read per request batch [64M]");
   verify->add_flag("--json", v->json, "Print machine-readable results");
   verify->add_flag("!--no-progress", v->progress, "No progress bar");
   v->flags.add(verify);
@@ -542,7 +566,7 @@ void add_storage_commands(CLI::App& app) {
   io->add_option("--fraction", b->fraction, "Share of the samples to read [0.5]");
   io->add_option("--workers", b->workers, "Threads issuing one-sample requests [8]")
       ->check(CLI::Range(1, 256));
-  io->add_option("--batch-bytes", b->batch, "Bytes per coalesced/sequential request batch [256M]");
+  io->add_option("--batch-bytes", b->batch, "Bytes per coalesced/sequential request batch [64M]");
   io->add_option("--seed", b->seed, "Seed of the random sample choice [0]");
   io->add_flag("!--warm", b->cold,
                "Keep the page cache (default: drop it before each phase: posix_fadvise "

@@ -23,7 +23,10 @@ struct Hdf5Source::Impl {
   h5::Handle file, dset, space, dxpl;
   hid_t mem_type = -1;
   std::vector<hsize_t> dims;
-  std::optional<std::uint64_t> raw_offset;
+  std::optional<std::uint64_t> raw_offset;  // contiguous: file offset of sample 0
+  // Unfiltered chunks holding whole samples: file offset of each chunk, read with pread too.
+  std::vector<std::uint64_t> chunk_addr;
+  std::uint64_t samples_per_chunk = 0;
   int fd = -1;
   std::vector<std::byte> labels;  // all labels, read once at open (small)
   std::unique_ptr<IoPool> pool;
@@ -39,6 +42,11 @@ struct Hdf5Source::Impl {
     if (fd >= 0) ::close(fd);
   }
 
+  bool raw() const { return raw_offset.has_value() || samples_per_chunk > 0; }
+  std::uint64_t file_offset(std::uint64_t sample) const {
+    if (raw_offset) return *raw_offset + sample * info.sample_bytes;
+    return chunk_addr[sample / samples_per_chunk] + (sample % samples_per_chunk) * info.sample_bytes;
+  }
   void read_raw(std::span<const SampleRun> runs, std::byte* dst);
   void read_h5(std::span<const SampleRun> runs, std::byte* dst);
 };
@@ -116,7 +124,7 @@ std::optional<std::uint64_t> u64_attribute(hid_t obj, const char* name) {
 std::string layout_name(H5D_layout_t layout, int filters) {
   if (layout == H5D_CONTIGUOUS) return "contiguous";
   if (layout == H5D_COMPACT) return "compact";
-  if (layout == H5D_CHUNKED) return filters > 0 ? "chunked+filtered" : "chunked";
+  if (layout == H5D_CHUNKED) return filters > 0 ? "chunked+compressed" : "chunked";
   return "virtual";
 }
 
@@ -200,8 +208,8 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
   const H5D_layout_t layout = H5Pget_layout(dcpl.get());
   const int filters = H5Pget_nfilters(dcpl.get());
   info.layout = layout_name(layout, filters);
+  std::vector<hsize_t> chunk(rank);
   if (layout == H5D_CHUNKED) {
-    std::vector<hsize_t> chunk(rank);
     H5Pget_chunk(dcpl.get(), rank, chunk.data());
     std::uint64_t chunk_bytes = dtype_size(*dtype);
     for (auto c : chunk) chunk_bytes *= c;
@@ -227,6 +235,32 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
                                        "byte {} but the file has {} bytes",
                                        im->where(), end, st.st_size));
       im->raw_offset = off;
+    }
+  }
+
+  // Unfiltered chunks of whole samples lie in the file as raw bytes too: look each chunk's
+  // address up once (a B-tree lookup each) and pread them like a contiguous dataset.
+  if (!options.mpio && layout == H5D_CHUNKED && filters == 0 && h5::native_order(ftype.get()) &&
+      std::equal(chunk.begin() + 1, chunk.end(), im->dims.begin() + 1) && chunk[0] >= 1) {
+    const std::uint64_t per = chunk[0];
+    const std::uint64_t chunks = (info.samples + per - 1) / per;
+    std::vector<std::uint64_t> addr(chunks);
+    std::vector<hsize_t> coord(rank, 0);
+    bool all = true;
+    for (std::uint64_t j = 0; j < chunks && all; ++j) {
+      coord[0] = j * per;
+      unsigned mask = 0;
+      haddr_t a = HADDR_UNDEF;
+      hsize_t size = 0;
+      if (H5Dget_chunk_info_by_coord(im->dset.get(), coord.data(), &mask, &a, &size) < 0 ||
+          a == HADDR_UNDEF || mask != 0 || a + per * info.sample_bytes > static_cast<std::uint64_t>(st.st_size))
+        all = false;
+      addr[j] = a;
+    }
+    H5Eclear2(H5E_DEFAULT);
+    if (all) {
+      im->chunk_addr = std::move(addr);
+      im->samples_per_chunk = per;
     }
   }
 
@@ -271,7 +305,7 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
                 fmt::format("{}:{}: cannot read labels", path, label));
   }
 
-  if (im->raw_offset) im->pool = std::make_unique<IoPool>(std::max(1u, options.io_threads) - 1);
+  if (im->raw()) im->pool = std::make_unique<IoPool>(std::max(1u, options.io_threads) - 1);
   return std::unique_ptr<Hdf5Source>(new Hdf5Source(std::move(im)));
 }
 
@@ -292,14 +326,31 @@ void Hdf5Source::Impl::read_raw(std::span<const SampleRun> runs, std::byte* dst)
   const std::uint64_t sb = info.sample_bytes;
   const std::uint64_t max = std::max<std::uint64_t>(options.request_bytes, sb ? sb : 1);
   std::byte* out = dst;
-  for (const auto& r : runs) {
-    std::uint64_t off = *raw_offset + r.first * sb, left = r.count * sb;
+  auto add = [&](std::uint64_t off, std::uint64_t left) {
+    if (!pieces.empty() && pieces.back().file_off + pieces.back().len == off &&
+        pieces.back().len + left <= max) {  // adjacent in the file and in memory
+      pieces.back().len += left;
+      out += left;
+      return;
+    }
     while (left) {
       const std::uint64_t n = std::min(left, max);
       pieces.push_back({off, n, out});
       off += n;
       out += n;
       left -= n;
+    }
+  };
+  for (const auto& r : runs) {
+    if (raw_offset) {
+      add(file_offset(r.first), r.count * sb);
+    } else {
+      for (std::uint64_t i = r.first; i < r.first + r.count;) {
+        const std::uint64_t in_chunk = std::min(r.first + r.count - i,
+                                                samples_per_chunk - i % samples_per_chunk);
+        add(file_offset(i), in_chunk * sb);
+        i += in_chunk;
+      }
     }
   }
   pool->run(pieces.size(), [&](std::size_t i) {
@@ -339,7 +390,7 @@ void Hdf5Source::Impl::read_h5(std::span<const SampleRun> runs, std::byte* dst) 
 
 void Hdf5Source::read(std::span<const SampleRun> runs, std::byte* dst) {
   check_runs(impl_->info, runs, impl_->where());
-  if (impl_->raw_offset)
+  if (impl_->raw())
     impl_->read_raw(runs, dst);
   else
     impl_->read_h5(runs, dst);
