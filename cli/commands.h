@@ -15,5 +15,6 @@ int& exit_code();
 
 void add_plan_commands(CLI::App& app);     // plan, plan-dump (cmd_plan.cpp)
 void add_storage_commands(CLI::App& app);  // gen, verify, bench io (cmd_storage.cpp)
+void add_run_commands(CLI::App& app);      // run, stat (cmd_run.cpp)
 
 }  // namespace solar::cli

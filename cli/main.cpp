@@ -18,10 +18,12 @@ int main(int argc, char** argv) {
       "(which rank reads which sample, what each node keeps in memory) and executes it.",
       "solar"};
   app.require_subcommand(1);
+  app.allow_extras(false);
   app.set_version_flag("--version", "solar 0.1.0");
   solar::cli::add_plan_commands(app);
 #ifdef SOLAR_HAVE_STORAGE
   solar::cli::add_storage_commands(app);
+  solar::cli::add_run_commands(app);
 #endif
   try {
     app.parse(argc, argv);

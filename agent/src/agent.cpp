@@ -1,0 +1,661 @@
+#include "agent.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <utility>  // before asio: g++ 12 + C++20 (see shared/notes/io.md)
+#include <boost/asio.hpp>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unordered_set>
+
+#include "solar/protocol.h"
+
+namespace solar::agent {
+
+namespace asio = boost::asio;
+using stream = asio::local::stream_protocol;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::uint64_t mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  std::uint64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return ~std::uint64_t{0};
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+class Agent::Impl {
+ public:
+  explicit Impl(const AgentOptions& o);
+  ~Impl();
+  int run();
+  void stop() {
+    asio::post(io_, [this] { shutdown_io(); });
+  }
+
+ private:
+  struct Session;
+  struct RankState {
+    std::shared_ptr<Session> session;
+    bool attached = false;
+    bool gone = false;        // disconnected: its uses are no longer counted
+    bool waiting = false;     // a next request waits for its step
+    std::uint64_t cursor = 0;    // next step to hand out
+    std::uint64_t released = 0;  // steps < released are released
+    double stall_seconds = 0;
+    Clock::time_point wait_since;
+  };
+
+  // Plan access.
+  std::span<const std::uint32_t> accesses(std::uint64_t t, std::uint32_t r) const {
+    const std::uint64_t i = t * R_ + r;
+    return {plan_.accesses.data() + plan_.rank_offsets[i],
+            plan_.rank_offsets[i + 1] - plan_.rank_offsets[i]};
+  }
+  std::byte* slot_ptr(std::uint32_t slot) const { return base_ + std::uint64_t{slot} * slot_bytes_; }
+
+  // Prefetch engine (its own thread).
+  void prefetch_loop();
+  void free_slot_locked(std::uint32_t sample);
+  void drop_use_locked(std::uint32_t sample);
+
+  // Control server (the io thread).
+  void accept();
+  void on_message(const std::shared_ptr<Session>& s, protocol::Op op,
+                  const std::vector<std::uint8_t>& payload);
+  void on_hello(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& payload);
+  void serve_waiting_locked();
+  void send_batch_locked(RankState& rs, std::uint32_t r);
+  void detach(const std::shared_ptr<Session>& s);
+  // Queues a message; writes go out in order, one at a time.
+  static void send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg);
+  std::string stats_json();
+  void shutdown_io();
+
+  AgentOptions opt_;
+  PlanHeader header_;
+  NodePlan plan_;
+  std::unique_ptr<storage::SampleSource> source_;
+  std::uint32_t R_ = 0;
+  std::uint64_t T_ = 0;
+  std::uint64_t sample_bytes_ = 0, label_bytes_ = 0, slot_bytes_ = 0, slots_ = 0;
+
+  int memfd_ = -1;
+  std::byte* base_ = nullptr;
+
+  std::mutex mu_;
+  std::condition_variable slot_freed_;
+  std::vector<std::uint32_t> free_;
+  std::unordered_map<std::uint32_t, std::uint32_t> slot_of_;  // resident or zombie
+  std::unordered_map<std::uint32_t, std::uint32_t> pending_;  // admitted, unreleased uses
+  std::unordered_set<std::uint32_t> zombie_;                  // evicted by plan, still in use
+  std::uint64_t ready_ = 0;                                   // steps < ready_ are servable
+  std::vector<RankState> ranks_;
+  bool stopping_ = false;
+  std::string fatal_;  // set when prefetching failed
+
+  // Metrics.
+  std::uint64_t hits_ = 0, fetched_ = 0, bytes_read_ = 0, reads_ = 0;
+  double read_seconds_ = 0, slot_wait_seconds_ = 0;
+  Clock::time_point started_ = Clock::now();
+
+  asio::io_context io_;
+  stream::acceptor acceptor_;
+  std::thread prefetch_;
+  int exit_code_ = 0;
+};
+
+struct Agent::Impl::Session : std::enable_shared_from_this<Session> {
+  explicit Session(asio::io_context& io) : sock(io) {}
+  stream::socket sock;
+  protocol::Header head{};
+  std::vector<std::uint8_t> payload;
+  std::deque<std::vector<std::uint8_t>> out;
+  int rank = -1;  // local rank once attached
+  bool closed = false;
+};
+
+Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
+  // Plan: the header and this node's section only.
+  PlanFile pf = [&] {
+    try {
+      return PlanFile::open(o.plan);
+    } catch (const PlanFileError& e) {
+      throw AgentError(e.what());
+    }
+  }();
+  header_ = pf.header();
+  if (o.node >= header_.config.nodes)
+    throw AgentError(fmt::format("--node {}: the plan {} has nodes 0..{}", o.node, o.plan,
+                                 header_.config.nodes - 1));
+  try {
+    plan_ = pf.node(o.node);
+  } catch (const PlanFileError& e) {
+    throw AgentError(e.what());
+  }
+  R_ = header_.config.ranks_per_node;
+  T_ = std::uint64_t{header_.layout.steps} * header_.config.epochs;
+
+  // Source: must match the plan.
+  storage::SourceOptions so;
+  so.io_threads = o.io_threads;
+  so.label_dataset = o.labels;
+  try {
+    source_ = storage::open_source(o.dataset, so);
+  } catch (const std::exception& e) {
+    throw AgentError(e.what());
+  }
+  const auto& info = source_->info();
+  if (info.samples != header_.config.samples || info.sample_bytes != header_.config.sample_bytes)
+    throw AgentError(fmt::format(
+        "{} has {} samples of {} bytes but the plan {} was computed for {} samples of {} bytes; "
+        "recompute the plan for this dataset",
+        source_->describe(), info.samples, info.sample_bytes, o.plan, header_.config.samples,
+        header_.config.sample_bytes));
+  sample_bytes_ = info.sample_bytes;
+  label_bytes_ = info.has_labels ? info.label_bytes : 0;
+  slot_bytes_ = (sample_bytes_ + label_bytes_ + 63) / 64 * 64;
+
+  // Buffer: the plan's resident set plus staging for ranks still holding evicted samples.
+  const std::uint64_t step_max = std::uint64_t{R_} * (header_.config.batch + header_.config.imbalance);
+  slots_ = header_.config.buffer_samples() + std::uint64_t{o.staging_steps} * step_max;
+  const std::uint64_t bytes = slots_ * slot_bytes_;
+  const std::uint64_t avail = mem_available_bytes();
+  if (bytes > avail)
+    throw AgentError(fmt::format("the buffer needs {} ({} slots of {}) but only {} of memory is "
+                                 "available; plan with a smaller --buffer",
+                                 format_bytes(bytes), slots_, format_bytes(slot_bytes_),
+                                 format_bytes(avail)));
+  memfd_ = ::memfd_create(fmt::format("solar-buffer-node{}", o.node).c_str(),
+                          MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (memfd_ < 0) throw AgentError(fmt::format("memfd_create: {}", std::strerror(errno)));
+  if (::ftruncate(memfd_, static_cast<off_t>(bytes)) != 0)
+    throw AgentError(fmt::format("sizing the {} buffer: {}", format_bytes(bytes),
+                                 std::strerror(errno)));
+  ::fcntl(memfd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
+  if (p == MAP_FAILED) throw AgentError(fmt::format("mapping the buffer: {}", std::strerror(errno)));
+  base_ = static_cast<std::byte*>(p);
+  free_.resize(slots_);
+  for (std::uint64_t i = 0; i < slots_; ++i) free_[i] = static_cast<std::uint32_t>(slots_ - 1 - i);
+  ranks_.resize(R_);
+
+  // Socket: private to this user. A stale socket file (a crashed agent) is replaced.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  boost::system::error_code bec;
+  if (fs::exists(o.socket, ec)) {
+    stream::socket probe(io_);
+    probe.connect(stream::endpoint(o.socket), bec);
+    if (!bec) throw AgentError(fmt::format("{}: another agent is serving this socket", o.socket));
+    fs::remove(o.socket, ec);
+    spdlog::warn("removed stale socket {}", o.socket);
+  }
+  const mode_t old = ::umask(0077);
+  acceptor_.open();
+  acceptor_.bind(stream::endpoint(o.socket), bec);
+  ::umask(old);
+  if (bec) throw AgentError(fmt::format("{}: cannot bind: {}", o.socket, bec.message()));
+  ::chmod(o.socket.c_str(), 0600);
+  acceptor_.listen();
+  spdlog::info("node {}: {} steps, buffer {} slots × {} = {}, source {}", o.node, T_, slots_,
+               format_bytes(slot_bytes_), format_bytes(bytes), source_->describe());
+}
+
+Agent::Impl::~Impl() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  slot_freed_.notify_all();
+  if (prefetch_.joinable()) prefetch_.join();
+  std::error_code ec;
+  std::filesystem::remove(opt_.socket, ec);
+  if (base_) ::munmap(base_, slots_ * slot_bytes_);
+  if (memfd_ >= 0) ::close(memfd_);
+}
+
+int Agent::Impl::run() {
+  prefetch_ = std::thread([this] { prefetch_loop(); });
+  asio::signal_set signals(io_, SIGTERM, SIGINT);
+  signals.async_wait([this](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    spdlog::info("signal {}: stopping", sig);
+    shutdown_io();
+  });
+  accept();
+  io_.run();
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  slot_freed_.notify_all();
+  prefetch_.join();
+  spdlog::info("stopped: {}", stats_json());
+  return exit_code_;
+}
+
+void Agent::Impl::shutdown_io() {
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+  {
+    std::lock_guard lk(mu_);
+    for (auto& rs : ranks_)
+      if (rs.session) rs.session->sock.close(ec);
+  }
+  io_.stop();
+}
+
+// ---- prefetch engine -------------------------------------------------------------------
+
+void Agent::Impl::free_slot_locked(std::uint32_t sample) {
+  auto it = slot_of_.find(sample);
+  if (it == slot_of_.end()) return;
+  free_.push_back(it->second);
+  slot_of_.erase(it);
+  zombie_.erase(sample);
+  slot_freed_.notify_all();
+}
+
+void Agent::Impl::drop_use_locked(std::uint32_t sample) {
+  auto it = pending_.find(sample);
+  if (it == pending_.end()) return;
+  if (--it->second == 0) {
+    pending_.erase(it);
+    if (zombie_.count(sample)) free_slot_locked(sample);
+  }
+}
+
+void Agent::Impl::prefetch_loop() {
+  std::vector<storage::SampleRun> runs;
+  std::vector<std::uint32_t> incoming;  // samples to read this step, in run order
+  std::vector<std::uint32_t> slots;
+  std::vector<std::byte> staging, label_staging;
+  try {
+    for (std::uint64_t t = 0; t < T_; ++t) {
+      runs.clear();
+      incoming.clear();
+      {
+        std::unique_lock lk(mu_);
+        if (stopping_) return;
+        // The plan's evictions: free now, or once the ranks still using them release them.
+        for (std::uint32_t y : plan_.schedule.evicts_at(t)) {
+          if (pending_.count(y)) zombie_.insert(y);
+          else free_slot_locked(y);
+        }
+        auto want = [&](std::uint32_t x) {
+          if (zombie_.erase(x)) return;  // still here: resurrect instead of re-reading
+          incoming.push_back(x);
+        };
+        for (const FetchRun& run : plan_.schedule.fetches_at(t))
+          for (std::uint32_t x = run.first; x < run.first + run.count; ++x) want(x);
+        // Peer transfers between agents are not implemented yet: read those from storage.
+        for (const PeerFetch& pf : plan_.schedule.peers_at(t)) want(pf.sample);
+        slots.clear();
+        const auto wait_from = Clock::now();
+        for (std::size_t i = 0; i < incoming.size(); ++i) {
+          slot_freed_.wait(lk, [&] { return stopping_ || !free_.empty(); });
+          if (stopping_) return;
+          slots.push_back(free_.back());
+          free_.pop_back();
+        }
+        slot_wait_seconds_ += seconds_since(wait_from);
+      }
+      if (!incoming.empty()) {
+        std::vector<std::uint64_t> ids(incoming.begin(), incoming.end());
+        std::vector<std::uint32_t> order(incoming.size());
+        // Coalesce: sort the samples (keeping their slots) and read maximal runs.
+        std::vector<std::size_t> idx(incoming.size());
+        for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+        std::sort(idx.begin(), idx.end(), [&](auto a, auto b) { return incoming[a] < incoming[b]; });
+        for (std::size_t i = 0; i < idx.size();) {
+          std::size_t j = i + 1;
+          while (j < idx.size() && incoming[idx[j]] == incoming[idx[j - 1]] + 1) ++j;
+          runs.push_back({incoming[idx[i]], j - i});
+          i = j;
+        }
+        staging.resize(idx.size() * sample_bytes_);
+        const auto t0 = Clock::now();
+        source_->read(runs, staging.data());
+        if (label_bytes_) {
+          label_staging.resize(idx.size() * label_bytes_);
+          source_->read_labels(runs, label_staging.data());
+        }
+        read_seconds_ += seconds_since(t0);
+        for (std::size_t i = 0; i < idx.size(); ++i) {
+          std::byte* dst = slot_ptr(slots[idx[i]]);
+          std::memcpy(dst, staging.data() + i * sample_bytes_, sample_bytes_);
+          if (label_bytes_)
+            std::memcpy(dst + sample_bytes_, label_staging.data() + i * label_bytes_, label_bytes_);
+        }
+        reads_ += runs.size();
+        bytes_read_ += idx.size() * sample_bytes_;
+      }
+      {
+        std::lock_guard lk(mu_);
+        for (std::size_t i = 0; i < incoming.size(); ++i) slot_of_[incoming[i]] = slots[i];
+        fetched_ += incoming.size();
+        for (std::uint32_t r = 0; r < R_; ++r) {
+          if (ranks_[r].gone) continue;
+          for (std::uint32_t a : accesses(t, r)) {
+            ++pending_[a & kSampleMask];
+            if (a & kHitBit) ++hits_;
+          }
+        }
+        ready_ = t + 1;
+      }
+      asio::post(io_, [this] {
+        std::lock_guard lk(mu_);
+        serve_waiting_locked();
+      });
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("prefetch failed: {}", e.what());
+    std::lock_guard lk(mu_);
+    fatal_ = e.what();
+    exit_code_ = 1;
+    asio::post(io_, [this] { shutdown_io(); });
+  }
+}
+
+// ---- control server ------------------------------------------------------------------------
+
+void Agent::Impl::accept() {
+  auto s = std::make_shared<Session>(io_);
+  acceptor_.async_accept(s->sock, [this, s](const boost::system::error_code& ec) {
+    if (ec) return;  // closed
+    struct ucred cred {};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(s->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        cred.uid != ::geteuid()) {
+      spdlog::warn("refused a connection from uid {} pid {} (only uid {} may attach)", cred.uid,
+                   cred.pid, ::geteuid());
+      boost::system::error_code ignored;
+      s->sock.close(ignored);
+    } else {
+      auto read_header = std::make_shared<std::function<void()>>();
+      *read_header = [this, s, read_header] {
+        asio::async_read(s->sock, asio::buffer(&s->head, sizeof s->head),
+                         [this, s, read_header](const boost::system::error_code& e, std::size_t) {
+          if (e) return detach(s);
+          if (s->head.magic != protocol::kMagic || s->head.version != protocol::kVersion ||
+              s->head.length > protocol::kMaxPayload) {
+            spdlog::warn("malformed message (magic {:#x}, version {}, length {}): closing",
+                         s->head.magic, s->head.version, s->head.length);
+            return detach(s);
+          }
+          s->payload.resize(s->head.length);
+          asio::async_read(s->sock, asio::buffer(s->payload),
+                           [this, s, read_header](const boost::system::error_code& e2, std::size_t) {
+            if (e2) return detach(s);
+            on_message(s, static_cast<protocol::Op>(s->head.op), s->payload);
+            if (!s->closed) (*read_header)();
+          });
+        });
+      };
+      (*read_header)();
+    }
+    accept();
+  });
+}
+
+namespace {
+std::vector<std::uint8_t> frame(protocol::Op op, const void* body, std::size_t n,
+                                const void* tail = nullptr, std::size_t tail_n = 0) {
+  protocol::Header h;
+  h.op = static_cast<std::uint16_t>(op);
+  h.length = static_cast<std::uint32_t>(n + tail_n);
+  std::vector<std::uint8_t> out(sizeof h + n + tail_n);
+  std::memcpy(out.data(), &h, sizeof h);
+  if (n) std::memcpy(out.data() + sizeof h, body, n);
+  if (tail_n) std::memcpy(out.data() + sizeof h + n, tail, tail_n);
+  return out;
+}
+
+template <class T>
+bool parse(const std::vector<std::uint8_t>& p, T& out) {
+  if (p.size() != sizeof(T)) return false;
+  std::memcpy(&out, p.data(), sizeof(T));
+  return true;
+}
+}  // namespace
+
+
+void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
+                             const std::vector<std::uint8_t>& payload) {
+  auto refuse = [&](const std::string& why) {
+    spdlog::warn("rank {}: {}", s->rank, why);
+    send(s, frame(protocol::Op::error, why.data(), why.size()));
+  };
+  switch (op) {
+    case protocol::Op::hello:
+      return on_hello(s, payload);
+    case protocol::Op::next: {
+      protocol::Next n;
+      if (!parse(payload, n) || s->rank < 0) return refuse("next before hello, or malformed");
+      std::lock_guard lk(mu_);
+      RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
+      if (n.step != rs.cursor)
+        return refuse(fmt::format("asked for step {} but its next step is {}", n.step, rs.cursor));
+      if (rs.cursor >= T_) {
+        send(s, frame(protocol::Op::end, nullptr, 0));
+        return;
+      }
+      rs.waiting = true;
+      rs.wait_since = Clock::now();
+      serve_waiting_locked();
+      return;
+    }
+    case protocol::Op::release: {
+      protocol::Release rl;
+      if (!parse(payload, rl) || s->rank < 0) return refuse("release before hello, or malformed");
+      std::lock_guard lk(mu_);
+      RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
+      if (rl.step != rs.released || rl.step >= rs.cursor)
+        return refuse(fmt::format("release of step {} out of order (next to release: {}, handed "
+                                  "out: {})",
+                                  rl.step, rs.released, rs.cursor));
+      for (std::uint32_t a : accesses(rl.step, static_cast<std::uint32_t>(s->rank)))
+        drop_use_locked(a & kSampleMask);
+      ++rs.released;
+      return;
+    }
+    case protocol::Op::stats: {
+      const std::string j = stats_json();
+      send(s, frame(protocol::Op::stats_reply, j.data(), j.size()));
+      return;
+    }
+    case protocol::Op::shutdown:
+      spdlog::info("shutdown requested");
+      asio::post(io_, [this] { shutdown_io(); });
+      return;
+    default:
+      spdlog::warn("unknown op {}: closing the connection", static_cast<unsigned>(op));
+      detach(s);
+  }
+}
+
+void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
+                           const std::vector<std::uint8_t>& payload) {
+  protocol::Hello h;
+  auto refuse = [&](const std::string& why) {
+    spdlog::warn("hello refused: {}", why);
+    send(s, frame(protocol::Op::error, why.data(), why.size()));
+  };
+  if (!parse(payload, h)) return refuse("malformed hello");
+  if (s->rank >= 0) return refuse("already attached");
+  if (h.local_rank >= R_)
+    return refuse(fmt::format("local rank {} does not exist (this node has ranks 0..{})",
+                              h.local_rank, R_ - 1));
+  {
+    std::lock_guard lk(mu_);
+    RankState& rs = ranks_[h.local_rank];
+    if (rs.attached || rs.gone)
+      return refuse(fmt::format("local rank {} is already attached (or has left)", h.local_rank));
+    rs.attached = true;
+    rs.session = s;
+  }
+  s->rank = static_cast<int>(h.local_rank);
+  protocol::HelloOk ok;
+  ok.node = opt_.node;
+  ok.ranks_per_node = R_;
+  ok.samples = header_.config.samples;
+  ok.sample_bytes = sample_bytes_;
+  ok.label_bytes = label_bytes_;
+  ok.slot_bytes = slot_bytes_;
+  ok.slots = slots_;
+  ok.total_steps = T_;
+  ok.steps_per_epoch = header_.layout.steps;
+  const auto msg = frame(protocol::Op::hello_ok, &ok, sizeof ok);
+  // The buffer's fd travels with the reply (SCM_RIGHTS); written synchronously, before any
+  // queued message, since it is the session's first.
+  struct iovec iov{const_cast<std::uint8_t*>(msg.data()), msg.size()};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  struct msghdr mh {};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  struct cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &memfd_, sizeof(int));
+  s->sock.non_blocking(false);
+  const ssize_t n = ::sendmsg(s->sock.native_handle(), &mh, MSG_NOSIGNAL);
+  s->sock.non_blocking(true);
+  if (n != static_cast<ssize_t>(msg.size())) {
+    spdlog::warn("rank {}: could not send the hello reply", h.local_rank);
+    return detach(s);
+  }
+  spdlog::info("local rank {} attached (pid {})", h.local_rank, h.pid);
+}
+
+void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
+  const std::uint64_t t = rs.cursor;
+  const auto acc = accesses(t, r);
+  std::vector<protocol::BatchEntry> entries(acc.size());
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    const std::uint32_t x = acc[i] & kSampleMask;
+    entries[i].sample = x;
+    entries[i].slot = slot_of_.at(x);
+  }
+  protocol::BatchHead bh;
+  bh.step = t;
+  bh.count = static_cast<std::uint32_t>(acc.size());
+  send(rs.session, frame(protocol::Op::batch, &bh, sizeof bh, entries.data(),
+                         entries.size() * sizeof(protocol::BatchEntry)));
+  rs.stall_seconds += seconds_since(rs.wait_since);
+  rs.waiting = false;
+  ++rs.cursor;
+}
+
+void Agent::Impl::serve_waiting_locked() {
+  for (std::uint32_t r = 0; r < R_; ++r) {
+    RankState& rs = ranks_[r];
+    if (rs.waiting && rs.session && rs.cursor < ready_) send_batch_locked(rs, r);
+  }
+}
+
+void Agent::Impl::detach(const std::shared_ptr<Session>& s) {
+  if (s->closed) return;
+  s->closed = true;
+  boost::system::error_code ec;
+  s->sock.close(ec);
+  if (s->rank < 0) return;
+  std::lock_guard lk(mu_);
+  RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
+  // Its slots are reclaimed: every admitted use it had not released is dropped.
+  for (std::uint64_t t = rs.released; t < ready_; ++t)
+    for (std::uint32_t a : accesses(t, static_cast<std::uint32_t>(s->rank)))
+      drop_use_locked(a & kSampleMask);
+  rs.gone = true;
+  rs.session.reset();
+  rs.waiting = false;
+  if (rs.cursor < T_)
+    spdlog::warn("local rank {} left at step {} of {}; its slots are reclaimed", s->rank,
+                 rs.cursor, T_);
+  else
+    spdlog::info("local rank {} finished", s->rank);
+}
+
+void Agent::Impl::send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg) {
+  const bool idle = s->out.empty();
+  s->out.push_back(std::move(msg));
+  if (!idle || s->closed) return;
+  auto pump = std::make_shared<std::function<void()>>();
+  *pump = [s, pump] {
+    asio::async_write(s->sock, asio::buffer(s->out.front()),
+                      [s, pump](const boost::system::error_code& ec, std::size_t) {
+                        if (ec) {
+                          s->out.clear();
+                          return;
+                        }
+                        s->out.pop_front();
+                        if (!s->out.empty()) (*pump)();
+                      });
+  };
+  (*pump)();
+}
+
+std::string Agent::Impl::stats_json() {
+  std::lock_guard lk(mu_);
+  nlohmann::json ranks = nlohmann::json::array();
+  std::uint64_t min_cursor = T_;
+  for (std::uint32_t r = 0; r < R_; ++r) {
+    const RankState& rs = ranks_[r];
+    ranks.push_back({{"local_rank", r},
+                     {"attached", rs.attached && !rs.gone},
+                     {"step", rs.cursor},
+                     {"released", rs.released},
+                     {"stall_seconds", rs.stall_seconds}});
+    if (!rs.gone) min_cursor = std::min(min_cursor, rs.cursor);
+  }
+  const nlohmann::json j = {
+      {"node", opt_.node},
+      {"total_steps", T_},
+      {"steps_per_epoch", header_.layout.steps},
+      {"epochs", header_.config.epochs},
+      {"ready_steps", ready_},
+      {"ahead_steps", static_cast<std::int64_t>(ready_) - static_cast<std::int64_t>(min_cursor)},
+      {"hits", hits_},
+      {"fetched_samples", fetched_},
+      {"bytes_read", bytes_read_},
+      {"storage_reads", reads_},
+      {"read_seconds", read_seconds_},
+      {"slot_wait_seconds", slot_wait_seconds_},
+      {"slots", slots_},
+      {"free_slots", free_.size()},
+      {"uptime_seconds", seconds_since(started_)},
+      {"error", fatal_},
+      {"ranks", ranks}};
+  return j.dump();
+}
+
+Agent::Agent(const AgentOptions& options) : impl_(std::make_unique<Impl>(options)) {}
+Agent::~Agent() = default;
+int Agent::run() { return impl_->run(); }
+void Agent::stop() { impl_->stop(); }
+
+}  // namespace solar::agent

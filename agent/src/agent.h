@@ -1,0 +1,54 @@
+// solar-agent: one per node per job step. Executes this node's part of the plan: fills a
+// shared-memory buffer from storage ahead of the ranks and hands batches to them over a Unix
+// socket (client/include/solar/protocol.h).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "solar/core/plan_file.h"
+#include "solar/storage/sample_source.h"
+
+namespace solar::agent {
+
+struct AgentOptions {
+  std::string plan;          // plan file
+  std::uint32_t node = 0;    // which node's part to execute
+  std::string dataset;       // SampleSource spec: FILE.h5[:/dset] or fabric://host:port/name
+  std::string labels = "/label";
+  std::string socket;        // Unix socket path (its directory should be private, 0700)
+  unsigned io_threads = 8;
+  std::uint32_t staging_steps = 2;  // extra slots, in steps of this node's ranks
+};
+
+// Thrown for anything that stops the agent from starting: names the input and the fix.
+class AgentError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Agent {
+ public:
+  // Loads and checks everything (plan part, source, buffer, socket); throws AgentError.
+  explicit Agent(const AgentOptions& options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Serves until stop() (SIGTERM/SIGINT) or a shutdown request. Returns the exit code.
+  int run();
+  void stop();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace solar::agent

@@ -1,0 +1,57 @@
+// solar-agent: see agent.h. Started by `solar run` or the SPANK plugin, one per node.
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+
+#include "agent.h"
+
+int main(int argc, char** argv) {
+  solar::agent::AgentOptions o;
+  std::string log_file;
+  CLI::App app{
+      "solar-agent: executes one node's part of a solar plan. Fills a shared-memory buffer from\n"
+      "storage ahead of the ranks and serves their batches over a Unix socket. Normally started\n"
+      "by `solar run` or the Slurm plugin, not by hand.",
+      "solar-agent"};
+  app.add_option("--plan", o.plan, "Plan file (solar plan --out)")->required();
+  app.add_option("--node", o.node, "This node's id in the plan")->required();
+  app.add_option("--dataset", o.dataset, "FILE.h5[:/dataset] or fabric://HOST:PORT/NAME")
+      ->required();
+  app.add_option("--labels", o.labels, "Labels dataset in the file ('' for none) [/label]");
+  app.add_option("--socket", o.socket, "Unix socket to serve on (in a private directory)")
+      ->required();
+  app.add_option("--log", log_file, "Log file [stderr]");
+  app.add_option("--io-threads", o.io_threads, "Parallel storage requests [8]");
+  app.add_option("--staging-steps", o.staging_steps,
+                 "Extra buffer slots, in steps of this node's ranks, for samples ranks still "
+                 "hold after the plan evicts them [2]");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  std::signal(SIGPIPE, SIG_IGN);
+  try {
+    if (!log_file.empty())
+      spdlog::set_default_logger(spdlog::basic_logger_mt("agent", log_file));
+    spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [agent] [%l] %v");
+    spdlog::flush_on(spdlog::level::info);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "solar-agent: --log %s: %s\n", log_file.c_str(), e.what());
+    return 2;
+  }
+  if (::geteuid() == 0)
+    spdlog::warn("running as root: the agent should run as the job's user");
+  try {
+    solar::agent::Agent agent(o);
+    return agent.run();
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    std::fprintf(stderr, "solar-agent: %s\n", e.what());
+    return 1;
+  }
+}

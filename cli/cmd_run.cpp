@@ -1,0 +1,212 @@
+// solar run: the whole data path on one machine (plan, agents, ranks, teardown).
+// solar stat: an agent's live metrics.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "commands.h"
+#include "launcher.h"
+#include "solar/core/plan_file.h"
+#include "solar/core/planner.h"
+#include "solar/storage/sample_source.h"
+
+namespace solar::cli {
+
+// How `solar run` and `solar bench loader` turn the user's buffer into a plan: the agent keeps
+// `staging_steps` steps of its ranks' samples as staging beside the plan's resident set, both
+// within the user's per-node budget.
+PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
+                        PlanConfig c, std::uint32_t staging_steps) {
+  c.samples = info.samples;
+  c.sample_bytes = info.sample_bytes;
+  const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
+  const std::uint64_t slot = (info.sample_bytes + label + 63) / 64 * 64;
+  const std::uint64_t budget = buffer.resolve(info.samples, slot);
+  const std::uint64_t step = std::uint64_t{c.ranks_per_node} * (c.batch + c.imbalance);
+  const std::uint64_t slots = budget / slot;
+  const std::uint64_t need = step * (staging_steps + 1);
+  if (slots < need)
+    throw ConfigError("--buffer", fmt::format("{} per node holds {} samples of {} (with labels); "
+                                              "the agent needs at least {} ({} steps of {} "
+                                              "ranks); allowed is at least {}",
+                                              format_bytes(budget), slots, format_bytes(slot),
+                                              need, staging_steps + 1, c.ranks_per_node,
+                                              format_bytes(need * slot)));
+  c.buffer_bytes = (slots - step * staging_steps) * c.sample_bytes;
+  c.policy = Policy::solar;
+  c.validate();
+  return c;
+}
+
+namespace {
+
+struct RunOptions {
+  std::string ranks = "1", nodes = "1", epochs, batch, seed = "0", imbalance = "0";
+  std::string dataset, labels = "/label", buffer, order = "solar";
+  std::string plan_out;
+  bool drop_last = false, no_agent = false, keep = false, verbose = false;
+  std::vector<std::string> command;
+};
+
+void print_summary(const LaunchResult& r) {
+  for (const auto& a : r.agents) {
+    const double hit = a["hits"].get<double>();
+    const double fetched = a["fetched_samples"].get<double>();
+    fmt::print(stderr,
+               "solar run: node {}: {} steps, {:.0f} hits, {:.0f} samples fetched ({}), hit rate "
+               "{:.1f}%, storage read time {:.2f} s\n",
+               a["node"].get<int>(), a["ready_steps"].get<std::uint64_t>(), hit, fetched,
+               format_bytes(a["bytes_read"].get<std::uint64_t>()),
+               hit + fetched > 0 ? 100 * hit / (hit + fetched) : 0.0,
+               a["read_seconds"].get<double>());
+  }
+  for (const auto& p : r.problems) fmt::print(stderr, "solar run: {}\n", p);
+}
+
+void run_run(const RunOptions& o) {
+  PlanConfig c;
+  std::unique_ptr<storage::SampleSource> src;
+  BufferSpec buffer;
+  try {
+    c.ranks_per_node = static_cast<std::uint32_t>(parse_count(o.ranks, "-n", 1, kMaxRanksPerNode));
+    c.nodes = static_cast<std::uint32_t>(parse_count(o.nodes, "--nodes", 1, kMaxNodes));
+    c.epochs = static_cast<std::uint32_t>(parse_count(o.epochs, "--epochs", 1, kMaxEpochs));
+    c.batch = static_cast<std::uint32_t>(parse_count(o.batch, "--batch", 1, kMaxSamples));
+    c.seed = parse_count(o.seed, "--seed", 0, ~std::uint64_t{0});
+    c.imbalance = static_cast<std::uint32_t>(parse_count(o.imbalance, "--imbalance", 0, kMaxSamples));
+    const auto order = parse_order_mode(o.order);
+    if (!order) throw ConfigError("--order", fmt::format("'{}' is not solar or torch", o.order));
+    c.order = *order;
+    c.drop_last = o.drop_last;
+    buffer = BufferSpec::parse(o.buffer, "--buffer");
+    if (o.command.empty())
+      throw ConfigError("COMMAND", "give the rank program after --, e.g. solar run -n 4 ... -- "
+                                   "python3 train.py");
+    storage::SourceOptions so;
+    so.label_dataset = o.labels;
+    try {
+      src = storage::open_source(o.dataset, so);
+    } catch (const std::exception& e) {
+      throw ConfigError("--dataset", e.what());
+    }
+    c = plan_for_run(src->info(), buffer, c, 2);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "solar run: %s\n", e.what());
+    exit_code() = kExitUsage;
+    return;
+  }
+  src.reset();
+  const Plan plan = make_plan(c);
+  if (!o.plan_out.empty()) write_plan_file(plan, o.plan_out);
+  if (o.verbose)
+    fmt::print(stderr, "solar run: plan: {} remote fetches for {} accesses ({:.3f}× the lower "
+                       "bound), {} per node for the resident set\n",
+               plan.metrics.remote_fetches, plan.metrics.accesses,
+               plan.metrics.ratio_to_lower_bound(), format_bytes(c.buffer_bytes));
+  LaunchSpec spec;
+  spec.plan = &plan;
+  spec.dataset = o.dataset;
+  spec.labels = o.labels;
+  spec.command = o.command;
+  spec.agents = !o.no_agent;
+  spec.keep_run_dir = o.keep;
+  spec.verbose = o.verbose;
+  try {
+    const LaunchResult r = launch(spec);
+    print_summary(r);
+    exit_code() = r.exit_code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "solar run: %s\n", e.what());
+    exit_code() = kExitFailure;
+  }
+}
+
+void run_stat(const std::string& socket, bool json, bool watch) {
+  for (;;) {
+    nlohmann::json s;
+    try {
+      s = agent_stats(socket);
+    } catch (const std::exception& e) {
+      if (watch && exit_code() == kExitOk) return;  // the agent finished
+      std::fprintf(stderr, "solar stat: %s\n", e.what());
+      exit_code() = kExitFailure;
+      return;
+    }
+    if (json) {
+      fmt::print("{}\n", s.dump());
+    } else {
+      const std::uint64_t spe = s["steps_per_epoch"], total = s["total_steps"];
+      const std::uint64_t epochs = s["epochs"];
+      fmt::print("node {}: {} of {} steps prefetched, {} ahead of the slowest rank; {} hits, {} "
+                 "fetched ({}), {} storage reads in {:.2f} s\n",
+                 s["node"].get<int>(), s["ready_steps"].get<std::uint64_t>(), total,
+                 s["ahead_steps"].get<std::int64_t>(), s["hits"].get<std::uint64_t>(),
+                 s["fetched_samples"].get<std::uint64_t>(),
+                 format_bytes(s["bytes_read"].get<std::uint64_t>()),
+                 s["storage_reads"].get<std::uint64_t>(), s["read_seconds"].get<double>());
+      for (const auto& r : s["ranks"]) {
+        const std::uint64_t step = r["step"];
+        const std::uint64_t e = std::min<std::uint64_t>(step / std::max<std::uint64_t>(spe, 1),
+                                                        epochs - 1);
+        const std::uint64_t in_epoch = step >= total ? spe : step % spe;
+        const int fill = static_cast<int>(30 * in_epoch / std::max<std::uint64_t>(spe, 1));
+        fmt::print("  rank {:>3} epoch {:>3}/{} [{:<30}] {:>6} steps, stalled {:.2f} s{}\n",
+                   r["local_rank"].get<int>(), e + 1, epochs, std::string(fill, '#'), step,
+                   r["stall_seconds"].get<double>(), r["attached"].get<bool>() ? "" : " (left)");
+      }
+    }
+    std::fflush(stdout);
+    if (!watch) return;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
+}  // namespace
+
+void add_run_commands(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "Run a training command with solar on this machine: plan the run, start one agent per\n"
+      "simulated node, launch the ranks with SOLAR_* and torch.distributed variables, wait,\n"
+      "and clean up. Exits with the worst rank's status.\n"
+      "Example: solar run -n 4 --dataset data.h5 --buffer 50% --epochs 3 --batch 16 -- \\\n"
+      "           solar-example-train --verify");
+  run->add_option("-n,--ranks-per-node", o->ranks, "Ranks per node [1]");
+  run->add_option("--nodes", o->nodes, "Simulated nodes, each with its own agent and buffer [1]");
+  run->add_option("--dataset", o->dataset, "FILE.h5[:/dataset] or fabric://HOST:PORT/NAME")
+      ->required();
+  run->add_option("--labels", o->labels, "Labels dataset ('' for none) [/label]");
+  run->add_option("--buffer", o->buffer,
+                  "Memory per node: bytes (K/M/G/T) or a percentage of the dataset")
+      ->required();
+  run->add_option("--epochs", o->epochs, "Epochs")->required();
+  run->add_option("--batch", o->batch, "Per-rank batch size")->required();
+  run->add_option("--seed", o->seed, "Shuffle seed [0]");
+  run->add_option("--imbalance", o->imbalance, "δ: per-rank batch may be b-δ..b+δ [0]");
+  run->add_option("--order", o->order, "solar or torch (= DistributedSampler) [solar]");
+  run->add_flag("--drop-last", o->drop_last, "Drop the tail that does not fill a step");
+  run->add_flag("--no-agent", o->no_agent, "No agents: ranks read directly (the fallback path)");
+  run->add_option("--plan-out", o->plan_out, "Also save the plan here (for plan-dump)");
+  run->add_flag("--keep-run-dir", o->keep, "Keep the plan, sockets and agent logs");
+  run->add_flag("-v,--verbose", o->verbose, "Say what is planned");
+  run->add_option("command", o->command, "The rank program and its arguments (after --)")
+      ->required();
+  run->callback([o] { run_run(*o); });
+
+  auto sock = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  auto watch = std::make_shared<bool>(false);
+  CLI::App* stat = app.add_subcommand("stat", "Show a running agent's metrics and progress.");
+  stat->add_option("socket", *sock, "The agent's socket (SOLAR_SOCKET of its ranks)")->required();
+  stat->add_flag("--json", *json, "One JSON object per report");
+  stat->add_flag("--watch", *watch, "Report every second until the agent exits");
+  stat->callback([sock, json, watch] { run_stat(*sock, *json, *watch); });
+}
+
+}  // namespace solar::cli

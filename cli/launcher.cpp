@@ -1,0 +1,306 @@
+#include "launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include "solar/core/plan_file.h"
+#include "solar/protocol.h"
+
+extern char** environ;
+
+namespace solar::cli {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int connect_unix(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return -1;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string tail_of(const fs::path& file, std::size_t lines = 5) {
+  std::ifstream f(file);
+  std::vector<std::string> all;
+  for (std::string l; std::getline(f, l);) all.push_back(l);
+  std::string out;
+  for (std::size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i)
+    out += "\n    " + all[i];
+  return out;
+}
+
+// fork + exec with signals unblocked; stdout/stderr inherited unless `log` is given.
+pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+            const std::string& log) {
+  std::vector<char*> args, envp;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::signal(SIGPIPE, SIG_DFL);
+    if (!log.empty()) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+    }
+    ::execvpe(args[0], args.data(), envp.data());
+    std::fprintf(stderr, "solar run: cannot run %s: %s\n", args[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+// Waits for `pid` up to `seconds`; true when it exited (status stored).
+bool wait_for(pid_t pid, double seconds, int* status) {
+  const auto until = Clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    const pid_t r = ::waitpid(pid, status, WNOHANG);
+    if (r == pid || (r < 0 && errno == ECHILD)) return true;
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
+
+std::string find_sibling(const std::string& name, const std::string& build_subdir) {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (const fs::path& cand : {self.parent_path() / name,
+                                 self.parent_path().parent_path() / build_subdir / name})
+      if (::access(cand.c_str(), X_OK) == 0) return cand.string();
+  }
+  return name;  // PATH
+}
+
+nlohmann::json agent_stats(const std::string& socket_path, double timeout_s) {
+  const int fd = connect_unix(socket_path);
+  if (fd < 0)
+    throw std::runtime_error(fmt::format("{}: no agent answers ({})", socket_path,
+                                         std::strerror(errno)));
+  timeval tv{static_cast<time_t>(timeout_s), 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  protocol::Header h;
+  h.op = static_cast<std::uint16_t>(protocol::Op::stats);
+  protocol::Header rh;
+  std::string body;
+  bool ok = ::send(fd, &h, sizeof h, MSG_NOSIGNAL) == sizeof h &&
+            ::recv(fd, &rh, sizeof rh, MSG_WAITALL) == sizeof rh &&
+            rh.op == static_cast<std::uint16_t>(protocol::Op::stats_reply) &&
+            rh.length <= protocol::kMaxPayload;
+  if (ok) {
+    body.resize(rh.length);
+    ok = ::recv(fd, body.data(), body.size(), MSG_WAITALL) == static_cast<ssize_t>(body.size());
+  }
+  ::close(fd);
+  if (!ok) throw std::runtime_error(fmt::format("{}: no stats reply", socket_path));
+  return nlohmann::json::parse(body);
+}
+
+LaunchResult launch(const LaunchSpec& spec) {
+  const Plan& plan = *spec.plan;
+  const PlanConfig& c = plan.config;
+  LaunchResult result;
+
+  // A private run directory: plan, sockets, agent logs.
+  std::string tmpl = (fs::path(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") /
+                      "solar-run-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data()))
+    throw std::runtime_error(fmt::format("creating a run directory in {}: {}",
+                                         fs::path(tmpl).parent_path().string(),
+                                         std::strerror(errno)));
+  const fs::path dir = tmpl;
+  struct Cleanup {
+    fs::path dir;
+    bool keep;
+    ~Cleanup() {
+      std::error_code ec;
+      if (!keep) fs::remove_all(dir, ec);
+    }
+  } cleanup{dir, spec.keep_run_dir};
+  const fs::path plan_path = dir / "plan";
+  write_plan_file(plan, plan_path);
+
+  // Signals are taken synchronously (sigtimedwait); children get them unblocked.
+  sigset_t sigs, old;
+  sigemptyset(&sigs);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&sigs, s);
+  ::sigprocmask(SIG_BLOCK, &sigs, &old);
+  struct Restore {
+    sigset_t old;
+    ~Restore() { ::sigprocmask(SIG_SETMASK, &old, nullptr); }
+  } restore{old};
+
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    if (kv.rfind("SOLAR_", 0) == 0) continue;  // ours are set below
+    base_env.push_back(kv);
+  }
+
+  std::vector<pid_t> agents(c.nodes, -1);
+  std::vector<std::string> sockets(c.nodes);
+  auto stop_agents = [&](bool collect) {
+    for (std::uint32_t m = 0; m < c.nodes; ++m) {
+      if (agents[m] <= 0) continue;
+      if (collect) {
+        try {
+          result.agents.push_back(agent_stats(sockets[m]));
+        } catch (const std::exception& e) {
+          result.problems.push_back(fmt::format("node {}: {}", m, e.what()));
+        }
+      }
+      ::kill(agents[m], SIGTERM);
+    }
+    for (std::uint32_t m = 0; m < c.nodes; ++m) {
+      if (agents[m] <= 0) continue;
+      int st = 0;
+      if (!wait_for(agents[m], 10, &st)) {
+        ::kill(agents[m], SIGKILL);
+        ::waitpid(agents[m], &st, 0);
+        result.problems.push_back(fmt::format("node {}: agent did not stop on SIGTERM; killed", m));
+      }
+      agents[m] = -1;
+    }
+  };
+
+  std::vector<pid_t> ranks;
+  try {
+    if (spec.agents) {
+      const std::string agent =
+          spec.agent_path.empty() ? find_sibling("solar-agent", "agent") : spec.agent_path;
+      for (std::uint32_t m = 0; m < c.nodes; ++m) {
+        sockets[m] = (dir / fmt::format("node{}.sock", m)).string();
+        const std::string log = (dir / fmt::format("node{}.log", m)).string();
+        agents[m] = spawn({agent, "--plan", plan_path.string(), "--node", std::to_string(m),
+                           "--dataset", spec.dataset, "--labels", spec.labels, "--socket",
+                           sockets[m], "--log", log},
+                          base_env, log);
+      }
+      // Ready when its socket accepts a connection.
+      const auto deadline = Clock::now() + std::chrono::seconds(60);
+      for (std::uint32_t m = 0; m < c.nodes; ++m) {
+        for (;;) {
+          const int fd = connect_unix(sockets[m]);
+          if (fd >= 0) {
+            ::close(fd);
+            break;
+          }
+          int st = 0;
+          if (::waitpid(agents[m], &st, WNOHANG) == agents[m]) {
+            agents[m] = -1;
+            throw std::runtime_error(fmt::format(
+                "the agent of node {} exited ({}) before it was ready:{}", m, exit_code_of(st),
+                tail_of(dir / fmt::format("node{}.log", m))));
+          }
+          if (Clock::now() > deadline)
+            throw std::runtime_error(fmt::format("the agent of node {} was not ready in 60 s:{}",
+                                                 m, tail_of(dir / fmt::format("node{}.log", m))));
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
+    }
+
+    // Ranks: node-major, like srun's block distribution.
+    const std::uint64_t W = c.world();
+    const int master_port = 29500 + static_cast<int>(::getpid() % 20000);
+    const auto t0 = Clock::now();
+    for (std::uint32_t m = 0; m < c.nodes; ++m)
+      for (std::uint32_t r = 0; r < c.ranks_per_node; ++r) {
+        std::vector<std::string> env = base_env;
+        const std::uint64_t rank = std::uint64_t{m} * c.ranks_per_node + r;
+        for (const std::string& kv :
+             {fmt::format("SOLAR_PLAN={}", plan_path.string()), fmt::format("SOLAR_NODE={}", m),
+              fmt::format("SOLAR_LOCAL_RANK={}", r), fmt::format("SOLAR_DATASET={}", spec.dataset),
+              fmt::format("SOLAR_LABELS={}", spec.labels), fmt::format("RANK={}", rank),
+              fmt::format("WORLD_SIZE={}", W), fmt::format("LOCAL_RANK={}", r),
+              fmt::format("LOCAL_WORLD_SIZE={}", c.ranks_per_node),
+              fmt::format("NODE_RANK={}", m), std::string("MASTER_ADDR=127.0.0.1"),
+              fmt::format("MASTER_PORT={}", master_port)})
+          env.push_back(kv);
+        if (spec.agents) env.push_back(fmt::format("SOLAR_SOCKET={}", sockets[m]));
+        for (const auto& kv : spec.extra_env) env.push_back(kv);
+        ranks.push_back(spawn(spec.command, env, ""));
+      }
+
+    // Wait for every rank; forward signals (a second Ctrl-C kills).
+    std::map<pid_t, std::size_t> live;
+    for (std::size_t i = 0; i < ranks.size(); ++i) live[ranks[i]] = i;
+    int interrupts = 0;
+    while (!live.empty()) {
+      timespec tick{0, 200'000'000};
+      const int sig = ::sigtimedwait(&sigs, nullptr, &tick);
+      if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+        ++interrupts;
+        for (const auto& [pid, i] : live) ::kill(pid, interrupts > 1 ? SIGKILL : sig);
+        if (result.exit_code == 0) result.exit_code = 128 + sig;
+      }
+      for (;;) {
+        int st = 0;
+        const pid_t pid = ::waitpid(-1, &st, WNOHANG);
+        if (pid <= 0) break;
+        if (live.erase(pid)) {
+          result.exit_code = std::max(result.exit_code, exit_code_of(st));
+        } else {
+          for (std::uint32_t m = 0; m < c.nodes; ++m)
+            if (agents[m] == pid) {
+              agents[m] = -1;
+              result.problems.push_back(fmt::format("node {}: the agent exited ({}) during the "
+                                                    "run; its ranks read directly:{}",
+                                                    m, exit_code_of(st),
+                                                    tail_of(dir / fmt::format("node{}.log", m))));
+            }
+        }
+      }
+    }
+    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    stop_agents(true);
+  } catch (...) {
+    for (pid_t p : ranks) ::kill(p, SIGKILL);
+    for (pid_t p : ranks) ::waitpid(p, nullptr, 0);
+    stop_agents(false);
+    throw;
+  }
+  if (spec.keep_run_dir) std::fprintf(stderr, "solar run: kept %s\n", dir.c_str());
+  return result;
+}
+
+}  // namespace solar::cli

@@ -1,0 +1,43 @@
+// Runs a planned job on this machine: one solar-agent per simulated node, R ranks per node
+// with the SOLAR_* / torch.distributed environment, signals forwarded, everything stopped and
+// removed afterwards. Used by `solar run` and `solar bench loader`.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "solar/core/plan.h"
+
+namespace solar::cli {
+
+struct LaunchSpec {
+  Plan const* plan = nullptr;     // what the agents and ranks follow
+  std::string dataset;            // SampleSource spec
+  std::string labels = "/label";  // labels dataset ("" = none)
+  std::vector<std::string> command;         // the rank program and its arguments
+  std::vector<std::string> extra_env;       // NAME=VALUE added to every rank
+  bool agents = true;             // false: ranks read directly (no agent)
+  std::string agent_path;         // solar-agent binary ("" = next to solar, then PATH)
+  bool keep_run_dir = false;      // keep plan, sockets and logs (for debugging)
+  bool verbose = false;
+};
+
+struct LaunchResult {
+  int exit_code = 0;                    // the worst rank's (128+N for a signal)
+  double seconds = 0;                   // ranks' wall time
+  std::vector<nlohmann::json> agents;   // each agent's final stats (empty if none answered)
+  std::vector<std::string> problems;    // agents that failed or died, for the summary
+};
+
+// Throws std::runtime_error if the job cannot start (agent failed, bad command).
+LaunchResult launch(const LaunchSpec& spec);
+
+// Asks an agent for its stats (JSON) over its socket; throws on failure.
+nlohmann::json agent_stats(const std::string& socket_path, double timeout_s = 5);
+
+// Where the solar-agent / other solar binaries are: next to this executable, or in the build
+// tree beside it, or on PATH.
+std::string find_sibling(const std::string& name, const std::string& build_subdir);
+
+}  // namespace solar::cli

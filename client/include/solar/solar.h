@@ -1,0 +1,75 @@
+/* libsolar: what a training rank links to get its batches.
+ *
+ * A rank opens a loader from the environment that `solar run` (or `srun --solar-*`) sets, then
+ * loops: solar_next_batch → use the samples → solar_release. With a node agent running, the
+ * sample pointers point straight into the node's shared buffer (zero copy); without one — or
+ * if the agent goes away mid-run — the library reads the very same samples, in the same order,
+ * directly from the dataset, and says so once on stderr. Training sees identical data either
+ * way.
+ *
+ * Environment: SOLAR_PLAN (plan file), SOLAR_NODE (node id in the plan), SOLAR_LOCAL_RANK (or
+ * LOCAL_RANK), SOLAR_DATASET (FILE.h5[:/dataset] or fabric://host:port/name), SOLAR_LABELS
+ * (labels dataset, default /label, empty for none), SOLAR_SOCKET (the agent; absent = read
+ * directly).
+ *
+ * Thread safety: one loader per rank, used from one thread at a time. Errors: functions that
+ * can fail return NULL or -1 and leave a message in solar_last_error() (per thread).
+ */
+#ifndef SOLAR_SOLAR_H
+#define SOLAR_SOLAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define SOLAR_API __attribute__((visibility("default")))
+#else
+#define SOLAR_API
+#endif
+
+typedef struct solar_loader solar_loader;
+typedef struct solar_batch solar_batch;
+
+/* Opens this rank's loader from the environment. NULL on error. */
+SOLAR_API solar_loader* solar_open_env(void);
+/* Closes the loader (releasing any batch it still holds). NULL is ignored. */
+SOLAR_API void solar_close(solar_loader* loader);
+/* The last error of this thread, as one line of text ("" if none). */
+SOLAR_API const char* solar_last_error(void);
+
+/* 1 when batches come from a node agent's shared buffer, 0 when read directly. */
+SOLAR_API int solar_using_agent(const solar_loader* loader);
+SOLAR_API uint32_t solar_epochs(const solar_loader* loader);
+SOLAR_API uint32_t solar_steps_per_epoch(const solar_loader* loader);
+SOLAR_API uint64_t solar_sample_bytes(const solar_loader* loader);
+/* Bytes of one sample's label; 0 when the dataset has none. */
+SOLAR_API uint64_t solar_label_bytes(const solar_loader* loader);
+SOLAR_API uint64_t solar_dataset_samples(const solar_loader* loader);
+/* Global rank, world size and node id as the plan knows them. */
+SOLAR_API uint32_t solar_rank(const solar_loader* loader);
+SOLAR_API uint32_t solar_world_size(const solar_loader* loader);
+
+/* Takes the next batch: 1 and *out set; 0 when every epoch is done; -1 on error. The previous
+ * batch must have been released. The batch stays valid until solar_release. */
+SOLAR_API int solar_next_batch(solar_loader* loader, solar_batch** out);
+/* Gives the batch back; its pointers are invalid afterwards. 0 on success, -1 on error. */
+SOLAR_API int solar_release(solar_loader* loader, solar_batch* batch);
+
+SOLAR_API size_t solar_batch_size(const solar_batch* batch);
+/* Global step (epoch position × steps per epoch + step) and epoch position. */
+SOLAR_API uint64_t solar_batch_step(const solar_batch* batch);
+SOLAR_API uint32_t solar_batch_epoch(const solar_batch* batch);
+/* Sample i of the batch: its index in the dataset, its bytes, its label bytes (NULL if none). */
+SOLAR_API uint64_t solar_batch_index(const solar_batch* batch, size_t i);
+SOLAR_API const void* solar_batch_sample(const solar_batch* batch, size_t i);
+SOLAR_API const void* solar_batch_label(const solar_batch* batch, size_t i);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SOLAR_SOLAR_H */

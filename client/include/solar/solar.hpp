@@ -1,0 +1,79 @@
+// A thin C++ layer over solar.h: RAII loader and batch, exceptions instead of return codes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "solar/solar.h"
+
+namespace solar {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Batch {
+ public:
+  Batch(solar_loader* l, solar_batch* b) : loader_(l), batch_(b) {}
+  Batch(Batch&& o) noexcept : loader_(o.loader_), batch_(std::exchange(o.batch_, nullptr)) {}
+  Batch& operator=(Batch&&) = delete;
+  ~Batch() { release(); }
+
+  std::size_t size() const { return solar_batch_size(batch_); }
+  std::uint64_t step() const { return solar_batch_step(batch_); }
+  std::uint32_t epoch() const { return solar_batch_epoch(batch_); }
+  std::uint64_t index(std::size_t i) const { return solar_batch_index(batch_, i); }
+  std::span<const std::byte> sample(std::size_t i) const {
+    return {static_cast<const std::byte*>(solar_batch_sample(batch_, i)),
+            static_cast<std::size_t>(solar_sample_bytes(loader_))};
+  }
+  const void* label(std::size_t i) const { return solar_batch_label(batch_, i); }
+  void release() {
+    if (batch_ && solar_release(loader_, std::exchange(batch_, nullptr)) != 0)
+      throw Error(solar_last_error());
+  }
+
+ private:
+  solar_loader* loader_;
+  solar_batch* batch_;
+};
+
+class Loader {
+ public:
+  // From the environment (see solar.h).
+  Loader() : l_(solar_open_env()) {
+    if (!l_) throw Error(solar_last_error());
+  }
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+  ~Loader() { solar_close(l_); }
+
+  // The next batch, or nothing when every epoch is done.
+  std::optional<Batch> next() {
+    solar_batch* b = nullptr;
+    const int rc = solar_next_batch(l_, &b);
+    if (rc < 0) throw Error(solar_last_error());
+    if (rc == 0) return std::nullopt;
+    return std::optional<Batch>(std::in_place, l_, b);
+  }
+
+  bool using_agent() const { return solar_using_agent(l_) != 0; }
+  std::uint32_t epochs() const { return solar_epochs(l_); }
+  std::uint32_t steps_per_epoch() const { return solar_steps_per_epoch(l_); }
+  std::uint64_t sample_bytes() const { return solar_sample_bytes(l_); }
+  std::uint64_t label_bytes() const { return solar_label_bytes(l_); }
+  std::uint32_t rank() const { return solar_rank(l_); }
+  std::uint32_t world_size() const { return solar_world_size(l_); }
+  solar_loader* get() const { return l_; }
+
+ private:
+  solar_loader* l_;
+};
+
+}  // namespace solar

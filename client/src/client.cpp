@@ -1,0 +1,396 @@
+// libsolar: see solar.h. Two paths behind one API: batches from the node agent's shared buffer
+// (the plan's samples, handed out as slots), or the same samples read directly from storage.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fmt/format.h>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "solar/core/plan_file.h"
+#include "solar/protocol.h"
+#include "solar/solar.h"
+#include "solar/storage/sample_source.h"
+
+namespace {
+
+thread_local std::string g_last_error;
+
+class ClientError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+std::string env(const char* name, const char* fallback = nullptr) {
+  const char* v = std::getenv(name);
+  if (v) return v;
+  if (fallback) return fallback;
+  throw ClientError(fmt::format("{} is not set: run under `solar run` or `srun --solar-*`, or set "
+                                "it (see solar.h)",
+                                name));
+}
+
+std::uint32_t env_u32(const char* name, const char* alt = nullptr) {
+  const char* v = std::getenv(name);
+  if (!v && alt) v = std::getenv(alt);
+  if (!v) throw ClientError(fmt::format("{} is not set: run under `solar run` or `srun --solar-*`",
+                                        name));
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long x = std::strtoul(v, &end, 10);
+  if (errno || end == v || *end || x > 0xffffffffUL)
+    throw ClientError(fmt::format("{}='{}' is not a non-negative integer", name, v));
+  return static_cast<std::uint32_t>(x);
+}
+
+// Exactly n bytes or an error (EINTR retried).
+bool write_all(int fd, const void* p, std::size_t n) {
+  const auto* c = static_cast<const char*>(p);
+  while (n) {
+    const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* p, std::size_t n) {
+  auto* c = static_cast<char*>(p);
+  while (n) {
+    const ssize_t r = ::recv(fd, c, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+}  // namespace
+
+struct solar_batch {
+  std::uint64_t step = 0;
+  std::uint32_t epoch = 0;
+  std::vector<std::uint32_t> samples;
+  std::vector<const std::byte*> data;
+  std::vector<const std::byte*> labels;
+  std::vector<std::byte> own, own_labels;  // the direct path's memory
+};
+
+struct solar_loader {
+  solar::PlanHeader header;
+  solar::NodePlan plan;
+  std::uint32_t node = 0, local_rank = 0, R = 0;
+  std::uint64_t T = 0;
+  std::string dataset, labels, socket_path;
+  std::unique_ptr<solar::storage::SampleSource> source;  // direct path, opened on first use
+  std::uint64_t sample_bytes = 0, label_bytes = 0;
+
+  int sock = -1;
+  std::byte* base = nullptr;
+  std::size_t map_bytes = 0;
+  solar::protocol::HelloOk hello{};
+
+  std::uint64_t cursor = 0;
+  bool holding = false;
+  bool holding_from_agent = false;
+  solar_batch batch;
+
+  std::span<const std::uint32_t> planned(std::uint64_t t) const {
+    const std::uint64_t i = t * R + local_rank;
+    return {plan.accesses.data() + plan.rank_offsets[i],
+            plan.rank_offsets[i + 1] - plan.rank_offsets[i]};
+  }
+
+  void open_source() {
+    if (source) return;
+    solar::storage::SourceOptions so;
+    so.label_dataset = labels;
+    source = solar::storage::open_source(dataset, so);
+    const auto& info = source->info();
+    if (info.samples != header.config.samples || info.sample_bytes != header.config.sample_bytes)
+      throw ClientError(fmt::format("{} has {} samples of {} bytes, the plan expects {} of {}",
+                                    source->describe(), info.samples, info.sample_bytes,
+                                    header.config.samples, header.config.sample_bytes));
+    if (sample_bytes == 0) {
+      sample_bytes = info.sample_bytes;
+      label_bytes = info.has_labels ? info.label_bytes : 0;
+    } else if (label_bytes != (info.has_labels ? info.label_bytes : 0)) {
+      throw ClientError(fmt::format("{}: label size differs from the agent's", source->describe()));
+    }
+  }
+
+  void drop_agent(const std::string& why) {
+    if (sock >= 0) {
+      ::close(sock);
+      sock = -1;
+      std::fprintf(stderr,
+                   "solar: rank %u: %s; continuing from step %llu by reading %s directly "
+                   "(same samples, same order)\n",
+                   header.config.ranks_per_node * node + local_rank, why.c_str(),
+                   static_cast<unsigned long long>(cursor), dataset.c_str());
+    }
+  }
+
+  // Connects and says hello; on any failure stays on the direct path.
+  void attach() {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (fd < 0 || socket_path.size() >= sizeof addr.sun_path) {
+      if (fd >= 0) ::close(fd);
+      std::fprintf(stderr, "solar: SOLAR_SOCKET path too long; reading directly\n");
+      return;
+    }
+    std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      std::fprintf(stderr, "solar: no agent at %s (%s); reading %s directly\n",
+                   socket_path.c_str(), std::strerror(errno), dataset.c_str());
+      ::close(fd);
+      return;
+    }
+    sock = fd;
+    solar::protocol::Header h;
+    h.op = static_cast<std::uint16_t>(solar::protocol::Op::hello);
+    h.length = sizeof(solar::protocol::Hello);
+    solar::protocol::Hello hi{local_rank, static_cast<std::uint32_t>(::getpid())};
+    if (!write_all(fd, &h, sizeof h) || !write_all(fd, &hi, sizeof hi))
+      return drop_agent("the agent closed the connection");
+    // The reply carries the buffer's fd.
+    solar::protocol::Header rh;
+    struct iovec iov[2] = {{&rh, sizeof rh}, {&hello, sizeof hello}};
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    struct msghdr mh {};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = 2;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    ssize_t n;
+    do n = ::recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    while (n < 0 && errno == EINTR);
+    int memfd = -1;
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+      if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+        std::memcpy(&memfd, CMSG_DATA(cm), sizeof(int));
+    if (n != static_cast<ssize_t>(sizeof rh + sizeof hello) ||
+        rh.op != static_cast<std::uint16_t>(solar::protocol::Op::hello_ok) || memfd < 0) {
+      if (memfd >= 0) ::close(memfd);
+      std::string why = "the agent refused this rank";
+      if (n >= static_cast<ssize_t>(sizeof rh) &&
+          rh.op == static_cast<std::uint16_t>(solar::protocol::Op::error))
+        why += " (see its log)";
+      return drop_agent(why);
+    }
+    if (hello.total_steps != T || hello.ranks_per_node != R || hello.samples != header.config.samples) {
+      ::close(memfd);
+      return drop_agent("the agent serves a different plan");
+    }
+    map_bytes = hello.slots * hello.slot_bytes;
+    void* p = ::mmap(nullptr, map_bytes, PROT_READ, MAP_SHARED, memfd, 0);
+    ::close(memfd);
+    if (p == MAP_FAILED) return drop_agent(fmt::format("mapping the buffer failed: {}",
+                                                       std::strerror(errno)));
+    base = static_cast<std::byte*>(p);
+    sample_bytes = hello.sample_bytes;
+    label_bytes = hello.label_bytes;
+  }
+
+  // The agent path: true with the batch filled, false if the agent is gone (fall back).
+  bool next_from_agent() {
+    if (sock < 0) return false;
+    solar::protocol::Header h;
+    h.op = static_cast<std::uint16_t>(solar::protocol::Op::next);
+    h.length = sizeof(solar::protocol::Next);
+    solar::protocol::Next nx{cursor};
+    if (!write_all(sock, &h, sizeof h) || !write_all(sock, &nx, sizeof nx)) {
+      drop_agent("the agent went away");
+      return false;
+    }
+    solar::protocol::Header rh;
+    if (!read_all(sock, &rh, sizeof rh) || rh.magic != solar::protocol::kMagic ||
+        rh.length > solar::protocol::kMaxPayload) {
+      drop_agent("the agent went away");
+      return false;
+    }
+    std::vector<std::uint8_t> payload(rh.length);
+    if (!read_all(sock, payload.data(), payload.size())) {
+      drop_agent("the agent went away");
+      return false;
+    }
+    const auto op = static_cast<solar::protocol::Op>(rh.op);
+    if (op == solar::protocol::Op::error) {
+      drop_agent("the agent refused: " + std::string(payload.begin(), payload.end()));
+      return false;
+    }
+    solar::protocol::BatchHead bh;
+    if (op != solar::protocol::Op::batch || payload.size() < sizeof bh) {
+      drop_agent("unexpected reply from the agent");
+      return false;
+    }
+    std::memcpy(&bh, payload.data(), sizeof bh);
+    const auto want = planned(cursor);
+    if (bh.step != cursor || bh.count != want.size() ||
+        payload.size() != sizeof bh + bh.count * sizeof(solar::protocol::BatchEntry)) {
+      drop_agent("the agent's batch does not match the plan");
+      return false;
+    }
+    batch.data.resize(bh.count);
+    batch.labels.resize(bh.count);
+    for (std::uint32_t i = 0; i < bh.count; ++i) {
+      solar::protocol::BatchEntry e;
+      std::memcpy(&e, payload.data() + sizeof bh + i * sizeof e, sizeof e);
+      if (e.sample != (want[i] & solar::kSampleMask) || e.slot >= hello.slots) {
+        drop_agent("the agent's batch does not match the plan");
+        return false;
+      }
+      const std::byte* p = base + std::uint64_t{e.slot} * hello.slot_bytes;
+      batch.data[i] = p;
+      batch.labels[i] = label_bytes ? p + sample_bytes : nullptr;
+    }
+    return true;
+  }
+
+  void next_direct() {
+    open_source();
+    const std::size_t n = batch.samples.size();
+    std::vector<std::uint64_t> ids(batch.samples.begin(), batch.samples.end());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    const auto runs = solar::storage::coalesce(ids);
+    batch.own.resize(ids.size() * sample_bytes);
+    source->read(runs, batch.own.data());
+    if (label_bytes) {
+      batch.own_labels.resize(ids.size() * label_bytes);
+      source->read_labels(runs, batch.own_labels.data());
+    }
+    batch.data.resize(n);
+    batch.labels.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(
+          std::lower_bound(ids.begin(), ids.end(), batch.samples[i]) - ids.begin());
+      batch.data[i] = batch.own.data() + k * sample_bytes;
+      batch.labels[i] = label_bytes ? batch.own_labels.data() + k * label_bytes : nullptr;
+    }
+  }
+
+  void release_to_agent(std::uint64_t step) {
+    if (sock < 0) return;
+    solar::protocol::Header h;
+    h.op = static_cast<std::uint16_t>(solar::protocol::Op::release);
+    h.length = sizeof(solar::protocol::Release);
+    solar::protocol::Release rl{step};
+    if (!write_all(sock, &h, sizeof h) || !write_all(sock, &rl, sizeof rl))
+      drop_agent("the agent went away");
+  }
+
+  ~solar_loader() {
+    if (sock >= 0) ::close(sock);
+    if (base) ::munmap(base, map_bytes);
+  }
+};
+
+extern "C" {
+
+const char* solar_last_error(void) { return g_last_error.c_str(); }
+
+solar_loader* solar_open_env(void) {
+  try {
+    auto l = std::make_unique<solar_loader>();
+    const std::string plan_path = env("SOLAR_PLAN");
+    l->node = env_u32("SOLAR_NODE");
+    l->local_rank = env_u32("SOLAR_LOCAL_RANK", "LOCAL_RANK");
+    l->dataset = env("SOLAR_DATASET");
+    l->labels = env("SOLAR_LABELS", "/label");
+    const solar::PlanFile pf = solar::PlanFile::open(plan_path);
+    l->header = pf.header();
+    if (l->node >= l->header.config.nodes)
+      throw ClientError(fmt::format("SOLAR_NODE={} but the plan {} has nodes 0..{}", l->node,
+                                    plan_path, l->header.config.nodes - 1));
+    l->R = l->header.config.ranks_per_node;
+    if (l->local_rank >= l->R)
+      throw ClientError(fmt::format("SOLAR_LOCAL_RANK={} but the plan has {} ranks per node",
+                                    l->local_rank, l->R));
+    l->plan = pf.node(l->node);
+    l->T = std::uint64_t{l->header.layout.steps} * l->header.config.epochs;
+    if (const char* s = std::getenv("SOLAR_SOCKET"); s && *s) {
+      l->socket_path = s;
+      l->attach();
+    }
+    if (l->sock < 0) l->open_source();  // fail now, not at the first batch
+    g_last_error.clear();
+    return l.release();
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return nullptr;
+  }
+}
+
+void solar_close(solar_loader* l) { delete l; }
+
+int solar_using_agent(const solar_loader* l) { return l && l->sock >= 0; }
+uint32_t solar_epochs(const solar_loader* l) { return l->header.config.epochs; }
+uint32_t solar_steps_per_epoch(const solar_loader* l) { return l->header.layout.steps; }
+uint64_t solar_sample_bytes(const solar_loader* l) { return l->sample_bytes; }
+uint64_t solar_label_bytes(const solar_loader* l) { return l->label_bytes; }
+uint64_t solar_dataset_samples(const solar_loader* l) { return l->header.config.samples; }
+uint32_t solar_rank(const solar_loader* l) { return l->node * l->R + l->local_rank; }
+uint32_t solar_world_size(const solar_loader* l) {
+  return static_cast<uint32_t>(l->header.config.world());
+}
+
+int solar_next_batch(solar_loader* l, solar_batch** out) {
+  try {
+    if (!l || !out) throw ClientError("solar_next_batch: NULL argument");
+    if (l->holding)
+      throw ClientError(fmt::format("solar_next_batch: step {} is still held; call solar_release "
+                                    "first",
+                                    l->batch.step));
+    if (l->cursor >= l->T) return 0;
+    solar_batch& b = l->batch;
+    b.step = l->cursor;
+    b.epoch = static_cast<std::uint32_t>(l->cursor / l->header.layout.steps);
+    const auto want = l->planned(l->cursor);
+    b.samples.resize(want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) b.samples[i] = want[i] & solar::kSampleMask;
+    l->holding_from_agent = l->next_from_agent();
+    if (!l->holding_from_agent) l->next_direct();
+    ++l->cursor;
+    l->holding = true;
+    *out = &b;
+    return 1;
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return -1;
+  }
+}
+
+int solar_release(solar_loader* l, solar_batch* b) {
+  if (!l || b != &l->batch || !l->holding) {
+    g_last_error = "solar_release: not the batch this loader handed out";
+    return -1;
+  }
+  l->holding = false;
+  if (l->holding_from_agent) l->release_to_agent(b->step);
+  return 0;
+}
+
+size_t solar_batch_size(const solar_batch* b) { return b->samples.size(); }
+uint64_t solar_batch_step(const solar_batch* b) { return b->step; }
+uint32_t solar_batch_epoch(const solar_batch* b) { return b->epoch; }
+uint64_t solar_batch_index(const solar_batch* b, size_t i) { return b->samples[i]; }
+const void* solar_batch_sample(const solar_batch* b, size_t i) { return b->data[i]; }
+const void* solar_batch_label(const solar_batch* b, size_t i) { return b->labels[i]; }
+
+}  // extern "C"
