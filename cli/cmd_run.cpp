@@ -24,6 +24,8 @@ PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buff
                         PlanConfig c, std::uint32_t staging_steps) {
   c.samples = info.samples;
   c.sample_bytes = info.sample_bytes;
+  c.policy = Policy::none;
+  c.validate();  // everything but the buffer first: a bad batch is named as such
   const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
   const std::uint64_t slot = (info.sample_bytes + label + 63) / 64 * 64;
   const std::uint64_t budget = buffer.resolve(info.samples, slot);

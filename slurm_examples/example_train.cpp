@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
                "solar-example-train"};
   app.add_flag("--verify", verify, "Check every sample's content (datasets made by solar gen)");
   app.add_option("--compute-ms", compute_ms, "Milliseconds of compute per batch [0]");
-  app.add_option("--record", record, "Write the samples of every step to this file");
+  app.add_option("--record", record, "Write each step's samples to this file (%r: the rank)");
   app.add_flag("--quiet", quiet, "Print only the summary line");
   CLI11_PARSE(app, argc, argv);
 
@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
       seed = *src->info().seed;
     }
     std::ofstream rec;
+    if (const auto at = record.find("%r"); at != std::string::npos)
+      record.replace(at, 2, std::to_string(rank));
     if (!record.empty()) {
       rec.open(record);
       if (!rec) throw solar::Error("--record: cannot write " + record);
@@ -77,7 +79,7 @@ int main(int argc, char** argv) {
                          static_cast<unsigned long long>(batch->step()));
         }
       }
-      if (rec) rec << '\n';
+      if (rec) rec << std::endl;  // flushed: tests watch progress through it
       samples += batch->size();
       ++batches;
       if (compute_ms > 0)

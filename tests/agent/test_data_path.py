@@ -1,0 +1,318 @@
+"""The whole data path with real processes: `solar run` starting real agents over a real HDF5
+file or a real solar-stored server, real rank programs verifying every sample, and faults
+(agent killed, rank killed, strangers, garbage on the socket, mismatched inputs)."""
+import csv
+import io
+import os
+import pathlib
+import shutil
+import tempfile
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+import pytest
+
+BIN = os.environ.get("SOLAR_BIN_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+SOLAR = os.environ.get("SOLAR_BIN") or os.path.join(BIN, "cli", "solar")
+AGENT = os.environ.get("SOLAR_AGENT") or os.path.join(BIN, "agent", "solar-agent")
+TRAIN = os.environ.get("SOLAR_EXAMPLE_TRAIN") or os.path.join(BIN, "slurm_examples", "solar-example-train")
+STORED = os.environ.get("SOLAR_STORED") or os.path.join(BIN, "storage", "solar-stored")
+
+MAGIC, VERSION = 0x524C4F53, 1
+OP_HELLO, OP_HELLO_OK, OP_NEXT, OP_BATCH, OP_STATS, OP_STATS_REPLY = 1, 2, 3, 4, 7, 8
+
+
+def run(*args, check=True, timeout=300, **kw):
+    p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def wait_until(pred, timeout=30, what="condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def shm_entries():
+    return sorted(os.listdir("/dev/shm"))
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    path = tmp_path / "d.h5"
+    run(SOLAR, "gen", path, "--samples", "600", "--preset", "tiny", "--seed", "7", "--no-progress")
+    return path
+
+
+def plan_sequences(plan):
+    """rank -> step -> samples, from plan-dump."""
+    rows = csv.DictReader(io.StringIO(run(SOLAR, "plan-dump", plan).stdout))
+    seq = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        seq[int(r["rank"])][int(r["global_step"])].append(int(r["sample"]))
+    return seq
+
+
+def recorded(path):
+    out = {}
+    with open(path) as f:
+        for line in f:
+            step, *samples = map(int, line.split())
+            out[step] = samples
+    return out
+
+
+def check_sequences(tmp_path, plan, world):
+    seq = plan_sequences(plan)
+    assert len(seq) == world
+    for rank in range(world):
+        got = recorded(tmp_path / f"rank-{rank}.txt")
+        assert got == dict(seq[rank]), f"rank {rank}'s samples differ from the plan"
+
+
+RUN = ["-n", "2", "--nodes", "2", "--buffer", "40%", "--epochs", "3", "--batch", "6"]
+
+
+def solar_run(tmp_path, dataset_spec, *extra, train_args=(), popen=False):
+    cmd = [SOLAR, "run", *RUN, "--dataset", dataset_spec, "--plan-out", tmp_path / "plan", *extra,
+           "--", TRAIN, "--verify", "--record", tmp_path / "rank-%r.txt", *train_args]
+    if popen:
+        return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    return run(*cmd, check=False)
+
+
+def test_run_two_nodes_over_hdf5(tmp_path, dataset):
+    before = shm_entries()
+    p = solar_run(tmp_path, dataset)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout + p.stderr
+    assert out.count("verified (0 wrong), from the node agent") == 4, out
+    assert "DataLoading time SOLAR each epoch: [" in p.stdout
+    check_sequences(tmp_path, tmp_path / "plan", 4)
+    hits = [int(l.split(" hits")[0].split()[-1]) for l in p.stderr.splitlines() if " hits," in l]
+    assert len(hits) == 2 and sum(hits) > 0, p.stderr
+    assert shm_entries() == before
+    assert not [d for d in os.listdir(os.environ.get("TMPDIR", "/tmp")) if d.startswith("solar-run-")
+                and os.stat(os.path.join(os.environ.get("TMPDIR", "/tmp"), d)).st_mtime > time.time() - 60]
+
+
+def test_run_without_agents_reads_the_same_samples(tmp_path, dataset):
+    p = solar_run(tmp_path, dataset, "--no-agent")
+    assert p.returncode == 0, p.stderr
+    assert (p.stdout + p.stderr).count("verified (0 wrong), read directly") == 4
+    check_sequences(tmp_path, tmp_path / "plan", 4)
+
+
+def test_run_over_solar_stored(tmp_path, dataset):
+    ready = tmp_path / "ready"
+    server = subprocess.Popen([STORED, "--export", f"d={dataset}", "--ready-file", str(ready), "--quiet"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: ready.exists() and ready.read_text().strip(), what="solar-stored ready")
+        addr = ready.read_text().strip()
+        p = solar_run(tmp_path, f"fabric://{addr}/d")
+        assert p.returncode == 0, p.stderr
+        assert (p.stdout + p.stderr).count("verified (0 wrong), from the node agent") == 4
+        check_sequences(tmp_path, tmp_path / "plan", 4)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def children(pid, name):
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{d}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and comm.startswith(name[:15]):
+            out.append(int(d))
+    return sorted(out)
+
+
+def lines(path):
+    try:
+        with open(path) as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def test_agent_killed_mid_run_ranks_finish_directly(tmp_path, dataset):
+    before = shm_entries()
+    p = solar_run(tmp_path, dataset, train_args=["--compute-ms", "15"], popen=True)
+    try:
+        wait_until(lambda: len(children(p.pid, "solar-agent")) == 2, what="two agents")
+        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 10, what="rank 0 at step 10")
+        agent = children(p.pid, "solar-agent")[0]
+        os.kill(agent, signal.SIGKILL)
+        out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert "went away" in err, err
+    assert (out + err).count("verified (0 wrong)") == 4
+    check_sequences(tmp_path, tmp_path / "plan", 4)  # nothing lost, nothing twice
+    assert shm_entries() == before
+
+
+def test_rank_killed_others_finish(tmp_path, dataset):
+    p = solar_run(tmp_path, dataset, train_args=["--compute-ms", "10"], popen=True)
+    try:
+        wait_until(lambda: len(children(p.pid, "solar-example-train")) == 4, what="four ranks")
+        wait_until(lambda: lines(tmp_path / "rank-1.txt") >= 5, what="rank 1 at step 5")
+        victim = children(p.pid, "solar-example-train")[1]
+        os.kill(victim, signal.SIGKILL)
+        out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + signal.SIGKILL, err
+    assert (out + err).count("verified (0 wrong), from the node agent") == 3, out + err
+
+
+# ---- the agent on its own --------------------------------------------------------------------
+
+@pytest.fixture
+def agent(tmp_path, dataset):
+    plan = tmp_path / "a.plan"
+    run(SOLAR, "plan", "--samples", "600", "--sample-bytes", "4K", "--epochs", "2", "--nodes", "1",
+        "--ranks-per-node", "2", "--batch", "4", "--buffer", "400K", "--out", plan)
+    # Under /tmp directly (pytest's own folders are private to root), created 0700.
+    sock_dir = pathlib.Path(tempfile.mkdtemp(prefix="solar-test-"))
+    sock = sock_dir / "agent.sock"
+    log = tmp_path / "agent.log"
+    proc = subprocess.Popen([AGENT, "--plan", plan, "--node", "0", "--dataset", dataset, "--socket",
+                             sock, "--log", log], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def connectable():
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(str(sock))
+            return True
+        except OSError:
+            assert proc.poll() is None, f"agent exited: {log.read_text() if log.exists() else ''}"
+            return False
+
+    wait_until(connectable, what="agent socket")
+    try:
+        yield proc, sock, log
+    finally:
+        proc.terminate()
+        rc = proc.wait(timeout=30)
+        left = sock.exists()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    assert rc == 0
+    assert not left, "the agent left its socket behind"
+
+
+def frame(op, payload=b""):
+    return struct.pack("<IHHII", MAGIC, VERSION, op, len(payload), 0) + payload
+
+
+def stats(sock):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(sock))
+        s.sendall(frame(OP_STATS))
+        head = s.recv(16, socket.MSG_WAITALL)
+        magic, ver, op, length, _ = struct.unpack("<IHHII", head)
+        assert op == OP_STATS_REPLY
+        return s.recv(length, socket.MSG_WAITALL)
+
+
+def test_agent_survives_garbage_and_serves_valid_clients(agent):
+    proc, sock, _ = agent
+    rng = random.Random(1)
+    for i in range(150):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(str(sock))
+            kind = i % 5
+            if kind == 0:
+                s.sendall(bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 64))))
+            elif kind == 1:  # valid header, absurd length
+                s.sendall(struct.pack("<IHHII", MAGIC, VERSION, OP_NEXT, 1 << 30, 0))
+            elif kind == 2:  # next before hello, wrong sizes
+                s.sendall(frame(OP_NEXT, b"\x01\x02\x03"))
+            elif kind == 3:  # hello for a rank that does not exist
+                s.sendall(frame(OP_HELLO, struct.pack("<II", 99, os.getpid())))
+            else:  # unknown op
+                s.sendall(frame(rng.randrange(11, 60000), os.urandom(rng.randrange(0, 32))))
+            try:
+                s.recv(64)
+            except OSError:
+                pass
+    assert proc.poll() is None
+    assert b'"total_steps"' in stats(sock)
+
+
+def test_other_user_cannot_attach(agent, tmp_path):
+    proc, sock, _ = agent
+    probe = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\n"
+             "try:\n s.connect(sys.argv[1])\nexcept PermissionError:\n print('denied'); sys.exit(0)\n"
+             "try:\n s.sendall(bytes.fromhex(sys.argv[2])); r = s.recv(16)\nexcept ConnectionError:\n r = b''\n"
+             "print('reply' if r else 'closed')\n")
+    as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", probe,
+                 str(sock), frame(OP_STATS).hex()]
+    # The socket's directory and the socket itself are private to the agent's user.
+    assert run(*as_nobody).stdout.strip() == "denied"
+    # Even reachable, the agent checks the peer's uid and hangs up.
+    os.chmod(sock.parent, 0o755)
+    os.chmod(sock, 0o666)
+    assert run(*as_nobody).stdout.strip() == "closed"
+    assert proc.poll() is None
+
+
+def test_agent_rejects_mismatched_inputs(tmp_path, dataset):
+    other = tmp_path / "other.h5"
+    run(SOLAR, "gen", other, "--samples", "500", "--preset", "tiny", "--no-progress")
+    plan = tmp_path / "p.plan"
+    run(SOLAR, "plan", "--samples", "600", "--sample-bytes", "4K", "--epochs", "1", "--batch", "4",
+        "--buffer", "100K", "--out", plan)
+    p = run(AGENT, "--plan", plan, "--node", "0", "--dataset", other, "--socket", tmp_path / "s1",
+            check=False)
+    assert p.returncode == 1 and "recompute the plan" in p.stderr, p.stderr
+    p = run(AGENT, "--plan", plan, "--node", "0", "--dataset", tmp_path / "missing.h5", "--socket",
+            tmp_path / "s2", check=False)
+    assert p.returncode == 1 and "missing.h5" in p.stderr, p.stderr
+    huge = tmp_path / "huge.plan"
+    run(SOLAR, "plan", "--samples", "600", "--sample-bytes", "4K", "--epochs", "1", "--batch", "4",
+        "--buffer", "100T", "--out", huge)
+    p = run(AGENT, "--plan", huge, "--node", "0", "--dataset", dataset, "--socket", tmp_path / "s3",
+            check=False)
+    assert p.returncode == 1 and "available" in p.stderr, p.stderr
+    assert not any((tmp_path / s).exists() for s in ("s1", "s2", "s3"))
+
+
+def test_run_rejects_bad_input(tmp_path, dataset):
+    p = run(SOLAR, "run", "-n", "2", "--dataset", tmp_path / "missing.h5", "--buffer", "1M", "--epochs",
+            "1", "--batch", "4", "--", TRAIN, check=False)
+    assert p.returncode == 2 and "--dataset" in p.stderr and "missing.h5" in p.stderr, p.stderr
+    p = run(SOLAR, "run", "-n", "2", "--dataset", dataset, "--buffer", "8K", "--epochs", "1",
+            "--batch", "4", "--", TRAIN, check=False)
+    assert p.returncode == 2 and "--buffer" in p.stderr, p.stderr
+    p = run(SOLAR, "run", "-n", "2", "--dataset", dataset, "--buffer", "1M", "--epochs", "1",
+            "--batch", "400", "--", TRAIN, check=False)
+    assert p.returncode == 2 and "--batch" in p.stderr, p.stderr
