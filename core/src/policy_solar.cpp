@@ -35,8 +35,7 @@ class SolarPlanner {
         R_(c.ranks_per_node),
         W_(layout_.world),
         horizon_(2 * std::uint64_t{layout_.steps} + 1),
-        where_(c.samples, kNowhere),
-        due_(c.samples, kNoSlot),
+        live_(c.samples, Live{kNowhere, kNoSlot}),
         future_(std::uint64_t{M_} * horizon_, 0),
         demand_(M_),
         quota_(M_),
@@ -75,10 +74,11 @@ class SolarPlanner {
   // x (batch position k) is read by `node` now; from here on its live copy is there, due
   // again at its next use.
   void account(std::uint32_t x, std::uint32_t node, std::uint32_t k) {
-    if (due_[x] != kNoSlot) --future(static_cast<std::uint32_t>(where_[x]), due_[x]);
-    where_[x] = static_cast<std::int32_t>(node);
-    due_[x] = due_slot_[k];
-    if (due_[x] != kNoSlot) ++future(node, due_[x]);
+    Live& l = live_[x];
+    if (l.due != kNoSlot) --future(static_cast<std::uint32_t>(l.node), l.due);
+    l.node = static_cast<std::int32_t>(node);
+    l.due = due_slot_[k];
+    if (l.due != kNoSlot) ++future(node, l.due);
   }
 
   void compute_quotas(std::uint64_t size, std::uint64_t lo, std::uint64_t hi) {
@@ -154,7 +154,9 @@ class SolarPlanner {
     holder_.assign(size, kNowhere);
     std::fill(demand_.begin(), demand_.end(), 0);
     for (std::uint64_t k = 0; k < size; ++k) {
-      const std::int32_t h = where_[batch[k]];
+      // The batch is random: fetch sample state ahead of use (memory latency dominates).
+      if (k + 16 < size) __builtin_prefetch(&live_[batch[k + 16]]);
+      const std::int32_t h = live_[batch[k]].node;
       if (h != kNowhere && bufs_[h].contains(batch[k])) {
         holder_[k] = h;
         ++demand_[h];
@@ -217,9 +219,10 @@ class SolarPlanner {
                   rec_, /*parallel=*/true);
     for (std::uint32_t m = 0; m < M_; ++m) {
       for (std::uint32_t y : rec_.evicted[m]) {
-        if (where_[y] == static_cast<std::int32_t>(m) && due_[y] != kNoSlot) {
-          --future(m, due_[y]);
-          due_[y] = kNoSlot;
+        Live& l = live_[y];
+        if (l.node == static_cast<std::int32_t>(m) && l.due != kNoSlot) {
+          --future(m, l.due);
+          l.due = kNoSlot;
         }
       }
       if (!c_.peer_fetch) continue;
@@ -245,8 +248,13 @@ class SolarPlanner {
   std::vector<NodeBuffer> bufs_;
   const std::uint32_t M_, R_;
   const std::uint64_t W_, horizon_;
-  std::vector<std::int32_t> where_;    // node of a sample's live copy (if resident)
-  std::vector<std::uint32_t> due_;     // ring slot of the live copy's next-use step
+  // Per sample: the node of its live copy (if resident there) and the ring slot of that
+  // copy's next-use step. One 8-byte record: a single cache miss per lookup.
+  struct Live {
+    std::int32_t node;
+    std::uint32_t due;
+  };
+  std::vector<Live> live_;
   std::vector<std::uint64_t> next_;     // this step: next use of each batch position
   std::vector<std::uint32_t> due_slot_;  // this step: ring slot of that next use
   std::vector<std::uint32_t> future_;  // per node × step (ring): live copies due then
