@@ -17,29 +17,17 @@
 
 namespace solar::cli {
 
-// How `solar run` and `solar bench loader` turn the user's buffer into a plan: the agent keeps
-// `staging_steps` steps of its ranks' samples as staging beside the plan's resident set, both
-// within the user's per-node budget.
+// How `solar run` and `solar bench loader` turn the user's per-node memory budget into a plan
+// (see fit_plan_to_agent_budget).
 PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
-                        PlanConfig c, std::uint32_t staging_steps) {
+                        PlanConfig c) {
   c.samples = info.samples;
   c.sample_bytes = info.sample_bytes;
   c.policy = Policy::none;
   c.validate();  // everything but the buffer first: a bad batch is named as such
   const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
-  const std::uint64_t slot = (info.sample_bytes + label + 63) / 64 * 64;
-  const std::uint64_t budget = buffer.resolve(info.samples, slot);
-  const std::uint64_t step = std::uint64_t{c.ranks_per_node} * (c.batch + c.imbalance);
-  const std::uint64_t slots = budget / slot;
-  const std::uint64_t need = step * (staging_steps + 1);
-  if (slots < need)
-    throw ConfigError("--buffer", fmt::format("{} per node holds {} samples of {} (with labels); "
-                                              "the agent needs at least {} ({} steps of {} "
-                                              "ranks); allowed is at least {}",
-                                              format_bytes(budget), slots, format_bytes(slot),
-                                              need, staging_steps + 1, c.ranks_per_node,
-                                              format_bytes(need * slot)));
-  c.buffer_bytes = (slots - step * staging_steps) * c.sample_bytes;
+  fit_plan_to_agent_budget(c, buffer.resolve(info.samples, agent_slot_bytes(c.sample_bytes, label)),
+                           label);
   c.policy = Policy::solar;
   c.validate();
   return c;
@@ -96,7 +84,7 @@ void run_run(const RunOptions& o) {
     } catch (const std::exception& e) {
       throw ConfigError("--dataset", e.what());
     }
-    c = plan_for_run(src->info(), buffer, c, 2);
+    c = plan_for_run(src->info(), buffer, c);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "solar run: %s\n", e.what());
     exit_code() = kExitUsage;

@@ -175,7 +175,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
         header_.config.sample_bytes));
   sample_bytes_ = info.sample_bytes;
   label_bytes_ = info.has_labels ? info.label_bytes : 0;
-  slot_bytes_ = (sample_bytes_ + label_bytes_ + 63) / 64 * 64;
+  slot_bytes_ = agent_slot_bytes(sample_bytes_, label_bytes_);
 
   // Buffer: the plan's resident set plus staging for ranks still holding evicted samples.
   const std::uint64_t step_max = std::uint64_t{R_} * (header_.config.batch + header_.config.imbalance);

@@ -25,7 +25,7 @@ struct AgentOptions {
   std::string labels = "/label";
   std::string socket;        // Unix socket path (its directory should be private, 0700)
   unsigned io_threads = 8;
-  std::uint32_t staging_steps = 2;  // extra slots, in steps of this node's ranks
+  std::uint32_t staging_steps = kAgentStagingSteps;  // extra slots, in steps of its ranks
 };
 
 // Thrown for anything that stops the agent from starting: names the input and the fix.

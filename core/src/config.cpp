@@ -160,6 +160,26 @@ std::uint64_t BufferSpec::resolve(std::uint64_t samples, std::uint64_t sample_by
   return n * sample_bytes;
 }
 
+std::uint64_t agent_slot_bytes(std::uint64_t sample_bytes, std::uint64_t label_bytes) {
+  return (sample_bytes + label_bytes + 63) / 64 * 64;
+}
+
+void fit_plan_to_agent_budget(PlanConfig& c, std::uint64_t budget_bytes,
+                              std::uint64_t label_bytes, std::uint32_t staging_steps) {
+  const std::uint64_t slot = agent_slot_bytes(c.sample_bytes, label_bytes);
+  const std::uint64_t step = std::uint64_t{c.ranks_per_node} * (c.batch + c.imbalance);
+  const std::uint64_t slots = budget_bytes / slot;
+  const std::uint64_t need = step * (staging_steps + 1);
+  if (slots < need)
+    throw ConfigError("--buffer", fmt::format("{} per node holds {} samples of {} (with labels); "
+                                              "the agent needs at least {} ({} steps of {} "
+                                              "ranks); allowed is at least {}",
+                                              format_bytes(budget_bytes), slots,
+                                              format_bytes(slot), need, staging_steps + 1,
+                                              c.ranks_per_node, format_bytes(need * slot)));
+  c.buffer_bytes = (slots - step * staging_steps) * c.sample_bytes;
+}
+
 const std::vector<Scenario>& scenarios() {
   static const std::vector<Scenario> v{
       {"seed", 800, 3, 1, 4, 16, 512, "the SOLAR artifact's setup: 800 samples, buffer 512"},

@@ -95,6 +95,18 @@ struct BufferSpec {
   std::uint64_t resolve(std::uint64_t samples, std::uint64_t sample_bytes) const;
 };
 
+// How a node agent spends its memory: slots of one sample plus its label, rounded up to 64
+// bytes; the plan's resident set plus `staging_steps` steps of the node's ranks (room for
+// samples that ranks still hold after the plan evicted them).
+inline constexpr std::uint32_t kAgentStagingSteps = 2;
+std::uint64_t agent_slot_bytes(std::uint64_t sample_bytes, std::uint64_t label_bytes);
+// Sets c.buffer_bytes (the plan's resident set) so that the agent's whole buffer fits in
+// `budget_bytes` per node. c must already hold the sample size, batch, ranks and δ.
+// Throws ConfigError("--buffer") naming the minimum when the budget is too small.
+void fit_plan_to_agent_budget(PlanConfig& c, std::uint64_t budget_bytes,
+                              std::uint64_t label_bytes,
+                              std::uint32_t staging_steps = kAgentStagingSteps);
+
 // The presets of `solar plan --scenario` (README: "Scenarios").
 struct Scenario {
   std::string name;
