@@ -20,6 +20,8 @@ namespace solar::cli {
 // How `solar run` and `solar bench loader` turn the user's per-node memory budget into a plan
 // (see fit_plan_to_agent_budget).
 PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
+                        PlanConfig c);
+PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
                         PlanConfig c) {
   c.samples = info.samples;
   c.sample_bytes = info.sample_bytes;

@@ -14,88 +14,254 @@
 #include <thread>
 #include <vector>
 
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "solar/core/plan_file.h"
 #include "solar/solar.hpp"
 #include "solar/storage/content.h"
 #include "solar/storage/sample_source.h"
 
+namespace {
+
+// The baseline the benchmarks compare with: what a PyTorch Dataset + DataLoader does. This
+// rank's batches (from the same plan file) are read directly from storage, one request per
+// sample, by K reader threads that work ahead up to two batches (DataLoader's prefetch).
+class BaselineReader {
+ public:
+  struct Batch {
+    std::uint64_t step = 0;
+    std::vector<std::uint32_t> samples;
+    std::vector<std::byte> data, labels;
+    std::size_t done = 0;
+  };
+
+  BaselineReader(unsigned readers, const std::string& labels) {
+    const solar::PlanFile pf = solar::PlanFile::open(need("SOLAR_PLAN"));
+    header_ = pf.header();
+    node_ = static_cast<std::uint32_t>(std::stoul(need("SOLAR_NODE")));
+    local_ = static_cast<std::uint32_t>(std::stoul(need("SOLAR_LOCAL_RANK")));
+    plan_ = pf.node(node_);
+    R_ = header_.config.ranks_per_node;
+    T_ = std::uint64_t{header_.layout.steps} * header_.config.epochs;
+    solar::storage::SourceOptions so;
+    so.label_dataset = labels;
+    so.io_threads = 1;
+    src_ = solar::storage::open_source(need("SOLAR_DATASET"), so);
+    sample_bytes_ = src_->info().sample_bytes;
+    label_bytes_ = src_->info().has_labels ? src_->info().label_bytes : 0;
+    for (unsigned i = 0; i < readers; ++i) threads_.emplace_back([this] { work(); });
+  }
+  ~BaselineReader() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  std::uint32_t rank() const { return node_ * R_ + local_; }
+  std::uint32_t epochs() const { return header_.config.epochs; }
+  std::uint32_t steps_per_epoch() const { return header_.layout.steps; }
+  std::uint64_t sample_bytes() const { return sample_bytes_; }
+  std::uint64_t label_bytes() const { return label_bytes_; }
+
+  // The next batch in plan order, once all its samples are read; nullptr at the end.
+  std::unique_ptr<Batch> next() {
+    std::unique_lock lk(mu_);
+    if (taken_ >= T_) return nullptr;
+    while (queued_ < std::min(T_, taken_ + 2)) enqueue_locked();
+    cv_.notify_all();
+    done_cv_.wait(lk, [&] { return error_.size() || ready_.front()->done == ready_.front()->samples.size(); });
+    if (!error_.empty()) throw std::runtime_error(error_);
+    auto b = std::move(ready_.front());
+    ready_.pop_front();
+    ++taken_;
+    while (queued_ < std::min(T_, taken_ + 2)) enqueue_locked();
+    cv_.notify_all();
+    return b;
+  }
+
+ private:
+  static std::string need(const char* name) {
+    const char* v = std::getenv(name);
+    if (!v) throw std::runtime_error(std::string(name) + " is not set: run under solar run");
+    return v;
+  }
+  void enqueue_locked() {
+    auto b = std::make_unique<Batch>();
+    b->step = queued_;
+    const std::uint64_t i = queued_ * R_ + local_;
+    for (std::uint64_t k = plan_.rank_offsets[i]; k < plan_.rank_offsets[i + 1]; ++k)
+      b->samples.push_back(plan_.accesses[k] & solar::kSampleMask);
+    b->data.resize(b->samples.size() * sample_bytes_);
+    b->labels.resize(b->samples.size() * label_bytes_);
+    for (std::size_t k = 0; k < b->samples.size(); ++k) work_.push_back({b.get(), k});
+    ready_.push_back(std::move(b));
+    ++queued_;
+  }
+  void work() {
+    for (;;) {
+      std::pair<Batch*, std::size_t> job;
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !work_.empty(); });
+        if (stop_) return;
+        job = work_.front();
+        work_.pop_front();
+      }
+      auto [b, k] = job;
+      try {
+        const solar::storage::SampleRun run{b->samples[k], 1};
+        src_->read({&run, 1}, b->data.data() + k * sample_bytes_);
+        if (label_bytes_) src_->read_labels({&run, 1}, b->labels.data() + k * label_bytes_);
+      } catch (const std::exception& e) {
+        std::lock_guard lk(mu_);
+        error_ = e.what();
+      }
+      {
+        std::lock_guard lk(mu_);
+        ++b->done;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  solar::PlanHeader header_;
+  solar::NodePlan plan_;
+  std::uint32_t node_ = 0, local_ = 0, R_ = 1;
+  std::uint64_t T_ = 0, sample_bytes_ = 0, label_bytes_ = 0;
+  std::unique_ptr<solar::storage::SampleSource> src_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::pair<Batch*, std::size_t>> work_;
+  std::deque<std::unique_ptr<Batch>> ready_;
+  std::uint64_t queued_ = 0, taken_ = 0;
+  bool stop_ = false;
+  std::string error_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
   bool verify = false, quiet = false;
   double compute_ms = 0;
-  std::string record;
+  unsigned baseline = 0;
+  std::string record, report;
   CLI::App app{"solar-example-train: a rank program that reads its batches through libsolar.\n"
                "Run it under `solar run` or `srun --solar-*` (it reads SOLAR_* variables).",
                "solar-example-train"};
   app.add_flag("--verify", verify, "Check every sample's content (datasets made by solar gen)");
   app.add_option("--compute-ms", compute_ms, "Milliseconds of compute per batch [0]");
   app.add_option("--record", record, "Write each step's samples to this file (%r: the rank)");
-  app.add_flag("--quiet", quiet, "Print only the summary line");
+  app.add_flag("--quiet", quiet, "Print nothing but errors (use --report)");
+  app.add_option("--baseline", baseline,
+                 "Do not use libsolar: read this rank's samples directly, one request per "
+                 "sample, with this many reader threads (what a PyTorch DataLoader does)");
+  app.add_option("--report", report, "Write per-epoch loading times as JSON here (%r: rank)");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    solar::Loader loader;
-    const std::uint32_t rank = loader.rank();
+    std::unique_ptr<solar::Loader> loader;
+    std::unique_ptr<BaselineReader> direct;
+    const std::string labels = std::getenv("SOLAR_LABELS") ? std::getenv("SOLAR_LABELS") : "/label";
+    if (baseline) direct = std::make_unique<BaselineReader>(baseline, labels);
+    else loader = std::make_unique<solar::Loader>();
+    const std::uint32_t rank = loader ? loader->rank() : direct->rank();
+    const std::uint32_t epochs = loader ? loader->epochs() : direct->epochs();
+    const std::uint64_t label_bytes = loader ? loader->label_bytes() : direct->label_bytes();
     std::uint64_t seed = 0;
     if (verify) {
       // The content seed is stored with the dataset (solar gen writes it).
       solar::storage::SourceOptions so;
-      if (const char* l = std::getenv("SOLAR_LABELS")) so.label_dataset = l;
+      so.label_dataset = labels;
       auto src = solar::storage::open_source(std::getenv("SOLAR_DATASET"), so);
       if (!src->info().seed)
         throw solar::Error(fmt::format("--verify: {} was not written by solar gen (no seed)",
                                        src->describe()));
       seed = *src->info().seed;
     }
+    auto per_rank = [&](std::string path) {
+      if (const auto at = path.find("%r"); at != std::string::npos)
+        path.replace(at, 2, std::to_string(rank));
+      return path;
+    };
     std::ofstream rec;
-    if (const auto at = record.find("%r"); at != std::string::npos)
-      record.replace(at, 2, std::to_string(rank));
     if (!record.empty()) {
-      rec.open(record);
-      if (!rec) throw solar::Error("--record: cannot write " + record);
+      rec.open(per_rank(record));
+      if (!rec) throw solar::Error("--record: cannot write " + per_rank(record));
     }
-    std::vector<double> load_s(loader.epochs(), 0.0);
+    std::vector<double> load_s(epochs, 0.0);
     std::uint64_t samples = 0, bad = 0, batches = 0;
-    using Clock = std::chrono::steady_clock;
-    for (;;) {
-      const auto t0 = Clock::now();
-      auto batch = loader.next();
-      if (!batch) break;
-      const std::uint32_t epoch = batch->epoch();
-      load_s[epoch] += std::chrono::duration<double>(Clock::now() - t0).count();
-      if (rec) rec << batch->step();
-      for (std::size_t i = 0; i < batch->size(); ++i) {
-        const std::uint64_t idx = batch->index(i);
+    // One batch, whichever path it came from: check it, record it, "train" on it.
+    auto consume = [&](std::uint64_t step, std::size_t n, auto&& index, auto&& data,
+                       auto&& label, std::uint64_t bytes) {
+      if (rec) rec << step;
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint64_t idx = index(i);
         if (rec) rec << ' ' << idx;
-        if (verify) {
-          const auto s = batch->sample(i);
-          bool ok = solar::storage::content::check_sample(seed, idx, s.data(), s.size());
-          if (ok && loader.label_bytes() == 4) {
-            std::int32_t label;
-            std::memcpy(&label, batch->label(i), 4);
-            ok = label == solar::storage::content::label(seed, idx);
-          }
-          if (!ok && bad++ < 5)
-            std::fprintf(stderr, "rank %u: sample %llu at step %llu has wrong content\n", rank,
-                         static_cast<unsigned long long>(idx),
-                         static_cast<unsigned long long>(batch->step()));
+        if (!verify) continue;
+        bool ok = solar::storage::content::check_sample(seed, idx, data(i), bytes);
+        if (ok && label_bytes == 4) {
+          std::int32_t l;
+          std::memcpy(&l, label(i), 4);
+          ok = l == solar::storage::content::label(seed, idx);
         }
+        if (!ok && bad++ < 5)
+          std::fprintf(stderr, "rank %u: sample %llu at step %llu has wrong content\n", rank,
+                       static_cast<unsigned long long>(idx), static_cast<unsigned long long>(step));
       }
       if (rec) rec << std::endl;  // flushed: tests watch progress through it
-      samples += batch->size();
+      samples += n;
       ++batches;
       if (compute_ms > 0)
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_ms));
-      batch->release();
+    };
+    using Clock = std::chrono::steady_clock;
+    for (;;) {
+      const auto t0 = Clock::now();
+      if (loader) {
+        auto b = loader->next();
+        if (!b) break;
+        load_s[b->epoch()] += std::chrono::duration<double>(Clock::now() - t0).count();
+        consume(
+            b->step(), b->size(), [&](std::size_t i) { return b->index(i); },
+            [&](std::size_t i) { return b->sample(i).data(); },
+            [&](std::size_t i) { return b->label(i); }, loader->sample_bytes());
+        b->release();
+      } else {
+        auto b = direct->next();
+        if (!b) break;
+        const std::uint64_t sb = direct->sample_bytes();
+        load_s[b->step / direct->steps_per_epoch()] +=
+            std::chrono::duration<double>(Clock::now() - t0).count();
+        consume(
+            b->step, b->samples.size(), [&](std::size_t i) { return b->samples[i]; },
+            [&](std::size_t i) { return b->data.data() + i * sb; },
+            [&](std::size_t i) { return b->labels.data() + i * label_bytes; }, sb);
+      }
     }
-    if (rank == 0 || !quiet)
-      std::printf("%sDataLoading time SOLAR each epoch: [%s]\n",
-                  rank == 0 ? "" : fmt::format("rank {}: ", rank).c_str(),
+    const char* who = baseline ? "baseline" : "SOLAR";
+    if (!quiet)
+      std::printf("%sDataLoading time %s each epoch: [%s]\n",
+                  rank == 0 ? "" : fmt::format("rank {}: ", rank).c_str(), who,
                   fmt::format("{:.4f}", fmt::join(load_s, ", ")).c_str());
     if (!quiet || bad)
       std::printf("rank %u: %llu batches, %llu samples%s%s, %s\n", rank,
                   static_cast<unsigned long long>(batches),
                   static_cast<unsigned long long>(samples), verify ? ", verified" : "",
                   verify ? fmt::format(" ({} wrong)", bad).c_str() : "",
-                  loader.using_agent() ? "from the node agent" : "read directly");
+                  baseline ? "read directly, one request per sample"
+                           : (loader->using_agent() ? "from the node agent" : "read directly"));
+    if (!report.empty()) {
+      std::ofstream f(per_rank(report));
+      f << nlohmann::json{{"rank", rank}, {"load_seconds", load_s}, {"samples", samples},
+                          {"wrong", bad}}.dump()
+        << "\n";
+    }
     return bad ? 3 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "solar-example-train: %s\n", e.what());

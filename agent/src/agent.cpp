@@ -77,6 +77,9 @@ class Agent::Impl {
 
   // Prefetch engine (its own thread).
   void prefetch_loop();
+  void reader_loop();
+  void complete_steps_locked();
+  void fail(const std::string& what);
   void free_slot_locked(std::uint32_t sample);
   void drop_use_locked(std::uint32_t sample);
 
@@ -110,7 +113,17 @@ class Agent::Impl {
   std::unordered_map<std::uint32_t, std::uint32_t> slot_of_;  // resident or zombie
   std::unordered_map<std::uint32_t, std::uint32_t> pending_;  // admitted, unreleased uses
   std::unordered_set<std::uint32_t> zombie_;                  // evicted by plan, still in use
-  std::uint64_t ready_ = 0;                                   // steps < ready_ are servable
+  std::uint64_t admitted_ = 0;  // steps < admitted_ have slots and count their uses
+  std::uint64_t ready_ = 0;     // steps < ready_ are read and servable
+  struct ReadJob {
+    std::uint64_t step = 0;
+    std::vector<storage::SampleRun> runs;  // coalesced, ascending
+    std::vector<std::uint32_t> slots;      // the slot of each sample, in run order
+  };
+  std::deque<ReadJob> jobs_;
+  std::vector<std::uint32_t> outstanding_;  // per step: read jobs not finished
+  std::condition_variable job_ready_;
+  std::vector<std::thread> readers_;
   std::vector<RankState> ranks_;
   bool stopping_ = false;
   std::string fatal_;  // set when prefetching failed
@@ -229,7 +242,9 @@ Agent::Impl::~Impl() {
     stopping_ = true;
   }
   slot_freed_.notify_all();
+  job_ready_.notify_all();
   if (prefetch_.joinable()) prefetch_.join();
+  for (auto& r : readers_) r.join();
   std::error_code ec;
   std::filesystem::remove(opt_.socket, ec);
   if (base_) ::munmap(base_, slots_ * slot_bytes_);
@@ -237,7 +252,10 @@ Agent::Impl::~Impl() {
 }
 
 int Agent::Impl::run() {
+  outstanding_.assign(T_, 0);
   prefetch_ = std::thread([this] { prefetch_loop(); });
+  for (unsigned i = 0; i < std::max(1U, opt_.readers); ++i)
+    readers_.emplace_back([this] { reader_loop(); });
   asio::signal_set signals(io_, SIGTERM, SIGINT);
   signals.async_wait([this](const boost::system::error_code& ec, int sig) {
     if (ec) return;
@@ -251,7 +269,10 @@ int Agent::Impl::run() {
     stopping_ = true;
   }
   slot_freed_.notify_all();
+  job_ready_.notify_all();
   prefetch_.join();
+  for (auto& r : readers_) r.join();
+  readers_.clear();
   spdlog::info("stopped: {}", stats_json());
   return exit_code_;
 }
@@ -287,95 +308,143 @@ void Agent::Impl::drop_use_locked(std::uint32_t sample) {
   }
 }
 
+// The prefetch engine: one thread walks the plan in step order — evictions, slot allocation
+// (waiting for free slots), admission of the step's uses — and queues the step's reads; a pool
+// of reader threads executes them, several steps in flight. A step becomes servable once its
+// reads and all earlier steps' are done.
 void Agent::Impl::prefetch_loop() {
-  std::vector<storage::SampleRun> runs;
-  std::vector<std::uint32_t> incoming;  // samples to read this step, in run order
-  std::vector<std::uint32_t> slots;
-  std::vector<std::byte> staging, label_staging;
+  std::vector<std::uint32_t> incoming, slots;
   try {
     for (std::uint64_t t = 0; t < T_; ++t) {
-      runs.clear();
       incoming.clear();
-      {
-        std::unique_lock lk(mu_);
-        if (stopping_) return;
-        // The plan's evictions: free now, or once the ranks still using them release them.
-        for (std::uint32_t y : plan_.schedule.evicts_at(t)) {
-          if (pending_.count(y)) zombie_.insert(y);
-          else free_slot_locked(y);
-        }
-        auto want = [&](std::uint32_t x) {
-          if (zombie_.erase(x)) return;  // still here: resurrect instead of re-reading
-          incoming.push_back(x);
-        };
-        for (const FetchRun& run : plan_.schedule.fetches_at(t))
-          for (std::uint32_t x = run.first; x < run.first + run.count; ++x) want(x);
-        // Peer transfers between agents are not implemented yet: read those from storage.
-        for (const PeerFetch& pf : plan_.schedule.peers_at(t)) want(pf.sample);
-        slots.clear();
-        const auto wait_from = Clock::now();
-        for (std::size_t i = 0; i < incoming.size(); ++i) {
-          slot_freed_.wait(lk, [&] { return stopping_ || !free_.empty(); });
-          if (stopping_) return;
-          slots.push_back(free_.back());
-          free_.pop_back();
-        }
-        slot_wait_seconds_ += seconds_since(wait_from);
+      std::unique_lock lk(mu_);
+      if (stopping_ || !fatal_.empty()) return;
+      // The plan's evictions: free now, or once the ranks still using them release them.
+      for (std::uint32_t y : plan_.schedule.evicts_at(t)) {
+        if (pending_.count(y)) zombie_.insert(y);
+        else free_slot_locked(y);
       }
-      if (!incoming.empty()) {
-        std::vector<std::uint64_t> ids(incoming.begin(), incoming.end());
-        std::vector<std::uint32_t> order(incoming.size());
-        // Coalesce: sort the samples (keeping their slots) and read maximal runs.
-        std::vector<std::size_t> idx(incoming.size());
-        for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-        std::sort(idx.begin(), idx.end(), [&](auto a, auto b) { return incoming[a] < incoming[b]; });
-        for (std::size_t i = 0; i < idx.size();) {
-          std::size_t j = i + 1;
-          while (j < idx.size() && incoming[idx[j]] == incoming[idx[j - 1]] + 1) ++j;
-          runs.push_back({incoming[idx[i]], j - i});
-          i = j;
-        }
-        staging.resize(idx.size() * sample_bytes_);
-        const auto t0 = Clock::now();
-        source_->read(runs, staging.data());
-        if (label_bytes_) {
-          label_staging.resize(idx.size() * label_bytes_);
-          source_->read_labels(runs, label_staging.data());
-        }
-        read_seconds_ += seconds_since(t0);
-        for (std::size_t i = 0; i < idx.size(); ++i) {
-          std::byte* dst = slot_ptr(slots[idx[i]]);
-          std::memcpy(dst, staging.data() + i * sample_bytes_, sample_bytes_);
-          if (label_bytes_)
-            std::memcpy(dst + sample_bytes_, label_staging.data() + i * label_bytes_, label_bytes_);
-        }
-        reads_ += runs.size();
-        bytes_read_ += idx.size() * sample_bytes_;
+      auto want = [&](std::uint32_t x) {
+        if (zombie_.erase(x)) return;  // still here: resurrect instead of re-reading
+        incoming.push_back(x);
+      };
+      for (const FetchRun& run : plan_.schedule.fetches_at(t))
+        for (std::uint32_t x = run.first; x < run.first + run.count; ++x) want(x);
+      // Peer transfers between agents are not implemented yet: read those from storage.
+      for (const PeerFetch& pf : plan_.schedule.peers_at(t)) want(pf.sample);
+      slots.clear();
+      const auto wait_from = Clock::now();
+      for (std::size_t i = 0; i < incoming.size(); ++i) {
+        slot_freed_.wait(lk, [&] { return stopping_ || !fatal_.empty() || !free_.empty(); });
+        if (stopping_ || !fatal_.empty()) return;
+        slots.push_back(free_.back());
+        free_.pop_back();
       }
-      {
-        std::lock_guard lk(mu_);
-        for (std::size_t i = 0; i < incoming.size(); ++i) slot_of_[incoming[i]] = slots[i];
-        fetched_ += incoming.size();
-        for (std::uint32_t r = 0; r < R_; ++r) {
-          if (ranks_[r].gone) continue;
-          for (std::uint32_t a : accesses(t, r)) {
-            ++pending_[a & kSampleMask];
-            if (a & kHitBit) ++hits_;
-          }
+      slot_wait_seconds_ += seconds_since(wait_from);
+      for (std::size_t i = 0; i < incoming.size(); ++i) slot_of_[incoming[i]] = slots[i];
+      fetched_ += incoming.size();
+      // Admit the step's uses now, before later steps' evictions are looked at.
+      for (std::uint32_t r = 0; r < R_; ++r) {
+        if (ranks_[r].gone) continue;
+        for (std::uint32_t a : accesses(t, r)) {
+          ++pending_[a & kSampleMask];
+          if (a & kHitBit) ++hits_;
         }
-        ready_ = t + 1;
       }
-      asio::post(io_, [this] {
-        std::lock_guard lk(mu_);
-        serve_waiting_locked();
-      });
+      admitted_ = t + 1;
+      // The step's reads: one request list of coalesced runs (a source keeps many of them in
+      // flight), executed by a reader thread while this one goes on to the next steps.
+      std::vector<std::size_t> idx(incoming.size());
+      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      std::sort(idx.begin(), idx.end(), [&](auto a, auto b) { return incoming[a] < incoming[b]; });
+      // Split into about one job per reader thread, whole runs each, so that a step's reads
+      // run in parallel too (sources also parallelise within a job).
+      const std::size_t per_job =
+          std::max<std::size_t>(1, (idx.size() + opt_.readers - 1) / std::max(1U, opt_.readers));
+      std::uint32_t jobs = 0;
+      ReadJob job;
+      job.step = t;
+      for (std::size_t i = 0; i < idx.size();) {
+        std::size_t j = i + 1;
+        while (j < idx.size() && incoming[idx[j]] == incoming[idx[j - 1]] + 1) ++j;
+        job.runs.push_back({incoming[idx[i]], j - i});
+        for (std::size_t k = i; k < j; ++k) job.slots.push_back(slots[idx[k]]);
+        i = j;
+        if (job.slots.size() >= per_job || i == idx.size()) {
+          jobs_.push_back(std::move(job));
+          job = ReadJob{};
+          job.step = t;
+          ++jobs;
+        }
+      }
+      outstanding_[t] = jobs;
+      if (jobs) job_ready_.notify_all();
+      else complete_steps_locked();
     }
   } catch (const std::exception& e) {
-    spdlog::error("prefetch failed: {}", e.what());
+    fail(e.what());
+  }
+}
+
+void Agent::Impl::fail(const std::string& what) {
+  spdlog::error("prefetch failed: {}", what);
+  {
     std::lock_guard lk(mu_);
-    fatal_ = e.what();
+    if (!fatal_.empty()) return;
+    fatal_ = what;
     exit_code_ = 1;
-    asio::post(io_, [this] { shutdown_io(); });
+  }
+  slot_freed_.notify_all();
+  job_ready_.notify_all();
+  asio::post(io_, [this] { shutdown_io(); });
+}
+
+void Agent::Impl::complete_steps_locked() {
+  const std::uint64_t before = ready_;
+  while (ready_ < admitted_ && outstanding_[ready_] == 0) ++ready_;
+  if (ready_ != before)
+    asio::post(io_, [this] {
+      std::lock_guard lk(mu_);
+      serve_waiting_locked();
+    });
+}
+
+void Agent::Impl::reader_loop() {
+  std::vector<std::byte> staging, label_staging;
+  for (;;) {
+    ReadJob job;
+    {
+      std::unique_lock lk(mu_);
+      job_ready_.wait(lk, [&] { return stopping_ || !fatal_.empty() || !jobs_.empty(); });
+      if (stopping_ || !fatal_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    try {
+      const std::size_t n = job.slots.size();
+      const auto t0 = Clock::now();
+      staging.resize(n * sample_bytes_);
+      source_->read(job.runs, staging.data());
+      if (label_bytes_) {
+        label_staging.resize(n * label_bytes_);
+        source_->read_labels(job.runs, label_staging.data());
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        std::byte* dst = slot_ptr(job.slots[i]);
+        std::memcpy(dst, staging.data() + i * sample_bytes_, sample_bytes_);
+        if (label_bytes_)
+          std::memcpy(dst + sample_bytes_, label_staging.data() + i * label_bytes_, label_bytes_);
+      }
+      const double secs = seconds_since(t0);
+      std::lock_guard lk(mu_);
+      read_seconds_ += secs;
+      reads_ += job.runs.size();
+      bytes_read_ += job.slots.size() * sample_bytes_;
+      if (--outstanding_[job.step] == 0) complete_steps_locked();
+    } catch (const std::exception& e) {
+      fail(e.what());
+      return;
+    }
   }
 }
 
@@ -587,7 +656,7 @@ void Agent::Impl::detach(const std::shared_ptr<Session>& s) {
   std::lock_guard lk(mu_);
   RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
   // Its slots are reclaimed: every admitted use it had not released is dropped.
-  for (std::uint64_t t = rs.released; t < ready_; ++t)
+  for (std::uint64_t t = rs.released; t < admitted_; ++t)
     for (std::uint32_t a : accesses(t, static_cast<std::uint32_t>(s->rank)))
       drop_use_locked(a & kSampleMask);
   rs.gone = true;

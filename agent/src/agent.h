@@ -24,7 +24,8 @@ struct AgentOptions {
   std::string dataset;       // SampleSource spec: FILE.h5[:/dset] or fabric://host:port/name
   std::string labels = "/label";
   std::string socket;        // Unix socket path (its directory should be private, 0700)
-  unsigned io_threads = 8;
+  unsigned io_threads = 8;   // parallel requests within one read
+  unsigned readers = 4;      // steps read concurrently
   std::uint32_t staging_steps = kAgentStagingSteps;  // extra slots, in steps of its ranks
 };
 

@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
   app.add_option("--socket", o.socket, "Unix socket to serve on (in a private directory)")
       ->required();
   app.add_option("--log", log_file, "Log file [stderr]");
-  app.add_option("--io-threads", o.io_threads, "Parallel storage requests [8]");
+  app.add_option("--io-threads", o.io_threads, "Parallel storage requests per read [8]");
+  app.add_option("--readers", o.readers, "Steps read concurrently [4]");
   app.add_option("--staging-steps", o.staging_steps,
                  "Extra buffer slots, in steps of this node's ranks, for samples ranks still "
                  "hold after the plan evicts them [2]");

@@ -1,0 +1,307 @@
+// solar bench loader: the baseline (what a PyTorch DataLoader does: each rank reads its
+// DistributedSampler samples directly, one request per sample, K reader threads) against solar
+// (agents + shared memory), on the same data and storage, side by side in one run.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "commands.h"
+#include "launcher.h"
+#include "solar/core/planner.h"
+#include "solar/storage/sample_source.h"
+
+namespace solar::cli {
+
+PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer, PlanConfig c);
+
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  std::string dataset, labels = "/label";
+  std::string ranks = "4", nodes = "1", epochs = "3", batch = "16", seed = "0", buffer = "64%";
+  std::string readers = "4";
+  double compute_ms = 0;
+  std::string remote_bandwidth;
+  double remote_latency_ms = 0;
+  bool verify = false, json = false;
+};
+
+// A solar-stored serving `file` with per-client throttling, stopped on destruction.
+class ThrottledServer {
+ public:
+  ThrottledServer(const std::string& file, const std::string& bandwidth, double latency_ms,
+                  const fs::path& dir, const std::string& tag) {
+    ready_ = dir / (tag + ".ready");
+    std::vector<std::string> argv = {find_sibling("solar-stored", "storage"), "--export",
+                                     "d=" + file, "--ready-file", ready_.string(), "--quiet"};
+    if (!bandwidth.empty()) argv.insert(argv.end(), {"--throttle-bandwidth", bandwidth});
+    if (latency_ms > 0) argv.insert(argv.end(), {"--throttle-latency", fmt::format("{}", latency_ms)});
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::execvp(args[0], args.data());
+      ::_exit(127);
+    }
+    const auto until = Clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      std::ifstream f(ready_);
+      std::string addr;
+      if (f >> addr && !addr.empty()) {
+        uri_ = "fabric://" + addr + "/d";
+        break;
+      }
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_ || Clock::now() > until) {
+        pid_ = -1;
+        throw std::runtime_error("solar-stored did not start (is it built? see storage/)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~ThrottledServer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  const std::string& uri() const { return uri_; }
+
+ private:
+  pid_t pid_ = -1;
+  fs::path ready_;
+  std::string uri_;
+};
+
+std::vector<double> slowest_rank(const fs::path& dir, const std::string& prefix, std::uint64_t world,
+                                 std::uint32_t epochs) {
+  std::vector<double> worst(epochs, 0.0);
+  for (std::uint64_t r = 0; r < world; ++r) {
+    std::ifstream f(dir / fmt::format("{}-{}.json", prefix, r));
+    if (!f) throw std::runtime_error(fmt::format("rank {} wrote no report ({} phase)", r, prefix));
+    const auto j = nlohmann::json::parse(f);
+    if (j["wrong"].get<std::uint64_t>() != 0)
+      throw std::runtime_error(fmt::format("rank {} read wrong data in the {} phase", r, prefix));
+    const auto v = j["load_seconds"].get<std::vector<double>>();
+    for (std::uint32_t e = 0; e < epochs && e < v.size(); ++e) worst[e] = std::max(worst[e], v[e]);
+  }
+  return worst;
+}
+
+double sum(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
+}
+
+void run_bench(const BenchOptions& o) {
+  PlanConfig c;
+  std::uint32_t readers = 0;
+  try {
+    c.ranks_per_node = static_cast<std::uint32_t>(parse_count(o.ranks, "--ranks", 1, kMaxRanksPerNode));
+    c.nodes = static_cast<std::uint32_t>(parse_count(o.nodes, "--nodes", 1, kMaxNodes));
+    c.epochs = static_cast<std::uint32_t>(parse_count(o.epochs, "--epochs", 1, 1000));
+    c.batch = static_cast<std::uint32_t>(parse_count(o.batch, "--batch", 1, kMaxSamples));
+    c.seed = parse_count(o.seed, "--seed", 0, ~std::uint64_t{0});
+    readers = static_cast<std::uint32_t>(parse_count(o.readers, "--readers", 1, 256));
+    if (!o.remote_bandwidth.empty()) parse_bytes(o.remote_bandwidth, "--remote-bandwidth");
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "solar bench loader: %s\n", e.what());
+    exit_code() = kExitUsage;
+    return;
+  }
+  const bool emulate = !o.remote_bandwidth.empty() || o.remote_latency_ms > 0;
+  std::string tmpl = (fs::path(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") /
+                      "solar-bench-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) throw std::runtime_error("cannot create a scratch directory");
+  const fs::path dir = tmpl;
+  struct Rm {
+    fs::path d;
+    ~Rm() {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  } rm{dir};
+
+  // Per-client throttles that add up to the same aggregate bandwidth in both phases.
+  auto per_client = [&](std::uint64_t clients) {
+    if (o.remote_bandwidth.empty()) return std::string();
+    return std::to_string(parse_bytes(o.remote_bandwidth, "--remote-bandwidth") / clients);
+  };
+  const std::uint64_t world = c.world();
+  std::unique_ptr<ThrottledServer> server;
+  auto source_for = [&](std::uint64_t clients, const char* tag) {
+    if (!emulate) return o.dataset;
+    server.reset();
+    server = std::make_unique<ThrottledServer>(o.dataset, per_client(clients), o.remote_latency_ms,
+                                               dir, tag);
+    return server->uri();
+  };
+
+  storage::SourceOptions so;
+  so.label_dataset = o.labels;
+  std::unique_ptr<storage::SampleSource> src;
+  try {
+    src = storage::open_source(o.dataset, so);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "solar bench loader: --dataset: %s\n", e.what());
+    exit_code() = kExitUsage;
+    return;
+  }
+  const storage::DatasetInfo info = src->info();
+  PlanConfig solar_cfg;
+  try {
+    solar_cfg = plan_for_run(info, BufferSpec::parse(o.buffer, "--buffer"), c);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "solar bench loader: %s\n", e.what());
+    exit_code() = kExitUsage;
+    return;
+  }
+  PlanConfig base_cfg = solar_cfg;
+  base_cfg.policy = Policy::none;  // DistributedSampler assignment, every sample read
+  const Plan base_plan = make_plan(base_cfg);
+  const Plan solar_plan = make_plan(solar_cfg);
+
+  // The limit's bandwidth: a cold sequential read of the dataset through the same storage path.
+  double bandwidth = 0;
+  {
+    const std::string spec = source_for(c.nodes, "bw");
+    auto s = storage::open_source(spec, so);
+    s->drop_cache();
+    const std::uint64_t per = std::max<std::uint64_t>(1, (64ULL << 20) / info.sample_bytes);
+    std::vector<std::byte> buf(per * info.sample_bytes);
+    const auto t0 = Clock::now();
+    for (std::uint64_t i = 0; i < info.samples; i += per) {
+      const storage::SampleRun run{i, std::min(per, info.samples - i)};
+      s->read({&run, 1}, buf.data());
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    bandwidth = double(info.samples * info.sample_bytes) / secs * (emulate ? c.nodes : 1);
+  }
+
+  auto phase = [&](const Plan& plan, bool agents, const std::string& spec, const char* tag) {
+    {
+      auto s = storage::open_source(spec, so);
+      s->drop_cache();
+    }
+    LaunchSpec ls;
+    ls.plan = &plan;
+    ls.dataset = spec;
+    ls.labels = o.labels;
+    ls.agents = agents;
+    ls.command = {find_sibling("solar-example-train", "slurm_examples"), "--quiet", "--report",
+                  (dir / fmt::format("{}-%r.json", tag)).string()};
+    if (!agents) ls.command.insert(ls.command.end(), {"--baseline", std::to_string(readers)});
+    if (o.verify) ls.command.push_back("--verify");
+    if (o.compute_ms > 0) ls.command.insert(ls.command.end(), {"--compute-ms", fmt::format("{}", o.compute_ms)});
+    if (!o.json) std::fprintf(stderr, "solar bench loader: %s phase...\n", tag);
+    const LaunchResult r = launch(ls);
+    if (r.exit_code != 0)
+      throw std::runtime_error(fmt::format("the {} phase failed (exit {})", tag, r.exit_code));
+    return slowest_rank(dir, tag, world, c.epochs);
+  };
+  std::vector<double> base, ours;
+  try {
+    base = phase(base_plan, false, source_for(world, "baseline"), "baseline");
+    ours = phase(solar_plan, true, source_for(c.nodes, "solar"), "solar");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "solar bench loader: %s\n", e.what());
+    exit_code() = kExitFailure;
+    return;
+  }
+  server.reset();
+
+  std::vector<double> limit, vs_limit;
+  for (std::uint32_t e = 0; e < c.epochs; ++e) {
+    const auto& pe = solar_plan.metrics.per_epoch[e];
+    limit.push_back(double(pe.remote_fetches * info.sample_bytes) / bandwidth);
+    vs_limit.push_back(limit.back() > 0 ? ours[e] / limit.back() : 0);
+  }
+  const double speedup = sum(ours) > 0 ? sum(base) / sum(ours) : 0;
+  if (o.json) {
+    fmt::print("{}\n", nlohmann::json{{"baseline_seconds", base},
+                                      {"solar_seconds", ours},
+                                      {"speedup", speedup},
+                                      {"hit_rate", solar_plan.metrics.hit_rate()},
+                                      {"bandwidth_bytes_per_s", bandwidth},
+                                      {"limit_seconds", limit},
+                                      {"solar_vs_limit", vs_limit}}
+                           .dump(2));
+    return;
+  }
+  auto list = [](const std::vector<double>& v) { return fmt::format("{:.4f}", fmt::join(v, ", ")); };
+  fmt::print("dataset {}: {} samples of {}; {} node(s) × {} ranks, batch {}, {} epochs, buffer {} "
+             "per node{}\n",
+             o.dataset, info.samples, format_bytes(info.sample_bytes), c.nodes, c.ranks_per_node,
+             c.batch, c.epochs, o.buffer,
+             emulate ? fmt::format(" (remote storage emulated: solar-stored, {} in all, +{} ms "
+                                   "per request)",
+                                   o.remote_bandwidth.empty() ? "unthrottled" : o.remote_bandwidth,
+                                   o.remote_latency_ms)
+                     : ", cold page cache");
+  fmt::print("DataLoading time baseline each epoch: [{}]\n", list(base));
+  fmt::print("DataLoading time SOLAR each epoch: [{}]\n", list(ours));
+  fmt::print("total: baseline {:.3f} s, solar {:.3f} s: solar is {:.2f}× faster\n", sum(base),
+             sum(ours), speedup);
+  fmt::print("plan: hit rate {:.1f}%, {} remote fetches ({:.3f}× the lower bound)\n",
+             100 * solar_plan.metrics.hit_rate(), solar_plan.metrics.remote_fetches,
+             solar_plan.metrics.ratio_to_lower_bound());
+  fmt::print("limit each epoch (the plan's remote bytes at the {:.2f} GB/s measured here): [{}]\n",
+             bandwidth / 1e9, list(limit));
+  fmt::print("solar / limit each epoch: [{}]\n",
+             fmt::format("{:.2f}", fmt::join(vs_limit, ", ")));
+}
+
+}  // namespace
+
+void add_bench_loader_command(CLI::App& app) {
+  CLI::App* bench = app.get_subcommand("bench");
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* loader = bench->add_subcommand(
+      "loader",
+      "Baseline (direct reads, one request per sample, K reader threads per rank, like a PyTorch\n"
+      "DataLoader) against solar (agents + shared memory), same data and storage, one run.\n"
+      "Files are read with a cold page cache; --remote-bandwidth/--remote-latency serve the file\n"
+      "through solar-stored with throttling to emulate a contended remote file system.");
+  loader->add_option("--dataset", o->dataset, "FILE.h5[:/dataset] (or fabric://...)")->required();
+  loader->add_option("--labels", o->labels, "Labels dataset ('' for none) [/label]");
+  loader->add_option("--ranks", o->ranks, "Ranks per node [4]");
+  loader->add_option("--nodes", o->nodes, "Simulated nodes [1]");
+  loader->add_option("--epochs", o->epochs, "Epochs [3]");
+  loader->add_option("--batch", o->batch, "Per-rank batch [16]");
+  loader->add_option("--buffer", o->buffer, "Per-node memory for solar [64%]");
+  loader->add_option("--seed", o->seed, "Shuffle seed [0]");
+  loader->add_option("--readers", o->readers, "Baseline reader threads per rank [4]");
+  loader->add_option("--compute-ms", o->compute_ms, "Compute per batch, both phases [0]");
+  loader->add_option("--remote-bandwidth", o->remote_bandwidth,
+                     "EMULATION: aggregate storage bandwidth (e.g. 400M), split over the clients");
+  loader->add_option("--remote-latency", o->remote_latency_ms,
+                     "EMULATION: milliseconds added to every storage request");
+  loader->add_flag("--verify", o->verify, "Check every sample's content in both phases");
+  loader->add_flag("--json", o->json, "Machine-readable output");
+  loader->callback([o] {
+    try {
+      run_bench(*o);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "solar bench loader: %s\n", e.what());
+      exit_code() = kExitFailure;
+    }
+  });
+}
+
+}  // namespace solar::cli
