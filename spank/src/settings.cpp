@@ -1,0 +1,240 @@
+#include "settings.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+
+namespace solar::spank {
+namespace {
+
+// A flag's value: srun passes none, sbatch propagates "(null)", SOLAR_VERBOSE=0 turns it off.
+bool is_on(const std::string& v) { return v != "0" && v != "no" && v != "off" && v != "false"; }
+
+// core names its inputs after `solar plan`'s flags; a user of srun gave them as --solar-*.
+ConfigError as_srun_error(const ConfigError& e) {
+  static const std::pair<const char*, const char*> names[] = {
+      {"--buffer", "--solar-buffer"},     {"--batch", "--solar-batch"},
+      {"--epochs", "--solar-epochs"},     {"--seed", "--solar-seed"},
+      {"--imbalance", "--solar-imbalance"}, {"--order", "--solar-order"},
+      {"--ranks-per-node", "--ntasks-per-node"}, {"--nodes", "-N/--nodes"},
+      {"--samples", "--solar-dataset"},   {"--sample-bytes", "--solar-dataset"}};
+  std::string message = e.what();
+  if (message.rfind(e.flag() + ": ", 0) == 0) message.erase(0, e.flag().size() + 2);
+  for (const auto& [from, to] : names)
+    if (e.flag() == from) return ConfigError(to, message);
+  return e;
+}
+
+std::string absolute_path(const std::string& key, const std::string& value) {
+  if (value.empty() || value.front() != '/')
+    throw ConfigError(key, fmt::format("'{}' is not an absolute path", value));
+  std::string v = value;
+  while (v.size() > 1 && v.back() == '/') v.pop_back();
+  return v;
+}
+
+}  // namespace
+
+PluginConfig PluginConfig::parse(const std::vector<std::string>& args) {
+  PluginConfig c;
+  for (const std::string& arg : args) {
+    const auto eq = arg.find('=');
+    if (eq == std::string::npos)
+      throw ConfigError(arg, "plugstack.conf arguments are key=value; known keys: agent, "
+                             "plan_dir, runtime_dir, max_buffer, provider, on_error, timeout");
+    const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
+    if (key == "agent") {
+      c.agent = absolute_path(key, value);
+    } else if (key == "plan_dir") {
+      c.plan_dir = absolute_path(key, value);
+    } else if (key == "runtime_dir") {
+      c.runtime_dir = absolute_path(key, value);
+    } else if (key == "max_buffer") {
+      c.max_buffer = BufferSpec::parse(value, key);
+    } else if (key == "provider") {
+      c.provider = value;
+    } else if (key == "on_error") {
+      if (value == "fallback") c.on_error = OnError::fallback;
+      else if (value == "fail") c.on_error = OnError::fail;
+      else throw ConfigError(key, fmt::format("'{}' is not fallback or fail", value));
+    } else if (key == "timeout") {
+      c.timeout_s = static_cast<double>(parse_count(value, key, 1, 3600));
+    } else {
+      throw ConfigError(key, "unknown plugstack.conf argument; known keys: agent, plan_dir, "
+                             "runtime_dir, max_buffer, provider, on_error, timeout");
+    }
+  }
+  return c;
+}
+
+const std::vector<OptionSpec>& option_specs() {
+  static const std::vector<OptionSpec> specs = {
+      {"dataset", "SOLAR_DATASET", "FILE[:DSET]|fabric://HOST:PORT/NAME",
+       "solar: the training dataset; turns solar on for this step"},
+      {"labels", "SOLAR_LABELS", "DSET", "solar: labels dataset in the file ('' for none) "
+                                         "[/label]"},
+      {"buffer", "SOLAR_BUFFER", "SIZE|PCT%",
+       "solar: memory per node (K/M/G/T bytes or a percentage of the dataset)"},
+      {"epochs", "SOLAR_EPOCHS", "E", "solar: epochs the job trains for"},
+      {"batch", "SOLAR_BATCH", "b", "solar: per-rank batch size"},
+      {"seed", "SOLAR_SEED", "s", "solar: shuffle seed [0]"},
+      {"order", "SOLAR_ORDER", "solar|torch",
+       "solar: shuffle order; torch = DistributedSampler's [solar]"},
+      {"imbalance", "SOLAR_IMBALANCE", "d", "solar: per-rank batch may be b-d..b+d [0]"},
+      {"verbose", "SOLAR_VERBOSE", nullptr, "solar: say what is planned and each node's hits"},
+      {"", "SOLAR", "off", "solar: --solar=off disables solar for this step"},
+  };
+  return specs;
+}
+
+void JobOptions::set(int field, const std::string& text) {
+  const std::string flag = fmt::format("--solar{}{}", *option_specs()[field].name ? "-" : "",
+                                       option_specs()[field].name);
+  switch (field) {
+    case dataset:
+      if (text.empty()) throw ConfigError(flag, "is empty; give FILE[:DSET] or fabric://...");
+      break;
+    case buffer: BufferSpec::parse(text, flag); break;
+    case epochs: parse_count(text, flag, 1, kMaxEpochs); break;
+    case batch: parse_count(text, flag, 1, kMaxSamples); break;
+    case seed: parse_count(text, flag, 0, ~std::uint64_t{0}); break;
+    case imbalance: parse_count(text, flag, 0, kMaxSamples); break;
+    case order:
+      if (!parse_order_mode(text))
+        throw ConfigError(flag, fmt::format("'{}' is not solar or torch", text));
+      break;
+    case enable:
+      if (text != "off" && text != "on")
+        throw ConfigError(flag, fmt::format("'{}' is not off or on", text));
+      break;
+    default: break;
+  }
+  value[field] = text;
+  from_command_line[field] = true;
+}
+
+void JobOptions::add_environment(const std::function<const char*(const char*)>& getenv) {
+  // Inside a solar step the SOLAR_* variables describe that step, not settings for a new one.
+  if (getenv("SOLAR_STEP")) return;
+  for (int f = 0; f < kFields; ++f) {
+    if (from_command_line[f]) continue;
+    const char* v = getenv(option_specs()[f].env);
+    if (!v) continue;
+    const std::string flag = option_specs()[f].env;
+    try {
+      set(f, v);
+    } catch (const ConfigError& e) {
+      std::string message = e.what();
+      message.erase(0, e.flag().size() + 2);
+      throw ConfigError(flag, message);
+    }
+    from_command_line[f] = false;
+  }
+}
+
+bool JobOptions::off() const { return value[enable] && *value[enable] == "off"; }
+bool JobOptions::is_verbose() const { return value[verbose] && is_on(*value[verbose]); }
+
+bool JobOptions::active() const {
+  if (off()) return false;
+  for (int f = 0; f < kFields; ++f)
+    if (f != enable && f != verbose && value[f]) return true;
+  return false;
+}
+
+void JobOptions::validate() const {
+  if (!value[dataset])
+    throw ConfigError("--solar-dataset", "is required when any --solar-* option is given (or "
+                                         "--solar=off to turn solar off)");
+  for (int f : {buffer, epochs, batch})
+    if (!value[f])
+      throw ConfigError(fmt::format("--solar-{}", option_specs()[f].name),
+                        fmt::format("is required with --solar-dataset ({})",
+                                    option_specs()[f].arginfo));
+}
+
+PlanConfig JobOptions::partial_config() const {
+  PlanConfig c;
+  c.epochs = static_cast<std::uint32_t>(parse_count(*value[epochs], "--solar-epochs", 1,
+                                                    kMaxEpochs));
+  c.batch = static_cast<std::uint32_t>(parse_count(*value[batch], "--solar-batch", 1,
+                                                   kMaxSamples));
+  c.seed = value[seed] ? parse_count(*value[seed], "--solar-seed", 0, ~std::uint64_t{0}) : 0;
+  c.imbalance = value[imbalance] ? static_cast<std::uint32_t>(parse_count(
+                                       *value[imbalance], "--solar-imbalance", 0, kMaxSamples))
+                                 : 0;
+  c.order = value[order] ? *parse_order_mode(*value[order]) : OrderMode::solar;
+  return c;
+}
+
+BufferSpec JobOptions::buffer_spec() const {
+  return BufferSpec::parse(*value[buffer], "--solar-buffer");
+}
+
+PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
+                                const storage::DatasetInfo& info, std::uint32_t nodes,
+                                std::uint32_t ranks_per_node, std::uint64_t node_memory,
+                                std::string* notes) {
+  try {
+    o.validate();
+    PlanConfig c = o.partial_config();
+    c.nodes = nodes;
+    c.ranks_per_node = ranks_per_node;
+    c.samples = info.samples;
+    c.sample_bytes = info.sample_bytes;
+    c.policy = Policy::none;
+    c.validate();  // everything but the buffer first: a bad batch is named as such
+    const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
+    std::uint64_t budget =
+        o.buffer_spec().resolve(info.samples, agent_slot_bytes(c.sample_bytes, label));
+    if (pc.max_buffer) {
+      const std::uint64_t cap = pc.max_buffer->percent >= 0
+                                    ? static_cast<std::uint64_t>(pc.max_buffer->percent / 100.0 *
+                                                                 static_cast<double>(node_memory))
+                                    : pc.max_buffer->bytes;
+      if (budget > cap) {
+        if (notes)
+          *notes = fmt::format("--solar-buffer {} is above the site's limit; using {} per node",
+                               format_bytes(budget), format_bytes(cap));
+        budget = cap;
+      }
+    }
+    fit_plan_to_agent_budget(c, budget, label);
+    c.policy = Policy::solar;
+    c.validate();
+    return c;
+  } catch (const ConfigError& e) {
+    throw as_srun_error(e);
+  }
+}
+
+std::string job_prefix(std::uint32_t job) { return fmt::format("solar-{}.", job); }
+
+std::string plan_path(const PluginConfig& pc, std::uint32_t job, std::uint32_t step) {
+  return fmt::format("{}/{}{}.plan", pc.plan_dir, job_prefix(job), step);
+}
+
+std::string agent_log_path(const std::string& plan, std::uint32_t node) {
+  return fmt::format("{}.node{}.log", plan, node);
+}
+
+std::string step_runtime_dir(const PluginConfig& pc, std::uint32_t job, std::uint32_t step,
+                             std::uint32_t node) {
+  return fmt::format("{}/{}{}.{}", pc.runtime_dir, job_prefix(job), step, node);
+}
+
+std::uint64_t node_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  std::uint64_t kb = 0;
+  while (f >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    f.ignore(256, '\n');
+  }
+  return 0;
+}
+
+}  // namespace solar::spank

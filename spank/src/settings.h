@@ -1,0 +1,97 @@
+// What the plugin is told: the admin's plugstack.conf arguments (PluginConfig) and the user's
+// --solar-* options or SOLAR_* variables (JobOptions), and how a job's plan follows from them.
+// Plain C++ with no Slurm in it, so tests exercise it without a cluster.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "solar/core/config.h"
+#include "solar/storage/sample_source.h"
+
+namespace solar::spank {
+
+// What happens when a node's agent cannot start.
+enum class OnError : std::uint8_t { fallback, fail };
+
+// plugstack.conf: `required /usr/lib/solar/solar_spank.so agent=... plan_dir=... ...`
+struct PluginConfig {
+  std::string agent = SOLAR_SPANK_DEFAULT_AGENT;  // the solar-agent binary
+  std::string plan_dir = "/tmp";                   // where srun writes plans; shared by nodes
+  std::string runtime_dir = "/run/solar";          // node-local: one private folder per step
+  std::optional<BufferSpec> max_buffer;            // clamp per node; % = of the node's memory
+  std::string provider;                            // libfabric provider (FI_PROVIDER)
+  OnError on_error = OnError::fallback;
+  double timeout_s = 60;                           // agent start-up limit
+
+  // Parses `key=value` arguments; throws ConfigError naming the argument on an unknown key, a
+  // bad value or a relative path.
+  static PluginConfig parse(const std::vector<std::string>& args);
+};
+
+// One user setting: its option name (without --solar-), its SOLAR_* variable, and whether it
+// takes a value.
+struct OptionSpec {
+  const char* name;      // "dataset" -> --solar-dataset
+  const char* env;       // "SOLAR_DATASET"
+  const char* arginfo;   // nullptr: a flag
+  const char* usage;
+};
+// The option table, in `srun --help` order. Index = JobOptions::Field.
+const std::vector<OptionSpec>& option_specs();
+
+struct JobOptions {
+  enum Field : int { dataset, labels, buffer, epochs, batch, seed, order, imbalance, verbose,
+                     enable, kFields };
+  // Raw text per field, and where it came from (command line beats environment).
+  std::optional<std::string> value[kFields];
+  bool from_command_line[kFields] = {};
+
+  // Records a --solar-* value (the last one given wins, as srun applies #SBATCH and
+  // environment options before the command line). Throws ConfigError if its syntax is bad.
+  void set(int field, const std::string& text);
+  // Fills fields not given on the command line from SOLAR_* variables (`getenv`).
+  void add_environment(const std::function<const char*(const char*)>& getenv);
+
+  // Whether this step uses solar: any --solar-* option except --solar=off, or SOLAR_DATASET
+  // in the environment outside a solar step (`inside_solar_step`).
+  bool active() const;
+  bool off() const;
+  bool is_verbose() const;
+
+  // Checks everything that does not need the dataset or the step's shape: required options
+  // present, numbers in range. Throws ConfigError naming the option.
+  void validate() const;
+
+  std::string dataset_spec() const { return value[dataset].value_or(""); }
+  std::string labels_dataset() const { return value[labels].value_or("/label"); }
+  // The plan's inputs except the dataset's shape and the step's nodes and ranks.
+  PlanConfig partial_config() const;
+  BufferSpec buffer_spec() const;
+};
+
+// The plan a step runs: the dataset's shape, the step's nodes and ranks, and the per-node
+// memory budget (the user's --solar-buffer, clamped by the admin's max_buffer; a percentage
+// there is of `node_memory_bytes`). Same budget-to-plan rule as `solar run` (plan_for_run in
+// cli/cmd_run.cpp). Throws ConfigError naming the option at fault. `notes` gets what a
+// verbose user should hear (the clamp).
+PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
+                                const storage::DatasetInfo& info, std::uint32_t nodes,
+                                std::uint32_t ranks_per_node, std::uint64_t node_memory_bytes,
+                                std::string* notes = nullptr);
+
+// Names of the files and folders of one step, shared by srun, slurmstepd and the epilog.
+std::string plan_path(const PluginConfig& pc, std::uint32_t job, std::uint32_t step);
+std::string agent_log_path(const std::string& plan, std::uint32_t node);
+std::string step_runtime_dir(const PluginConfig& pc, std::uint32_t job, std::uint32_t step,
+                             std::uint32_t node);
+// The prefix every file and folder of `job` starts with (for the epilog sweep).
+std::string job_prefix(std::uint32_t job);
+
+// MemTotal of this machine in bytes (0 if unknown).
+std::uint64_t node_memory_bytes();
+
+}  // namespace solar::spank

@@ -1,0 +1,56 @@
+// What the plugin keeps between callbacks of one process (srun, sbatch/salloc or one node's
+// slurmstepd), and the contexts' entry points. plugin.cpp owns the one State and dispatches.
+#pragma once
+
+extern "C" {
+#include <slurm/spank.h>
+}
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "agent_process.h"
+#include "settings.h"
+
+namespace solar::spank {
+
+struct State {
+  PluginConfig config;
+  JobOptions options;
+
+  // srun / sbatch / salloc
+  std::optional<storage::DatasetInfo> dataset;  // read in init_post_opt
+  std::string plan_written;                     // removed in exit
+  std::uint32_t nodes = 0;
+
+  // slurmstepd
+  bool step_active = false;      // this step uses solar on this node
+  std::uint32_t node = 0;
+  std::uint32_t local_tasks = 0;
+  std::uint32_t tasks_exited = 0;
+  std::string runtime_dir;       // the step's private folder (removed in exit)
+  AgentProcess agent;
+  double agent_ready_ms = 0;
+  std::string problem;           // why the agent is not there (told once by local task 0)
+  bool fail_tasks = false;       // the step must fail (on_error=fail, or no usable plan)
+};
+
+// Every message starts with "solar: ".
+void error(const std::string& message);
+void info(const std::string& message);
+
+// srun (local) and sbatch/salloc (allocator) side: srun_side.cpp.
+int validate_options(spank_t sp, State& s);  // init_post_opt
+int plan_step(spank_t sp, State& s);         // local_user_init
+int finish_step(spank_t sp, State& s);       // exit
+
+// slurmstepd side: stepd_side.cpp.
+int start_node_agent(spank_t sp, State& s);  // user_init
+int prepare_task(spank_t sp, State& s);      // task_init
+int task_exited(spank_t sp, State& s);       // task_exit
+int end_node_step(spank_t sp, State& s);     // exit
+// slurmd's job epilog: anything of the job a crash left (agents, folders, plans).
+int sweep_job(spank_t sp, State& s);
+
+}  // namespace solar::spank

@@ -1,0 +1,186 @@
+// A node's side: slurmstepd starts this node's agent as the job's user once per step
+// (user_init), gives every task its SOLAR_* variables (task_init), stops the agent when the
+// last local task is gone (task_exit) or at the latest in exit, and removes its folder. The job
+// epilog (slurmd) sweeps whatever a crash left.
+#include <dirent.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "solar/core/plan_file.h"
+#include "state.h"
+
+namespace solar::spank {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr std::uint32_t kFirstSpecialStep = 0xfffffff0;  // batch, extern, interactive steps
+constexpr double kStopGraceS = 10;
+
+std::optional<std::string> job_env(spank_t sp, const char* name) {
+  char buf[4096];
+  if (spank_getenv(sp, name, buf, sizeof buf) != ESPANK_SUCCESS) return std::nullopt;
+  return std::string(buf);
+}
+
+void set_task_env(spank_t sp, const char* name, const std::string& value) {
+  if (spank_setenv(sp, name, value.c_str(), 1) != ESPANK_SUCCESS)
+    throw std::runtime_error(fmt::format("cannot set {} for the tasks", name));
+}
+
+// The job's environment for the agent, minus the rank-side SOLAR_* variables.
+std::vector<std::string> agent_environment(spank_t sp, const PluginConfig& pc) {
+  std::vector<std::string> env;
+  char** job = nullptr;
+  if (spank_get_item(sp, S_JOB_ENV, &job) == ESPANK_SUCCESS && job)
+    for (char** e = job; *e; ++e)
+      if (std::strncmp(*e, "SOLAR_", 6) != 0 && std::strncmp(*e, "FI_PROVIDER=", 12) != 0)
+        env.emplace_back(*e);
+  if (!pc.provider.empty()) env.push_back("FI_PROVIDER=" + pc.provider);
+  return env;
+}
+
+// The plan must be the user's own file and fit this step's shape.
+void check_plan(const std::string& path, uid_t uid, std::uint32_t nodes,
+                std::uint32_t local_tasks) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw std::runtime_error(fmt::format("the plan {} is not visible on this node ({}): plan_dir "
+                                         "in plugstack.conf must be shared by all nodes",
+                                         path, std::strerror(errno)));
+  if (st.st_uid != uid)
+    throw std::runtime_error(fmt::format("the plan {} is not owned by the job's user", path));
+  const PlanHeader h = PlanFile::open(path).header();
+  if (h.config.nodes != nodes || h.config.ranks_per_node != local_tasks)
+    throw std::runtime_error(fmt::format("the plan {} is for {} nodes x {} ranks but this node "
+                                         "runs {} of the step's {} nodes' tasks: solar needs the "
+                                         "same number of tasks on every node",
+                                         path, h.config.nodes, h.config.ranks_per_node,
+                                         local_tasks, nodes));
+}
+
+}  // namespace
+
+int start_node_agent(spank_t sp, State& s) {
+  std::uint32_t job = 0, step = 0, nodes = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS || step >= kFirstSpecialStep)
+    return 0;
+  if (s.options.off()) return 0;
+  const auto marker = job_env(sp, "SOLAR_STEP");
+  if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS || !marker ||
+      *marker != fmt::format("{}.{}", job, step))
+    return 0;  // srun planned nothing for this step (solar off, or variables of an outer step)
+  s.step_active = true;
+  spank_get_item(sp, S_JOB_NODEID, &s.node);
+  spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &s.local_tasks);
+  spank_get_item(sp, S_JOB_NNODES, &nodes);
+  spank_get_item(sp, S_JOB_UID, &uid);
+  spank_get_item(sp, S_JOB_GID, &gid);
+  set_task_env(sp, "SOLAR_NODE", std::to_string(s.node));
+
+  const std::string plan = job_env(sp, "SOLAR_PLAN").value_or("");
+  try {
+    check_plan(plan, uid, nodes, s.local_tasks);
+  } catch (const std::exception& e) {
+    s.problem = e.what();
+    s.fail_tasks = true;  // without a usable plan the ranks cannot read at all
+    return 0;
+  }
+
+  AgentLaunch l;
+  l.agent = s.config.agent;
+  l.runtime_dir = s.config.runtime_dir;
+  l.dir = step_runtime_dir(s.config, job, step, s.node);
+  l.socket = l.dir + "/agent.sock";
+  l.log = agent_log_path(plan, s.node);
+  l.args = {"--plan", plan, "--node", std::to_string(s.node),
+            "--dataset", job_env(sp, "SOLAR_DATASET").value_or(""),
+            "--labels", job_env(sp, "SOLAR_LABELS").value_or("/label"),
+            "--socket", l.socket};
+  l.env = agent_environment(sp, s.config);
+  l.uid = uid;
+  l.gid = gid;
+  s.runtime_dir = l.dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    s.agent = AgentProcess::start(l, s.config.timeout_s);
+    s.agent_ready_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    // For the epilog sweep, should slurmstepd itself die; never trusted alone (kill_if_agent).
+    std::ofstream(l.dir + "/agent.pid") << s.agent.pid() << '\n';
+    set_task_env(sp, "SOLAR_SOCKET", l.socket);
+  } catch (const std::exception& e) {
+    s.problem = fmt::format("the agent could not start: {}", e.what());
+    s.fail_tasks = s.config.on_error == OnError::fail;
+    error(fmt::format("node {}: {}", s.node, s.problem));
+  }
+  return 0;
+}
+
+int prepare_task(spank_t sp, State& s) {
+  if (!s.step_active) return 0;
+  int local = 0;
+  spank_get_item(sp, S_TASK_ID, &local);
+  set_task_env(sp, "SOLAR_LOCAL_RANK", std::to_string(local));
+  // This runs in the task itself, right before exec: stderr is the task's, which srun shows.
+  if (local == 0) {
+    if (!s.problem.empty())
+      std::fprintf(stderr, "solar: node %u: %s; %s\n", s.node, s.problem.c_str(),
+                   s.fail_tasks ? "the step fails (on_error=fail in plugstack.conf)"
+                                : "ranks read directly from storage (on_error=fallback)");
+    else if (job_env(sp, "SOLAR_VERBOSE").value_or("0") == "1")
+      std::fprintf(stderr, "solar: node %u: agent ready in %.0f ms\n", s.node, s.agent_ready_ms);
+    std::fflush(stderr);
+  }
+  return s.fail_tasks ? -1 : 0;
+}
+
+int task_exited(spank_t, State& s) {
+  if (!s.step_active) return 0;
+  if (++s.tasks_exited >= s.local_tasks) s.agent.stop(kStopGraceS);
+  return 0;
+}
+
+int end_node_step(spank_t, State& s) {
+  if (!s.step_active) return 0;
+  s.agent.stop(1);
+  if (!s.runtime_dir.empty()) {
+    std::error_code ec;
+    fs::remove_all(s.runtime_dir, ec);
+  }
+  return 0;
+}
+
+int sweep_job(spank_t sp, State& s) {
+  std::uint32_t job = 0;
+  if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
+  const std::string prefix = job_prefix(job);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(s.config.runtime_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || !e.is_directory(ec) || e.is_symlink(ec)) continue;
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) != 0) continue;
+    pid_t pid = 0;
+    std::ifstream(e.path() / "agent.pid") >> pid;
+    if (kill_if_agent(pid, st.st_uid, s.config.agent, (e.path() / "agent.sock").string()))
+      info(fmt::format("job {}: killed a leftover agent (pid {})", job, pid));
+    fs::remove_all(e.path(), ec);
+  }
+  for (const auto& e : fs::directory_iterator(s.config.plan_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && e.is_regular_file(ec) && !e.is_symlink(ec))
+      fs::remove(e.path(), ec);  // unlink: never follows a link
+  }
+  return 0;
+}
+
+}  // namespace solar::spank

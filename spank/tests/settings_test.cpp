@@ -1,0 +1,180 @@
+// The plugin's settings without Slurm: plugstack.conf arguments, --solar-* options and SOLAR_*
+// variables, and the plan a step gets from them.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "settings.h"
+
+namespace solar::spank {
+namespace {
+
+storage::DatasetInfo tiny() {
+  storage::DatasetInfo i;
+  i.samples = 256;
+  i.sample_bytes = 4096;
+  i.has_labels = true;
+  i.label_bytes = 4;
+  return i;
+}
+
+JobOptions basic() {
+  JobOptions o;
+  o.set(JobOptions::dataset, "/data/x.h5:/data");
+  o.set(JobOptions::buffer, "50%");
+  o.set(JobOptions::epochs, "3");
+  o.set(JobOptions::batch, "8");
+  return o;
+}
+
+TEST(PluginConfig, DefaultsAndKeys) {
+  const PluginConfig d = PluginConfig::parse({});
+  EXPECT_EQ(d.on_error, OnError::fallback);
+  EXPECT_FALSE(d.max_buffer);
+  const PluginConfig c = PluginConfig::parse({"agent=/opt/solar/bin/solar-agent",
+                                              "plan_dir=/lus/plans/", "runtime_dir=/run/s",
+                                              "max_buffer=50%", "provider=tcp", "on_error=fail",
+                                              "timeout=5"});
+  EXPECT_EQ(c.agent, "/opt/solar/bin/solar-agent");
+  EXPECT_EQ(c.plan_dir, "/lus/plans");
+  EXPECT_EQ(c.runtime_dir, "/run/s");
+  ASSERT_TRUE(c.max_buffer);
+  EXPECT_DOUBLE_EQ(c.max_buffer->percent, 50);
+  EXPECT_EQ(c.provider, "tcp");
+  EXPECT_EQ(c.on_error, OnError::fail);
+  EXPECT_EQ(c.timeout_s, 5);
+}
+
+TEST(PluginConfig, RejectsUnknownAndBad) {
+  for (const char* bad : {"colour=blue", "agent", "agent=relative/path", "on_error=maybe",
+                          "max_buffer=lots", "timeout=0"})
+    EXPECT_THROW(PluginConfig::parse({bad}), ConfigError) << bad;
+  try {
+    PluginConfig::parse({"colour=blue"});
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "colour");
+  }
+}
+
+TEST(JobOptions, SyntaxCheckedAtOnce) {
+  JobOptions o;
+  EXPECT_THROW(o.set(JobOptions::buffer, "lots"), ConfigError);
+  EXPECT_THROW(o.set(JobOptions::epochs, "0"), ConfigError);
+  EXPECT_THROW(o.set(JobOptions::batch, "-1"), ConfigError);
+  EXPECT_THROW(o.set(JobOptions::order, "random"), ConfigError);
+  EXPECT_THROW(o.set(JobOptions::enable, "maybe"), ConfigError);
+  try {
+    o.set(JobOptions::buffer, "lots");
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-buffer");
+  }
+  EXPECT_FALSE(o.active());
+}
+
+TEST(JobOptions, EnvironmentFillsWhatTheCommandLineLeaves) {
+  JobOptions o;
+  o.set(JobOptions::batch, "8");
+  std::map<std::string, std::string> env{{"SOLAR_DATASET", "/d.h5"}, {"SOLAR_BATCH", "99"},
+                                         {"SOLAR_EPOCHS", "2"}, {"SOLAR_BUFFER", "1G"}};
+  o.add_environment([&](const char* n) { return env.count(n) ? env[n].c_str() : nullptr; });
+  EXPECT_EQ(*o.value[JobOptions::batch], "8");
+  EXPECT_EQ(*o.value[JobOptions::dataset], "/d.h5");
+  EXPECT_TRUE(o.active());
+  EXPECT_NO_THROW(o.validate());
+
+  env["SOLAR_EPOCHS"] = "many";
+  JobOptions bad;
+  try {
+    bad.add_environment([&](const char* n) { return env.count(n) ? env[n].c_str() : nullptr; });
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "SOLAR_EPOCHS");
+  }
+}
+
+TEST(JobOptions, InsideASolarStepTheVariablesAreNotSettings) {
+  std::map<std::string, std::string> env{{"SOLAR_DATASET", "/d.h5"}, {"SOLAR_STEP", "7.0"}};
+  JobOptions o;
+  o.add_environment([&](const char* n) { return env.count(n) ? env[n].c_str() : nullptr; });
+  EXPECT_FALSE(o.active());
+}
+
+TEST(JobOptions, OffWins) {
+  JobOptions o = basic();
+  o.set(JobOptions::enable, "off");
+  EXPECT_FALSE(o.active());
+}
+
+TEST(JobOptions, RequiredOptionsNamed) {
+  JobOptions o;
+  o.set(JobOptions::dataset, "/d.h5");
+  try {
+    o.validate();
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-buffer");
+  }
+  JobOptions p;
+  p.set(JobOptions::epochs, "3");
+  try {
+    p.validate();
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-dataset");
+  }
+}
+
+TEST(StepPlan, SameBudgetRuleAsSolarRun) {
+  const PluginConfig pc;
+  const PlanConfig c = plan_config_for_step(basic(), pc, tiny(), 2, 2, 1ULL << 30);
+  EXPECT_EQ(c.nodes, 2u);
+  EXPECT_EQ(c.ranks_per_node, 2u);
+  EXPECT_EQ(c.samples, 256u);
+  EXPECT_EQ(c.policy, Policy::solar);
+  // 50% of 256 slots of (4096 + 4 -> 4160) bytes, minus two staging steps of 2 ranks x 8.
+  EXPECT_EQ(c.buffer_bytes, (128u - 2u * 16u) * 4096u);
+}
+
+TEST(StepPlan, ErrorsNameTheSrunOption) {
+  const PluginConfig pc;
+  JobOptions o = basic();
+  o.set(JobOptions::batch, "1000");
+  try {
+    plan_config_for_step(o, pc, tiny(), 1, 1, 1ULL << 30);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-batch");
+  }
+  o = basic();
+  o.set(JobOptions::buffer, "1K");
+  try {
+    plan_config_for_step(o, pc, tiny(), 1, 1, 1ULL << 30);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-buffer");
+    EXPECT_NE(std::string(e.what()).find("at least"), std::string::npos);
+  }
+}
+
+TEST(StepPlan, SiteLimitClamps) {
+  PluginConfig pc = PluginConfig::parse({"max_buffer=400K"});
+  std::string note;
+  JobOptions o = basic();
+  o.set(JobOptions::buffer, "1G");
+  const PlanConfig c = plan_config_for_step(o, pc, tiny(), 1, 2, 1ULL << 30, &note);
+  EXPECT_LE(c.buffer_bytes, 400u * 1024u);
+  EXPECT_NE(note.find("limit"), std::string::npos);
+  pc = PluginConfig::parse({"max_buffer=0.01%"});  // of 1 GiB: ~107 KB, too small
+  EXPECT_THROW(plan_config_for_step(o, pc, tiny(), 1, 2, 1ULL << 30), ConfigError);
+}
+
+TEST(Paths, PerJobStepAndNode) {
+  const PluginConfig pc = PluginConfig::parse({"plan_dir=/p", "runtime_dir=/r"});
+  EXPECT_EQ(plan_path(pc, 12, 3), "/p/solar-12.3.plan");
+  EXPECT_EQ(agent_log_path("/p/solar-12.3.plan", 1), "/p/solar-12.3.plan.node1.log");
+  EXPECT_EQ(step_runtime_dir(pc, 12, 3, 1), "/r/solar-12.3.1");
+  EXPECT_EQ(job_prefix(12), "solar-12.");
+}
+
+}  // namespace
+}  // namespace solar::spank

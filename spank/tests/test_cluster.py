@@ -1,0 +1,290 @@
+"""solar_spank.so on a real Slurm cluster on this host (scripts/test-cluster: a private munged,
+slurmctld and two slurmd on loopback), real HDF5 files from `solar gen`, real agents. Every
+wait polls (sinfo, squeue, files); every daemon is stopped by its recorded PID, even when a
+test fails."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+SPANK = os.environ["SOLAR_SPANK"]
+AGENT = os.environ["SOLAR_AGENT"]
+SOLAR = os.environ["SOLAR_BIN"]
+TRAIN = os.environ["SOLAR_EXAMPLE_TRAIN"]
+CLUSTER = os.environ["SOLAR_TEST_CLUSTER"]
+SCRATCH_PARENT = os.environ.get("SOLAR_SCRATCH_PARENT") or tempfile.gettempdir()
+
+if os.geteuid() != 0:
+    pytest.skip("the test cluster needs root (slurmd starts jobs as their users)",
+                allow_module_level=True)
+
+
+def wait_until(pred, timeout=60, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+class Cluster:
+    def __init__(self, root):
+        self.root = root
+        self.dir = os.path.join(root, "cluster")
+        self.env = dict(os.environ, SOLAR_CLUSTER_DIR=self.dir, SOLAR_SPANK=SPANK,
+                        SOLAR_AGENT=AGENT, SLURM_CONF=os.path.join(self.dir, "slurm.conf"))
+        for k in list(self.env):
+            if k.startswith(("SOLAR_DATASET", "SOLAR_BUFFER", "SOLAR_EPOCHS", "SOLAR_BATCH",
+                             "SOLAR_STEP", "SOLAR_PLAN", "SLURM_JOB", "SLURM_STEP")):
+                del self.env[k]
+        self.plans = os.path.join(self.dir, "plans")
+        self.run_dir = os.path.join(self.dir, "run")
+
+    def script(self, *args, check=True):
+        return subprocess.run([CLUSTER, *args], env=self.env, capture_output=True, text=True,
+                              timeout=120, check=check)
+
+    def plugstack(self, extra=""):
+        """Rewrites plugstack.conf (srun and slurmstepd read it at every step)."""
+        with open(os.path.join(self.dir, "plugstack.conf"), "w") as f:
+            f.write(f"required {SPANK} agent={AGENT} plan_dir={self.plans} "
+                    f"runtime_dir={self.run_dir} {extra}\n")
+
+    def run(self, *args, user=None, timeout=180, cwd=None):
+        cmd = list(args)
+        if user:
+            cmd = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.env['SLURM_CONF']}",
+                   *cmd]
+        return subprocess.run(cmd, env=self.env, capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd or self.root)
+
+    def popen(self, *args):
+        return subprocess.Popen(list(args), env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=self.root)
+
+    def jobs(self):
+        out = self.run("squeue", "-h", "-o", "%i").stdout.split()
+        return out
+
+    def idle(self):
+        out = self.run("sinfo", "-h", "-N", "-t", "idle", "-o", "%N").stdout.split()
+        return len(set(out)) == 2
+
+    def settle(self):
+        """No job left and both nodes idle again (nodes sit in `comp` for a moment)."""
+        wait_until(lambda: not self.jobs() and self.idle(), what="an idle cluster")
+
+
+def agents_running():
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{pid}/exe") == os.path.realpath(AGENT):
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def shm_entries():
+    return set(os.listdir("/dev/shm"))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    root = tempfile.mkdtemp(prefix="spank-test-", dir=SCRATCH_PARENT)
+    os.chmod(root, 0o755)  # jobs of `nobody` reach the dataset and the folders below
+    c = Cluster(root)
+    try:
+        up = c.script("up", check=False)
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield c
+    finally:
+        c.script("down", check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def dataset(cluster):
+    path = os.path.join(cluster.root, "tiny.h5")
+    subprocess.run([SOLAR, "gen", path, "--samples", "512", "--preset", "tiny", "--seed", "11",
+                    "--no-progress"], check=True, capture_output=True, timeout=120)
+    os.chmod(path, 0o644)
+    return path + ":/data"
+
+
+@pytest.fixture(autouse=True)
+def clean_after(cluster):
+    shm_before = shm_entries()
+    cluster.plugstack()
+    yield
+    cluster.settle()
+    assert not agents_running(), "an agent outlived its job"
+    assert os.listdir(cluster.run_dir) == [], os.listdir(cluster.run_dir)
+    assert os.listdir(cluster.plans) == [], os.listdir(cluster.plans)
+    assert shm_entries() <= shm_before
+
+
+def solar_args(ds, *extra):
+    return ["--solar-dataset=" + ds, "--solar-buffer=40%", "--solar-epochs=3",
+            "--solar-batch=8", *extra]
+
+
+def test_srun_help_lists_every_option(cluster):
+    out = cluster.run("srun", "--help").stdout
+    for opt in ["--solar-dataset", "--solar-labels", "--solar-buffer", "--solar-epochs",
+                "--solar-batch", "--solar-seed", "--solar-order", "--solar-imbalance",
+                "--solar-verbose", "--solar=off"]:
+        assert opt in out, opt
+    assert "per-rank batch size" in out
+
+
+def test_two_nodes_two_ranks_each_verified_from_the_agents(cluster, dataset):
+    p = cluster.run("srun", "-N2", "--ntasks-per-node=2",
+                    *solar_args(dataset, "--solar-verbose"), TRAIN, "--verify")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert out.count("verified (0 wrong), from the node agent") == 4, out
+    assert "DataLoading time SOLAR each epoch: [" in out
+    for rank in range(4):
+        assert f"rank {rank}: " in out
+    hits = {int(n): int(h) for n, h in re.findall(r"solar: node (\d): (\d+) hits", out)}
+    assert set(hits) == {0, 1} and all(h > 0 for h in hits.values()), out
+    assert out.count("agent ready in") == 2, out
+
+
+def test_same_step_without_solar_reads_nothing_from_agents(cluster, dataset):
+    p = cluster.run("srun", "-N2", "--ntasks-per-node=2", *solar_args(dataset), "--solar=off",
+                    "env")
+    assert p.returncode == 0, p.stderr
+    assert "SOLAR_SOCKET" not in p.stdout and "SOLAR_PLAN" not in p.stdout
+
+
+@pytest.mark.parametrize("bad,named", [
+    (["--solar-buffer=lots"], "--solar-buffer"),
+    (["--solar-dataset=/nonexistent/x.h5"], "--solar-dataset"),
+    (["--solar-batch=100000"], "--solar-batch"),
+    (["--solar-order=random"], "--solar-order"),
+])
+def test_bad_option_fails_before_launch_with_one_line(cluster, dataset, bad, named):
+    args = solar_args(dataset)
+    key = bad[0].split("=")[0]
+    args = [a for a in args if not a.startswith(key + "=")] + bad
+    p = cluster.run("srun", "-N2", "--ntasks-per-node=2", *args, TRAIN, "--verify")
+    assert p.returncode != 0
+    # Our one line; Slurm adds its own ("spank: required plugin ... failed").
+    lines = [l for l in p.stderr.splitlines() if "error: solar: " in l]
+    assert len(lines) == 1 and named in lines[0], p.stderr
+    assert "rank" not in p.stdout, p.stdout
+
+
+def test_step_shape_errors_name_the_cause(cluster, dataset):
+    # 3 tasks on 2 nodes cannot follow one plan with equal ranks per node.
+    p = cluster.run("srun", "-N2", "-n3", *solar_args(dataset), TRAIN)
+    assert p.returncode != 0
+    assert "--ntasks-per-node" in p.stderr, p.stderr
+
+
+def test_sbatch_with_solar_lines(cluster, dataset):
+    script = os.path.join(cluster.root, "job.sbatch")
+    out = os.path.join(cluster.root, "job.out")
+    with open(script, "w") as f:
+        f.write(f"""#!/bin/bash
+#SBATCH -N2 --ntasks-per-node=2
+#SBATCH --solar-dataset={dataset}
+#SBATCH --solar-buffer=40%
+#SBATCH --solar-epochs=3
+#SBATCH --solar-batch=8
+#SBATCH --solar-verbose
+srun {TRAIN} --verify
+""")
+    p = cluster.run("sbatch", "-W", "-o", out, script)
+    assert p.returncode == 0, p.stdout + p.stderr + open(out).read()
+    text = open(out).read()
+    assert text.count("verified (0 wrong), from the node agent") == 4, text
+    assert len(re.findall(r"solar: node \d: [1-9]\d* hits", text)) == 2, text
+    os.unlink(out)
+
+
+def test_sbatch_bad_option_refused_at_submission(cluster, dataset):
+    p = cluster.run("sbatch", "-N1", "--solar-dataset=" + dataset, "--solar-buffer=lots",
+                    "--solar-epochs=1", "--solar-batch=8", "--wrap", "true")
+    assert p.returncode != 0
+    assert "--solar-buffer" in p.stderr, p.stderr
+    assert not cluster.jobs()
+
+
+def test_scancel_mid_step_leaves_nothing(cluster, dataset):
+    p = cluster.popen("srun", "-N2", "--ntasks-per-node=2", *solar_args(dataset), TRAIN,
+                      "--compute-ms=50", "--quiet")
+    try:
+        socks = lambda: [d for d in os.listdir(cluster.run_dir)
+                         if os.path.exists(os.path.join(cluster.run_dir, d, "agent.sock"))]
+        wait_until(lambda: len(socks()) == 2, what="two agents serving")
+        assert len(agents_running()) == 2
+        job = cluster.jobs()[0]
+        assert cluster.run("scancel", job).returncode == 0
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    # clean_after checks: no agent, no folder, no plan, nothing in /dev/shm.
+
+
+def test_two_jobs_isolated_and_a_job_of_nobody(cluster, dataset):
+    slow = cluster.popen("srun", "-N2", "--ntasks-per-node=2", *solar_args(dataset), TRAIN,
+                         "--compute-ms=20", "--verify")
+    try:
+        dirs = lambda: os.listdir(cluster.run_dir)
+        wait_until(lambda: len(dirs()) == 2 and all(
+            os.path.exists(os.path.join(cluster.run_dir, d, "agent.sock")) for d in dirs()),
+            what="the first job's agents")
+        root_sock = os.path.join(cluster.run_dir, dirs()[0], "agent.sock")
+        # Another user cannot reach root's agent (its folder is 0700), so not its buffer either.
+        probe = cluster.run("runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c",
+                            "import socket,sys; s=socket.socket(socket.AF_UNIX);"
+                            f"s.connect({root_sock!r})")
+        assert probe.returncode != 0 and "PermissionError" in probe.stderr, probe.stderr
+        p = cluster.run("srun", "-N2", "--ntasks-per-node=2",
+                        *solar_args(dataset, "--solar-seed=5", "--solar-verbose"),
+                        TRAIN, "--verify", user="nobody")
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, out
+        assert out.count("verified (0 wrong), from the node agent") == 4, out
+        assert len(re.findall(r"solar: node \d: [1-9]\d* hits", out)) == 2, out
+        assert slow.poll() is None or slow.returncode == 0
+    finally:
+        o, e = slow.communicate(timeout=180)
+    assert slow.returncode == 0, o + e
+    assert o.count("verified (0 wrong), from the node agent") == 4, o + e
+
+
+def test_broken_agent_falls_back_to_direct_reads(cluster, dataset):
+    cluster.plugstack("on_error=fallback agent=/nonexistent/solar-agent")
+    p = cluster.run("srun", "-N2", "--ntasks-per-node=2", *solar_args(dataset), TRAIN,
+                    "--verify")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert out.count("verified (0 wrong), read directly") == 4, out
+    told = [l for l in p.stderr.splitlines() if "ranks read directly" in l]
+    assert len(told) == 2 and "/nonexistent/solar-agent" in told[0], p.stderr
+
+
+def test_broken_agent_fails_the_step_with_on_error_fail(cluster, dataset):
+    cluster.plugstack("on_error=fail agent=/nonexistent/solar-agent")
+    p = cluster.run("srun", "-N2", "--ntasks-per-node=2", *solar_args(dataset), TRAIN,
+                    "--verify")
+    assert p.returncode != 0
+    assert "/nonexistent/solar-agent" in p.stderr and "on_error=fail" in p.stderr, p.stderr
+    assert "verified" not in p.stdout
