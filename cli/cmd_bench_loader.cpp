@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -126,17 +127,8 @@ void run_bench(const BenchOptions& o) {
     return;
   }
   const bool emulate = !o.remote_bandwidth.empty() || o.remote_latency_ms > 0;
-  std::string tmpl = (fs::path(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") /
-                      "solar-bench-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) throw std::runtime_error("cannot create a scratch directory");
-  const fs::path dir = tmpl;
-  struct Rm {
-    fs::path d;
-    ~Rm() {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  } rm{dir};
+  const ScratchDir scratch("solar-bench");
+  const fs::path& dir = scratch.path();
 
   // Per-client throttles that add up to the same aggregate bandwidth in both phases.
   auto per_client = [&](std::uint64_t clients) {
@@ -267,6 +259,75 @@ void run_bench(const BenchOptions& o) {
              fmt::format("{:.2f}", fmt::join(vs_limit, ", ")));
 }
 
+struct ServeOptions {
+  std::string samples = "20000", ranks = "4", epochs = "4", batch = "16", preset = "tiny";
+};
+
+// How fast an agent hands out batches once everything is in its buffer: 4 KiB samples, a
+// buffer holding the whole dataset, so every epoch after the first is all hits.
+void run_serve(const ServeOptions& o) {
+  PlanConfig c;
+  std::uint64_t n = 0;
+  try {
+    n = parse_count(o.samples, "--samples", 64, 10000000);
+    if (o.preset == "small" && n > 4000)
+      throw ConfigError("--samples", "at most 4000 with --preset small (1 GiB); allowed 64..4000");
+    c.ranks_per_node = static_cast<std::uint32_t>(parse_count(o.ranks, "--ranks", 1, 256));
+    c.epochs = static_cast<std::uint32_t>(parse_count(o.epochs, "--epochs", 2, 1000));
+    c.batch = static_cast<std::uint32_t>(parse_count(o.batch, "--batch", 1, 4096));
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "solar bench serve: %s\n", e.what());
+    exit_code() = kExitUsage;
+    return;
+  }
+  const ScratchDir scratch("solar-bench");
+  const fs::path& dir = scratch.path();
+  const std::string data = (dir / "tiny.h5").string();
+  {
+    const std::string self = fs::read_symlink("/proc/self/exe").string();
+    const std::string cmd = fmt::format("'{}' gen '{}' --samples {} --preset {} --no-progress "
+                                        ">/dev/null", self, data, n, o.preset);
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("solar gen failed");
+  }
+  storage::SourceOptions so;
+  const auto info = storage::open_source(data, so)->info();
+  const PlanConfig cfg = plan_for_run(info, BufferSpec::parse("100%", "--buffer"), c);
+  const Plan plan = make_plan(cfg);
+  LaunchSpec ls;
+  ls.plan = &plan;
+  ls.dataset = data;
+  ls.command = {find_sibling("solar-example-train", "slurm_examples"), "--quiet", "--touch",
+                "--report", (dir / "serve-%r.json").string()};
+  const LaunchResult r = launch(ls);
+  if (r.exit_code != 0) throw std::runtime_error(fmt::format("ranks failed (exit {})", r.exit_code));
+  // Epochs after the first: every sample is a hit. Ranks run concurrently: rates add up.
+  double rate = 0, touch_bytes = 0, touch_s = 0, memcpy_s = 0;
+  for (std::uint32_t k = 0; k < c.ranks_per_node; ++k) {
+    std::ifstream f(dir / fmt::format("serve-{}.json", k));
+    const auto j = nlohmann::json::parse(f);
+    const auto load = j["load_seconds"].get<std::vector<double>>();
+    const auto count = j["epoch_samples"].get<std::vector<std::uint64_t>>();
+    double s = 0, m = 0;
+    for (std::size_t e = 1; e < load.size(); ++e) {
+      s += load[e];
+      m += double(count[e]);
+    }
+    rate += s > 0 ? m / s : 0;
+    touch_bytes += j["touched_bytes"].get<double>();
+    touch_s += j["touch_seconds"].get<double>();
+    memcpy_s += j["memcpy_seconds"].get<double>();
+  }
+  const double hit_bw = touch_bytes / touch_s, memcpy_bw = touch_bytes / memcpy_s;
+  fmt::print("solar bench serve: {} samples of {}, {} ranks, batch {}, {} epochs, buffer = the "
+             "whole dataset\n",
+             n, format_bytes(info.sample_bytes), c.ranks_per_node, c.batch, c.epochs);
+  fmt::print("descriptor path (epochs 2..{}, all hits): {:.0f} samples/s handed out across {} ranks\n",
+             c.epochs, rate, c.ranks_per_node);
+  fmt::print("hit path (epochs 2..): copying samples out of the shared buffer {:.2f} GB/s, the "
+             "same copies from private memory {:.2f} GB/s: {:.0f}% of memcpy\n",
+             hit_bw / 1e9, memcpy_bw / 1e9, 100 * hit_bw / memcpy_bw);
+}
+
 }  // namespace
 
 void add_bench_loader_command(CLI::App& app) {
@@ -294,6 +355,25 @@ void add_bench_loader_command(CLI::App& app) {
                      "EMULATION: milliseconds added to every storage request");
   loader->add_flag("--verify", o->verify, "Check every sample's content in both phases");
   loader->add_flag("--json", o->json, "Machine-readable output");
+  auto so = std::make_shared<ServeOptions>();
+  CLI::App* serve = bench->add_subcommand(
+      "serve", "How fast an agent hands out batches from its buffer (a buffer holding the whole\n"
+      "dataset: after the first epoch, all hits), and how fast ranks copy samples out of it.");
+  serve->add_option("--samples", so->samples, "Samples [20000]");
+  serve->add_option("--ranks", so->ranks, "Ranks [4]");
+  serve->add_option("--epochs", so->epochs, "Epochs, the first fills the buffer [4]");
+  serve->add_option("--batch", so->batch, "Per-rank batch [16]");
+  serve->add_option("--preset", so->preset, "Sample size: tiny (4 KiB) or small (256 KiB) [tiny]")
+      ->check(CLI::IsMember({"tiny", "small"}));
+  serve->callback([so] {
+    try {
+      run_serve(*so);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "solar bench serve: %s\n", e.what());
+      exit_code() = kExitFailure;
+    }
+  });
+
   loader->callback([o] {
     try {
       run_bench(*o);

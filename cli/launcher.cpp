@@ -100,6 +100,20 @@ bool wait_for(pid_t pid, double seconds, int* status) {
 
 }  // namespace
 
+ScratchDir::ScratchDir(const std::string& prefix) {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = (fs::path(base && *base ? base : "/tmp") / (prefix + "-XXXXXX")).string();
+  if (!::mkdtemp(tmpl.data()))
+    throw std::runtime_error(fmt::format("creating a scratch directory {}: {}", tmpl,
+                                         std::strerror(errno)));
+  path_ = tmpl;
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  if (!keep_) fs::remove_all(path_, ec);
+}
+
 std::string find_sibling(const std::string& name, const std::string& build_subdir) {
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -141,21 +155,9 @@ LaunchResult launch(const LaunchSpec& spec) {
   LaunchResult result;
 
   // A private run directory: plan, sockets, agent logs.
-  std::string tmpl = (fs::path(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") /
-                      "solar-run-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data()))
-    throw std::runtime_error(fmt::format("creating a run directory in {}: {}",
-                                         fs::path(tmpl).parent_path().string(),
-                                         std::strerror(errno)));
-  const fs::path dir = tmpl;
-  struct Cleanup {
-    fs::path dir;
-    bool keep;
-    ~Cleanup() {
-      std::error_code ec;
-      if (!keep) fs::remove_all(dir, ec);
-    }
-  } cleanup{dir, spec.keep_run_dir};
+  ScratchDir scratch("solar-run");
+  if (spec.keep_run_dir) scratch.keep();
+  const fs::path& dir = scratch.path();
   const fs::path plan_path = dir / "plan";
   write_plan_file(plan, plan_path);
 

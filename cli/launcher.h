@@ -3,6 +3,7 @@
 // removed afterwards. Used by `solar run` and `solar bench loader`.
 #pragma once
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -10,6 +11,22 @@
 #include "solar/core/plan.h"
 
 namespace solar::cli {
+
+// A private (0700) directory under $TMPDIR (or /tmp), removed with its contents when this goes
+// away unless keep() was called. Throws std::runtime_error if it cannot be created.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& prefix);
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  void keep() { keep_ = true; }
+
+ private:
+  std::filesystem::path path_;
+  bool keep_ = false;
+};
 
 struct LaunchSpec {
   Plan const* plan = nullptr;     // what the agents and ranks follow

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <sys/resource.h>
+
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -147,7 +149,7 @@ class BaselineReader {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool verify = false, quiet = false;
+  bool verify = false, quiet = false, touch = false;
   double compute_ms = 0;
   unsigned baseline = 0;
   std::string record, report;
@@ -161,6 +163,9 @@ int main(int argc, char** argv) {
   app.add_option("--baseline", baseline,
                  "Do not use libsolar: read this rank's samples directly, one request per "
                  "sample, with this many reader threads (what a PyTorch DataLoader does)");
+  app.add_flag("--touch", touch,
+               "Copy every sample out of its batch (as into a training tensor) and time it "
+               "against a private memcpy of the same bytes (reported with --report)");
   app.add_option("--report", report, "Write per-epoch loading times as JSON here (%r: rank)");
   CLI11_PARSE(app, argc, argv);
 
@@ -195,10 +200,42 @@ int main(int argc, char** argv) {
       if (!rec) throw solar::Error("--record: cannot write " + per_rank(record));
     }
     std::vector<double> load_s(epochs, 0.0);
+    std::vector<std::uint64_t> epoch_samples(epochs, 0);
     std::uint64_t samples = 0, bad = 0, batches = 0;
+    // --touch: the hit path's bandwidth against memcpy's on the same access pattern: the same
+    // samples copied out of a private mirror of the dataset (faulted in up front). The first
+    // epoch is left out of both (it also measures the buffer's first page faults).
+    std::vector<std::byte> tensor, mirror;
+    if (touch) {
+      const std::uint64_t n = loader ? solar_dataset_samples(loader->get()) : 0;
+      const std::uint64_t sb = loader ? loader->sample_bytes() : 0;
+      if (n * sb > (1ULL << 30)) throw solar::Error("--touch: dataset over 1 GiB");
+      mirror.assign(n * sb, std::byte{1});
+    }
+    double touch_s = 0, memcpy_s = 0;
+    long faults = 0;
+    std::uint64_t touched = 0;
     // One batch, whichever path it came from: check it, record it, "train" on it.
     auto consume = [&](std::uint64_t step, std::size_t n, auto&& index, auto&& data,
                        auto&& label, std::uint64_t bytes) {
+      if (touch && !mirror.empty() && step >= (loader ? loader->steps_per_epoch() : 0)) {
+        using C = std::chrono::steady_clock;
+        tensor.resize(n * bytes);
+        struct rusage ru0, ru1;
+        getrusage(RUSAGE_SELF, &ru0);
+        auto t0 = C::now();
+        for (std::size_t i = 0; i < n; ++i)
+          std::memcpy(tensor.data() + i * bytes, data(i), bytes);
+        auto t1 = C::now();
+        getrusage(RUSAGE_SELF, &ru1);
+        faults += ru1.ru_minflt - ru0.ru_minflt;
+        for (std::size_t i = 0; i < n; ++i)
+          std::memcpy(tensor.data() + i * bytes, mirror.data() + index(i) * bytes, bytes);
+        auto t2 = C::now();
+        touch_s += std::chrono::duration<double>(t1 - t0).count();
+        memcpy_s += std::chrono::duration<double>(t2 - t1).count();
+        touched += n * bytes;
+      }
       if (rec) rec << step;
       for (std::size_t i = 0; i < n; ++i) {
         const std::uint64_t idx = index(i);
@@ -227,6 +264,7 @@ int main(int argc, char** argv) {
         auto b = loader->next();
         if (!b) break;
         load_s[b->epoch()] += std::chrono::duration<double>(Clock::now() - t0).count();
+        epoch_samples[b->epoch()] += b->size();
         consume(
             b->step(), b->size(), [&](std::size_t i) { return b->index(i); },
             [&](std::size_t i) { return b->sample(i).data(); },
@@ -238,6 +276,7 @@ int main(int argc, char** argv) {
         const std::uint64_t sb = direct->sample_bytes();
         load_s[b->step / direct->steps_per_epoch()] +=
             std::chrono::duration<double>(Clock::now() - t0).count();
+        epoch_samples[b->step / direct->steps_per_epoch()] += b->samples.size();
         consume(
             b->step, b->samples.size(), [&](std::size_t i) { return b->samples[i]; },
             [&](std::size_t i) { return b->data.data() + i * sb; },
@@ -258,8 +297,11 @@ int main(int argc, char** argv) {
                            : (loader->using_agent() ? "from the node agent" : "read directly"));
     if (!report.empty()) {
       std::ofstream f(per_rank(report));
-      f << nlohmann::json{{"rank", rank}, {"load_seconds", load_s}, {"samples", samples},
-                          {"wrong", bad}}.dump()
+      f << nlohmann::json{{"rank", rank},           {"load_seconds", load_s},
+                          {"samples", samples},     {"epoch_samples", epoch_samples},
+                          {"wrong", bad},           {"touched_bytes", touched},
+                          {"touch_seconds", touch_s}, {"memcpy_seconds", memcpy_s}, {"faults", faults}}
+               .dump()
         << "\n";
     }
     return bad ? 3 : 0;

@@ -198,7 +198,7 @@ struct solar_loader {
       return drop_agent("the agent serves a different plan");
     }
     map_bytes = hello.slots * hello.slot_bytes;
-    void* p = ::mmap(nullptr, map_bytes, PROT_READ, MAP_SHARED, memfd, 0);
+    void* p = ::mmap(nullptr, map_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, memfd, 0);
     ::close(memfd);
     if (p == MAP_FAILED) return drop_agent(fmt::format("mapping the buffer failed: {}",
                                                        std::strerror(errno)));

@@ -45,7 +45,8 @@ def wait_until(pred, timeout=30, what="condition"):
 
 
 def shm_entries():
-    return sorted(os.listdir("/dev/shm"))
+    # Only ours: other tests running in parallel (torch workers, MPI) use /dev/shm too.
+    return sorted(e for e in os.listdir("/dev/shm") if "solar" in e.lower())
 
 
 @pytest.fixture
@@ -87,10 +88,12 @@ RUN = ["-n", "2", "--nodes", "2", "--buffer", "40%", "--epochs", "3", "--batch",
 def solar_run(tmp_path, dataset_spec, *extra, train_args=(), popen=False):
     cmd = [SOLAR, "run", *RUN, "--dataset", dataset_spec, "--plan-out", tmp_path / "plan", *extra,
            "--", TRAIN, "--verify", "--record", tmp_path / "rank-%r.txt", *train_args]
+    # The run directory goes under the test's own folder, so leftovers are this run's alone.
+    env = dict(os.environ, TMPDIR=str(tmp_path))
     if popen:
         return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    return run(*cmd, check=False)
+                                text=True, env=env)
+    return run(*cmd, check=False, env=env)
 
 
 def test_run_two_nodes_over_hdf5(tmp_path, dataset):
@@ -104,8 +107,8 @@ def test_run_two_nodes_over_hdf5(tmp_path, dataset):
     hits = [int(l.split(" hits")[0].split()[-1]) for l in p.stderr.splitlines() if " hits," in l]
     assert len(hits) == 2 and sum(hits) > 0, p.stderr
     assert shm_entries() == before
-    assert not [d for d in os.listdir(os.environ.get("TMPDIR", "/tmp")) if d.startswith("solar-run-")
-                and os.stat(os.path.join(os.environ.get("TMPDIR", "/tmp"), d)).st_mtime > time.time() - 60]
+    assert not [d for d in os.listdir(tmp_path) if d.startswith("solar-run-")], "run directory left"
+
 
 
 def test_run_without_agents_reads_the_same_samples(tmp_path, dataset):
@@ -316,3 +319,32 @@ def test_run_rejects_bad_input(tmp_path, dataset):
     p = run(SOLAR, "run", "-n", "2", "--dataset", dataset, "--buffer", "1M", "--epochs", "1",
             "--batch", "400", "--", TRAIN, check=False)
     assert p.returncode == 2 and "--batch" in p.stderr, p.stderr
+
+
+def test_stale_socket_of_a_crashed_agent_is_replaced(tmp_path, dataset):
+    plan = tmp_path / "p.plan"
+    run(SOLAR, "plan", "--samples", "600", "--sample-bytes", "4K", "--epochs", "1", "--batch", "4",
+        "--buffer", "100K", "--out", plan)
+    sock_dir = pathlib.Path(tempfile.mkdtemp(prefix="solar-test-"))
+    sock = sock_dir / "agent.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(sock))  # what a SIGKILLed agent leaves: a socket file nobody listens on
+    stale.close()
+    proc = subprocess.Popen([AGENT, "--plan", plan, "--node", "0", "--dataset", dataset, "--socket",
+                             sock], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: proc.poll() is not None or b'"total_steps"' in _try_stats(sock),
+                   what="agent on the stale path")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    assert "removed stale socket" in out, out
+
+
+def _try_stats(sock):
+    try:
+        return stats(sock)
+    except (OSError, struct.error, AssertionError):
+        return b""
