@@ -1,0 +1,234 @@
+#!/usr/bin/python3
+"""I/O evaluation in the SOLAR artifact's format: the PyTorch DataLoader (h5py Dataset,
+DistributedSampler) against solar.torch.Loader, same HDF5 file, same ranks, same run.
+
+    /usr/bin/python3 bench/pytorch_io.py                 # 800 samples, 4 ranks, b=16, 3 epochs
+    /usr/bin/python3 bench/pytorch_io.py --workers 0,2,4 --samples 800 --preset small
+
+The defaults keep the artifact's ratios (800 samples, 4 ranks, batch 16, 3 epochs, buffer 64%
+of the dataset) with 256 KiB samples so it runs in minutes on 2 cores. Every rank runs under
+`solar run` (which sets RANK/WORLD_SIZE/MASTER_*); the baseline runs with --no-agent and ignores
+the SOLAR_* variables. Storage is cold at every epoch start (posix_fadvise DONTNEED on the file,
+after a barrier): the dataset stands for one on remote storage, not in the page cache. The
+baseline is tried with each --workers value and its best total is the one compared.
+Data-loading time = time a rank waits for its batches; per epoch, the slowest rank's.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+# --- driver helpers (also used by pytorch_e2e.py) ------------------------------------------------
+def find_build(build):
+    """(solar tool, libsolar.so) of a build directory."""
+    for b in ([build] if build else []) + [os.path.join(REPO, d) for d in ("build", "build-py")]:
+        tool, lib = os.path.join(b, "cli", "solar"), os.path.join(b, "client", "libsolar.so")
+        if os.access(tool, os.X_OK) and os.path.exists(lib) and \
+                os.path.exists(os.path.join(b, "agent", "solar-agent")):
+            return os.path.abspath(tool), os.path.abspath(lib)
+    sys.exit("pytorch bench: no build with cli/solar, client/libsolar.so and agent/solar-agent; "
+             "build first (scripts/build) or pass --build DIR")
+
+
+def drop_cache(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def solar_run(tool, dataset, a, rank_argv, extra=()):
+    """Runs the rank program under `solar run`; returns its combined output."""
+    cmd = [tool, "run", "-n", str(a.ranks), "--nodes", str(a.nodes), "--dataset", dataset,
+           "--buffer", a.buffer, "--epochs", str(a.epochs), "--batch", str(a.batch),
+           "--seed", str(a.seed), "--order", "torch", *extra, "--", sys.executable, *rank_argv]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"pytorch bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p.stdout + p.stderr
+
+
+def gather(outdir, ranks):
+    """Per-epoch maximum over ranks of each list in the ranks' JSON reports."""
+    reports = []
+    for r in range(ranks):
+        with open(os.path.join(outdir, f"rank-{r}.json")) as f:
+            reports.append(json.load(f))
+    return {k: [max(rep[k][e] for rep in reports) for e in range(len(reports[0][k]))]
+            for k in reports[0] if isinstance(reports[0][k], list)} | {"rank0": reports[0]}
+
+
+def fmt_list(xs):
+    return "[" + ", ".join(f"{x:.4f}" for x in xs) + "]"
+
+
+def add_common_args(ap):
+    ap.add_argument("--samples", type=int, default=800)
+    ap.add_argument("--preset", default="small", help="solar gen preset [small: 256 KiB int16]")
+    ap.add_argument("--ranks", type=int, default=4, help="ranks per node [4]")
+    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--buffer", default="64%", help="solar's buffer per node [64%%]")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--build", help="build directory with cli/solar, client/libsolar.so")
+    ap.add_argument("--dataset", help="use this HDF5 file instead of generating one")
+    ap.add_argument("--rank", choices=["baseline", "solar"], help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--library", help=argparse.SUPPRESS)
+
+
+def make_dataset(tool, a, tmp, name="data.h5", samples=None, seed=0):
+    if a.dataset and name == "data.h5":
+        return a.dataset
+    path = os.path.join(tmp, name)
+    subprocess.run([tool, "gen", path, "--samples", str(samples or a.samples), "--preset",
+                    a.preset, "--seed", str(seed), "--no-progress"], check=True,
+                   capture_output=True)
+    return path
+
+
+# --- rank side -----------------------------------------------------------------------------------
+class H5Samples:
+    """The Dataset users write: one h5py read per sample, the file opened once per worker."""
+
+    def __init__(self, path):
+        import h5py
+        self.path = path
+        with h5py.File(path, "r") as f:
+            self.n = len(f["data"])
+        self.f = None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import h5py
+        import torch
+        if self.f is None:
+            self.f = h5py.File(self.path, "r")
+        return torch.from_numpy(self.f["data"][i]), int(self.f["label"][i])
+
+
+def baseline_loader(path, a, rank, world):
+    import torch.utils.data as tud
+    ds = H5Samples(path)
+    sampler = tud.DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True,
+                                     seed=a.seed)
+    loader = tud.DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers)
+    return sampler, loader
+
+
+def rank_setup(a):
+    """torch.distributed over gloo (barriers, loss averaging); returns (rank, world)."""
+    if a.library:
+        os.environ["SOLAR_LIBRARY"] = a.library  # solar run passes no SOLAR_* of ours through
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def dataset_path():
+    spec = os.environ["SOLAR_DATASET"]
+    head, sep, tail = spec.rpartition(":")
+    return head if sep and tail.startswith("/") else spec
+
+
+def make_loader(a, rank, world):
+    """(set_epoch, iterable) of the loader this rank measures."""
+    path = dataset_path()
+    if a.rank == "baseline":
+        sampler, loader = baseline_loader(path, a, rank, world)
+        return sampler.set_epoch, loader, (lambda batch: (batch[0], batch[1], 1.0))
+    import solar.torch
+    loader = solar.torch.Loader()
+    return loader.set_epoch, loader, (lambda batch: (batch.data, batch.labels, batch.weight))
+
+
+def rank_main(a):
+    import torch.distributed as dist
+    rank, world = rank_setup(a)
+    set_epoch, loader, unpack = make_loader(a, rank, world)
+    path = dataset_path()
+    load = [0.0] * a.epochs
+    samples = 0
+    for epoch in range(a.epochs):
+        set_epoch(epoch)
+        dist.barrier()
+        if rank == 0:
+            drop_cache(path)
+        dist.barrier()
+        t = time.perf_counter()
+        for batch in loader:
+            x, y, _ = unpack(batch)
+            load[epoch] += time.perf_counter() - t
+            samples += len(x)
+            t = time.perf_counter()
+    with open(os.path.join(a.out, f"rank-{rank}.json"), "w") as f:
+        json.dump({"load": load, "samples": samples}, f)
+    dist.destroy_process_group()
+
+
+# --- driver --------------------------------------------------------------------------------------
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap)
+    ap.add_argument("--workers", default="0,1,2,4",
+                    help="DataLoader num_workers values to try for the baseline [0,1,2,4]")
+    a = ap.parse_args()
+    if a.rank:
+        a.workers = int(a.workers)
+        return rank_main(a)
+    tool, lib = find_build(a.build)
+    tmp = tempfile.mkdtemp(prefix="solar-bench-")
+    try:
+        path = make_dataset(tool, a, tmp)
+        nbytes = os.path.getsize(path)
+        print(f"dataset {path}: {a.samples} samples, {nbytes / 2**20:.0f} MiB; {a.nodes}x{a.ranks} "
+              f"ranks, batch {a.batch}, {a.epochs} epochs, solar buffer {a.buffer} per node, "
+              f"cold storage every epoch")
+        me = os.path.abspath(__file__)
+        base = {}
+        for w in [int(x) for x in a.workers.split(",")]:
+            out = os.path.join(tmp, f"baseline-{w}")
+            os.makedirs(out)
+            drop_cache(path)
+            solar_run(tool, path, a, [me, "--rank", "baseline", "--workers", str(w), "--out", out,
+                                      "--library", lib, "--seed", str(a.seed),
+                                      "--batch", str(a.batch), "--epochs", str(a.epochs)],
+                      extra=["--no-agent"])
+            base[w] = gather(out, a.ranks)["load"]
+            print(f"baseline num_workers={w}: total {sum(base[w]):.4f} s {fmt_list(base[w])}")
+        best = min(base, key=lambda w: sum(base[w]))
+        out = os.path.join(tmp, "solar")
+        os.makedirs(out)
+        drop_cache(path)
+        log = solar_run(tool, path, a, [me, "--rank", "solar", "--out", out, "--library", lib,
+                                        "--workers", "0", "--epochs", str(a.epochs)])
+        sol = gather(out, a.ranks)["load"]
+        for line in log.splitlines():
+            if line.startswith("solar run: node"):
+                print(line)
+        print()
+        print(f"DataLoading time baseline each epoch: {fmt_list(base[best])}  "
+              f"(num_workers={best}, the best of {a.workers})")
+        print(f"DataLoading time SOLAR each epoch: {fmt_list(sol)}")
+        print(f"speedup: {sum(base[best]) / max(sum(sol), 1e-9):.2f}x in total over "
+              f"{a.epochs} epochs ({sum(base[best]):.4f} s vs {sum(sol):.4f} s)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""ctypes binding of libsolar (client/include/solar/solar.h). Internal: use solar.Loader."""
+import ctypes
+import os
+import shutil
+
+_SEARCHED = []
+
+
+def _candidates():
+    """Where libsolar.so may be, most specific first."""
+    env = os.environ.get("SOLAR_LIBRARY")
+    if env:
+        yield env
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "libsolar.so")  # installed beside the package (CMake install)
+    # Beside the `solar` tool: <build>/cli/solar -> <build>/client/libsolar.so, or
+    # <prefix>/bin/solar -> <prefix>/lib/libsolar.so.
+    tool = os.environ.get("SOLAR_BIN") or shutil.which("solar")
+    if tool:
+        d = os.path.dirname(os.path.realpath(tool))
+        yield os.path.join(d, "..", "client", "libsolar.so")
+        yield os.path.join(d, "..", "lib", "libsolar.so")
+    # A source checkout: python/solar -> <repo>/build*/client/libsolar.so.
+    repo = os.path.dirname(os.path.dirname(here))
+    for b in ("build", "build-py", "build-full"):
+        yield os.path.join(repo, b, "client", "libsolar.so")
+    yield "libsolar.so"  # the dynamic linker's search path (LD_LIBRARY_PATH, ldconfig)
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            errors.append(f"{path}: not there")
+            continue
+        try:
+            return ctypes.CDLL(path), os.path.abspath(path) if os.sep in path else path
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    raise ImportError("solar: cannot load libsolar.so; build it (target solar_client) and set "
+                      "SOLAR_LIBRARY=/path/to/libsolar.so. Tried:\n  " + "\n  ".join(errors))
+
+
+lib, path = _load()
+
+_p = ctypes.c_void_p
+_SIGS = {
+    "solar_open_env": ([], _p),
+    "solar_close": ([_p], None),
+    "solar_last_error": ([], ctypes.c_char_p),
+    "solar_using_agent": ([_p], ctypes.c_int),
+    "solar_epochs": ([_p], ctypes.c_uint32),
+    "solar_steps_per_epoch": ([_p], ctypes.c_uint32),
+    "solar_sample_bytes": ([_p], ctypes.c_uint64),
+    "solar_label_bytes": ([_p], ctypes.c_uint64),
+    "solar_dataset_samples": ([_p], ctypes.c_uint64),
+    "solar_rank": ([_p], ctypes.c_uint32),
+    "solar_world_size": ([_p], ctypes.c_uint32),
+    "solar_next_batch": ([_p, ctypes.POINTER(_p)], ctypes.c_int),
+    "solar_release": ([_p, _p], ctypes.c_int),
+    "solar_batch_size": ([_p], ctypes.c_size_t),
+    "solar_batch_step": ([_p], ctypes.c_uint64),
+    "solar_batch_epoch": ([_p], ctypes.c_uint32),
+    "solar_batch_index": ([_p, ctypes.c_size_t], ctypes.c_uint64),
+    "solar_batch_sample": ([_p, ctypes.c_size_t], _p),
+    "solar_batch_label": ([_p, ctypes.c_size_t], _p),
+}
+# Optional: newer libsolar versions (see python/README.md, "Wanted from libsolar").
+_OPTIONAL = {
+    "solar_batch_mean_size": ([_p], ctypes.c_double),
+}
+
+for _name, (_args, _res) in {**_SIGS, **_OPTIONAL}.items():
+    try:
+        _f = getattr(lib, _name)
+    except AttributeError:
+        if _name in _OPTIONAL:
+            continue
+        raise ImportError(f"solar: {path} has no {_name}: it is older than this package")
+    _f.argtypes = _args
+    _f.restype = _res
+
+
+def has(name):
+    return hasattr(lib, name)
+
+
+def last_error():
+    msg = lib.solar_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""

@@ -1,0 +1,100 @@
+"""solar.torch.Loader: the same batches as torch tensors, for a DDP training loop.
+
+    loader = solar.torch.Loader()            # instead of DataLoader(..., sampler=DistributedSampler)
+    for epoch in range(E):
+        loader.set_epoch(epoch)              # instead of sampler.set_epoch(epoch)
+        for x, y in loader: ...
+
+Each batch's `data` is one (len, *shape) tensor gathered straight from the shared buffer (one
+memcpy per sample, no pickling, no worker processes), optionally into pinned memory and on to
+a device. `sample(i)` / `views()` give zero-copy tensors valid until the batch is released.
+"""
+import warnings
+
+import numpy as np
+import torch as _torch
+
+from . import loader as _loader
+
+SolarError = _loader.SolarError
+BatchReleasedError = _loader.BatchReleasedError
+
+# numpy dtypes torch 1.13 can hold.
+_TORCH_DTYPES = {np.dtype(k): v for k, v in {
+    "bool": _torch.bool, "uint8": _torch.uint8, "int8": _torch.int8, "int16": _torch.int16,
+    "int32": _torch.int32, "int64": _torch.int64, "float16": _torch.float16,
+    "float32": _torch.float32, "float64": _torch.float64}.items()}
+
+
+def torch_dtype(dt, what):
+    t = _TORCH_DTYPES.get(np.dtype(dt).newbyteorder("="))
+    if t is None:
+        raise TypeError(f"solar.torch.Loader: the {what} dtype {np.dtype(dt)} has no torch "
+                        "equivalent; pass dtype=/label_dtype= to view the bytes as another type")
+    if np.dtype(dt).byteorder == ">":
+        raise TypeError(f"solar.torch.Loader: the {what} dtype {np.dtype(dt)} is big-endian")
+    return t
+
+
+class Batch(_loader.Batch):
+    """A batch whose data, labels and views are torch tensors (see solar.Batch)."""
+
+    __slots__ = ()
+
+    def sample(self, i):
+        a = super().sample(i)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only memory: torch warns
+            return _torch.from_numpy(a)
+
+    @property
+    def data(self):
+        self._live("data")
+        if self._data is None:
+            L = self._loader
+            t = _torch.empty((len(self),) + L.shape, dtype=L.torch_dtype,
+                             pin_memory=L.pin_memory)
+            self.gather(t.data_ptr())
+            if L.device is not None:
+                t = t.to(L.device, non_blocking=L.pin_memory)
+            self._data = t
+        return self._data
+
+    @property
+    def labels(self):
+        self._live("labels")
+        if self._labels is None and self._lptrs is not None:
+            a = _loader.Batch.labels.fget(self)  # the numpy copy, cached in _labels
+            t = _torch.from_numpy(a)
+            if self._loader.device is not None:
+                t = t.to(self._loader.device)
+            self._labels = t
+        return self._labels
+
+
+class Loader(_loader.Loader):
+    """solar.Loader yielding torch tensors.
+
+    pin_memory: gather each batch into page-locked memory (ignored with a warning without CUDA,
+    like DataLoader). device: move data and labels there (e.g. "cuda:0"); non-blocking when
+    pinned. Other arguments: see solar.Loader.
+    """
+
+    def __init__(self, *, pin_memory=False, device=None, **kw):
+        super().__init__(**kw)
+        try:
+            self.torch_dtype = torch_dtype(self.dtype, "sample")
+            if self.label_bytes:
+                torch_dtype(self.label_dtype, "label")
+            self.device = _torch.device(device) if device is not None else None
+        except Exception:
+            self.close()
+            raise
+        if pin_memory and not _torch.cuda.is_available():
+            warnings.warn("solar.torch.Loader: pin_memory=True but CUDA is not available; "
+                          "batches stay in pageable memory", stacklevel=2)
+            pin_memory = False
+        self.pin_memory = bool(pin_memory)
+
+    def _make_batch(self, handle):
+        return Batch(self, handle)

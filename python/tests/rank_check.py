@@ -1,0 +1,63 @@
+#!/usr/bin/python3
+"""A rank program for the tests: iterates every epoch through solar.Loader (or
+solar.torch.Loader), checks every sample's bytes and label against solar gen's content, and
+records each step's samples and weight.
+
+  rank_check.py --record DIR [--torch] [--views]
+Writes DIR/rank-R.txt: one line per step "step epoch weight idx idx ...". Exit 3 on bad data."""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+from content import expected  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--record", required=True)
+    ap.add_argument("--torch", action="store_true")
+    ap.add_argument("--views", action="store_true", help="also check the zero-copy views")
+    ap.add_argument("--library", help="libsolar.so to use (solar run drops SOLAR_* variables)")
+    a = ap.parse_args()
+    if a.library:
+        os.environ["SOLAR_LIBRARY"] = a.library
+    import solar
+    import solar.loader
+    if a.torch:
+        import solar.torch
+        loader = solar.torch.Loader()
+    else:
+        loader = solar.Loader()
+    import h5py
+    path, _ = solar.loader.split_dataset_spec(os.environ["SOLAR_DATASET"])
+    with h5py.File(path, "r") as f:
+        seed = int(f["data"].attrs["solar_seed"])
+    bad = batches = 0
+    with loader, open(os.path.join(a.record, f"rank-{loader.rank}.txt"), "w") as rec:
+        for epoch in range(loader.epochs):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                data, labels = batch
+                data, labels = np.asarray(data), np.asarray(labels)
+                assert data.shape == (len(batch),) + loader.shape
+                for k, idx in enumerate(batch.indices):
+                    raw, label = expected(seed, int(idx), loader.sample_bytes)
+                    ok = data[k].tobytes() == raw and int(labels[k]) == label
+                    if a.views:
+                        ok = ok and np.asarray(batch.sample(k)).tobytes() == raw
+                    bad += not ok
+                rec.write(f"{batch.step} {batch.epoch} {batch.weight!r} "
+                          + " ".join(map(str, batch.indices)) + "\n")
+                batches += 1
+        where = "from the node agent" if loader.using_agent else "read directly"
+    print(f"rank {loader.rank}: {batches} batches, {bad} wrong, {where}")
+    return 3 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
