@@ -23,16 +23,10 @@ PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buff
                         PlanConfig c);
 PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
                         PlanConfig c) {
-  c.samples = info.samples;
-  c.sample_bytes = info.sample_bytes;
-  c.policy = Policy::none;
-  c.validate();  // everything but the buffer first: a bad batch is named as such
   const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
-  fit_plan_to_agent_budget(c, buffer.resolve(info.samples, agent_slot_bytes(c.sample_bytes, label)),
-                           label);
-  c.policy = Policy::solar;
-  c.validate();
-  return c;
+  return config_for_agents(
+      c, info.samples, info.sample_bytes, label,
+      buffer.resolve(info.samples, agent_slot_bytes(info.sample_bytes, label)));
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -171,10 +172,15 @@ LaunchResult launch(const LaunchSpec& spec) {
     ~Restore() { ::sigprocmask(SIG_SETMASK, &old, nullptr); }
   } restore{old};
 
+  // The caller's environment, less the variables set below for each rank.
+  static const char* const kOurs[] = {"SOLAR_PLAN=",    "SOLAR_NODE=",   "SOLAR_LOCAL_RANK=",
+                                      "SOLAR_DATASET=", "SOLAR_LABELS=", "SOLAR_SOCKET="};
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
-    if (kv.rfind("SOLAR_", 0) == 0) continue;  // ours are set below
+    if (std::any_of(std::begin(kOurs), std::end(kOurs),
+                    [&](const char* p) { return kv.rfind(p, 0) == 0; }))
+      continue;
     base_env.push_back(kv);
   }
 

@@ -91,6 +91,7 @@ class Agent::Impl {
   void serve_waiting_locked();
   void send_batch_locked(RankState& rs, std::uint32_t r);
   void detach(const std::shared_ptr<Session>& s);
+  void read_more(const std::shared_ptr<Session>& s);
   // Queues a message; writes go out in order, one at a time.
   static void send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg);
   std::string stats_json();
@@ -142,7 +143,8 @@ class Agent::Impl {
 struct Agent::Impl::Session : std::enable_shared_from_this<Session> {
   explicit Session(asio::io_context& io) : sock(io) {}
   stream::socket sock;
-  protocol::Header head{};
+  std::vector<std::uint8_t> in;  // received, not yet handled: in[0, have)
+  std::size_t have = 0;
   std::vector<std::uint8_t> payload;
   std::deque<std::vector<std::uint8_t>> out;
   int rank = -1;  // local rank once attached
@@ -463,30 +465,48 @@ void Agent::Impl::accept() {
       boost::system::error_code ignored;
       s->sock.close(ignored);
     } else {
-      auto read_header = std::make_shared<std::function<void()>>();
-      *read_header = [this, s, read_header] {
-        asio::async_read(s->sock, asio::buffer(&s->head, sizeof s->head),
-                         [this, s, read_header](const boost::system::error_code& e, std::size_t) {
-          if (e) return detach(s);
-          if (s->head.magic != protocol::kMagic || s->head.version != protocol::kVersion ||
-              s->head.length > protocol::kMaxPayload) {
-            spdlog::warn("malformed message (magic {:#x}, version {}, length {}): closing",
-                         s->head.magic, s->head.version, s->head.length);
-            return detach(s);
-          }
-          s->payload.resize(s->head.length);
-          asio::async_read(s->sock, asio::buffer(s->payload),
-                           [this, s, read_header](const boost::system::error_code& e2, std::size_t) {
-            if (e2) return detach(s);
-            on_message(s, static_cast<protocol::Op>(s->head.op), s->payload);
-            if (!s->closed) (*read_header)();
-          });
-        });
-      };
-      (*read_header)();
+      read_more(s);
     }
     accept();
   });
+}
+
+// Reads whatever has arrived and handles every complete frame in it: a rank's release and next
+// requests, sent together, cost one read.
+void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
+  std::size_t need = s->have + 4096;
+  if (s->have >= sizeof(protocol::Header)) {
+    protocol::Header h;
+    std::memcpy(&h, s->in.data(), sizeof h);
+    if (h.length <= protocol::kMaxPayload) need = std::max(need, sizeof h + h.length);
+  }
+  if (s->in.size() < need) s->in.resize(std::max(need, s->in.size() * 2));
+  s->sock.async_read_some(
+      asio::buffer(s->in.data() + s->have, s->in.size() - s->have),
+      [this, s](const boost::system::error_code& e, std::size_t n) {
+        if (e) return detach(s);
+        s->have += n;
+        std::size_t off = 0;
+        while (!s->closed && s->have - off >= sizeof(protocol::Header)) {
+          protocol::Header h;
+          std::memcpy(&h, s->in.data() + off, sizeof h);
+          if (h.magic != protocol::kMagic || h.version != protocol::kVersion ||
+              h.length > protocol::kMaxPayload) {
+            spdlog::warn("malformed message (magic {:#x}, version {}, length {}): closing",
+                         h.magic, h.version, h.length);
+            return detach(s);
+          }
+          if (s->have - off < sizeof h + h.length) break;
+          s->payload.assign(s->in.begin() + static_cast<std::ptrdiff_t>(off + sizeof h),
+                            s->in.begin() + static_cast<std::ptrdiff_t>(off + sizeof h + h.length));
+          off += sizeof h + h.length;
+          on_message(s, static_cast<protocol::Op>(h.op), s->payload);
+        }
+        if (s->closed) return;
+        std::memmove(s->in.data(), s->in.data() + off, s->have - off);
+        s->have -= off;
+        read_more(s);
+      });
 }
 
 namespace {

@@ -83,6 +83,7 @@ bool read_all(int fd, void* p, std::size_t n) {
 struct solar_batch {
   std::uint64_t step = 0;
   std::uint32_t epoch = 0;
+  double mean_size = 0;
   std::vector<std::uint32_t> samples;
   std::vector<const std::byte*> data;
   std::vector<const std::byte*> labels;
@@ -106,6 +107,9 @@ struct solar_loader {
   std::uint64_t cursor = 0;
   bool holding = false;
   bool holding_from_agent = false;
+  // A release is sent with the next request (one write instead of two); close() flushes it.
+  bool release_pending = false;
+  std::uint64_t release_step = 0;
   solar_batch batch;
 
   std::span<const std::uint32_t> planned(std::uint64_t t) const {
@@ -210,11 +214,12 @@ struct solar_loader {
   // The agent path: true with the batch filled, false if the agent is gone (fall back).
   bool next_from_agent() {
     if (sock < 0) return false;
-    solar::protocol::Header h;
-    h.op = static_cast<std::uint16_t>(solar::protocol::Op::next);
-    h.length = sizeof(solar::protocol::Next);
     solar::protocol::Next nx{cursor};
-    if (!write_all(sock, &h, sizeof h) || !write_all(sock, &nx, sizeof nx)) {
+    char out[2 * (sizeof(solar::protocol::Header) + 8)];
+    std::size_t len = 0;
+    if (release_pending) len = put_release(out);
+    len += put_frame(out + len, solar::protocol::Op::next, &nx, sizeof nx);
+    if (!write_all(sock, out, len)) {
       drop_agent("the agent went away");
       return false;
     }
@@ -285,17 +290,26 @@ struct solar_loader {
     }
   }
 
-  void release_to_agent(std::uint64_t step) {
-    if (sock < 0) return;
+  static std::size_t put_frame(char* out, solar::protocol::Op op, const void* body,
+                               std::size_t n) {
     solar::protocol::Header h;
-    h.op = static_cast<std::uint16_t>(solar::protocol::Op::release);
-    h.length = sizeof(solar::protocol::Release);
-    solar::protocol::Release rl{step};
-    if (!write_all(sock, &h, sizeof h) || !write_all(sock, &rl, sizeof rl))
-      drop_agent("the agent went away");
+    h.op = static_cast<std::uint16_t>(op);
+    h.length = static_cast<std::uint32_t>(n);
+    std::memcpy(out, &h, sizeof h);
+    std::memcpy(out + sizeof h, body, n);
+    return sizeof h + n;
+  }
+  std::size_t put_release(char* out) {
+    release_pending = false;
+    const solar::protocol::Release rl{release_step};
+    return put_frame(out, solar::protocol::Op::release, &rl, sizeof rl);
   }
 
   ~solar_loader() {
+    if (sock >= 0 && release_pending) {
+      char out[sizeof(solar::protocol::Header) + 8];
+      write_all(sock, out, put_release(out));
+    }
     if (sock >= 0) ::close(sock);
     if (base) ::munmap(base, map_bytes);
   }
@@ -361,6 +375,8 @@ int solar_next_batch(solar_loader* l, solar_batch** out) {
     solar_batch& b = l->batch;
     b.step = l->cursor;
     b.epoch = static_cast<std::uint32_t>(l->cursor / l->header.layout.steps);
+    b.mean_size = l->header.layout.rank_batch(
+        static_cast<std::uint32_t>(l->cursor % l->header.layout.steps));
     const auto want = l->planned(l->cursor);
     b.samples.resize(want.size());
     for (std::size_t i = 0; i < want.size(); ++i) b.samples[i] = want[i] & solar::kSampleMask;
@@ -382,7 +398,10 @@ int solar_release(solar_loader* l, solar_batch* b) {
     return -1;
   }
   l->holding = false;
-  if (l->holding_from_agent) l->release_to_agent(b->step);
+  if (l->holding_from_agent && l->sock >= 0) {
+    l->release_pending = true;
+    l->release_step = b->step;
+  }
   return 0;
 }
 
@@ -392,5 +411,6 @@ uint32_t solar_batch_epoch(const solar_batch* b) { return b->epoch; }
 uint64_t solar_batch_index(const solar_batch* b, size_t i) { return b->samples[i]; }
 const void* solar_batch_sample(const solar_batch* b, size_t i) { return b->data[i]; }
 const void* solar_batch_label(const solar_batch* b, size_t i) { return b->labels[i]; }
+double solar_batch_mean_size(const solar_batch* b) { return b->mean_size; }
 
 }  // extern "C"

@@ -180,6 +180,18 @@ void fit_plan_to_agent_budget(PlanConfig& c, std::uint64_t budget_bytes,
   c.buffer_bytes = (slots - step * staging_steps) * c.sample_bytes;
 }
 
+PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t sample_bytes,
+                             std::uint64_t label_bytes, std::uint64_t budget_bytes) {
+  c.samples = samples;
+  c.sample_bytes = sample_bytes;
+  c.policy = Policy::none;
+  c.validate();
+  fit_plan_to_agent_budget(c, budget_bytes, label_bytes);
+  c.policy = Policy::solar;
+  c.validate();
+  return c;
+}
+
 const std::vector<Scenario>& scenarios() {
   static const std::vector<Scenario> v{
       {"seed", 800, 3, 1, 4, 16, 512, "the SOLAR artifact's setup: 800 samples, buffer 512"},

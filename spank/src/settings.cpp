@@ -183,13 +183,9 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
     PlanConfig c = o.partial_config();
     c.nodes = nodes;
     c.ranks_per_node = ranks_per_node;
-    c.samples = info.samples;
-    c.sample_bytes = info.sample_bytes;
-    c.policy = Policy::none;
-    c.validate();  // everything but the buffer first: a bad batch is named as such
     const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
     std::uint64_t budget =
-        o.buffer_spec().resolve(info.samples, agent_slot_bytes(c.sample_bytes, label));
+        o.buffer_spec().resolve(info.samples, agent_slot_bytes(info.sample_bytes, label));
     if (pc.max_buffer) {
       const std::uint64_t cap = pc.max_buffer->percent >= 0
                                     ? static_cast<std::uint64_t>(pc.max_buffer->percent / 100.0 *
@@ -202,10 +198,7 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
         budget = cap;
       }
     }
-    fit_plan_to_agent_budget(c, budget, label);
-    c.policy = Policy::solar;
-    c.validate();
-    return c;
+    return config_for_agents(c, info.samples, info.sample_bytes, label, budget);
   } catch (const ConfigError& e) {
     throw as_srun_error(e);
   }

@@ -67,6 +67,10 @@ SOLAR_API uint32_t solar_batch_epoch(const solar_batch* batch);
 SOLAR_API uint64_t solar_batch_index(const solar_batch* batch, size_t i);
 SOLAR_API const void* solar_batch_sample(const solar_batch* batch, size_t i);
 SOLAR_API const void* solar_batch_label(const solar_batch* batch, size_t i);
+/* Mean per-rank batch of this batch's step (the step's global batch / world size). With an
+ * imbalance bound δ > 0 ranks get b-δ..b+δ samples; weighting a rank's loss by
+ * solar_batch_size / this keeps averaged gradients unbiased. */
+SOLAR_API double solar_batch_mean_size(const solar_batch* batch);
 
 #ifdef __cplusplus
 }

@@ -107,6 +107,13 @@ void fit_plan_to_agent_budget(PlanConfig& c, std::uint64_t budget_bytes,
                               std::uint64_t label_bytes,
                               std::uint32_t staging_steps = kAgentStagingSteps);
 
+// The plan config `solar run` and the SPANK plugin use: c's epochs, nodes, ranks, batch, δ,
+// seed and order, for a dataset of `samples` × `sample_bytes` (+ `label_bytes` per label), with
+// `budget_bytes` of agent memory per node. Checks everything but the buffer first (so a bad
+// batch is named as such), then fits the buffer; policy solar. Throws ConfigError.
+PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t sample_bytes,
+                             std::uint64_t label_bytes, std::uint64_t budget_bytes);
+
 // The presets of `solar plan --scenario` (README: "Scenarios").
 struct Scenario {
   std::string name;
