@@ -21,6 +21,10 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#ifdef SOLAR_EXAMPLE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "solar/core/plan_file.h"
 #include "solar/solar.hpp"
 #include "solar/storage/content.h"
@@ -149,7 +153,7 @@ class BaselineReader {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool verify = false, quiet = false, touch = false;
+  bool verify = false, quiet = false, touch = false, device_copy = false;
   double compute_ms = 0;
   unsigned baseline = 0;
   std::string record, report;
@@ -166,6 +170,9 @@ int main(int argc, char** argv) {
   app.add_flag("--touch", touch,
                "Copy every sample out of its batch (as into a training tensor) and time it "
                "against a private memcpy of the same bytes (reported with --report)");
+  app.add_flag("--device-copy", device_copy,
+               "Copy every batch to the GPU (solar_batch_copy_to_device) and check the first "
+               "sample came back intact; without a GPU, say why once and go on");
   app.add_option("--report", report, "Write per-epoch loading times as JSON here (%r: rank)");
   CLI11_PARSE(app, argc, argv);
 
@@ -257,12 +264,37 @@ int main(int argc, char** argv) {
       if (compute_ms > 0)
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_ms));
     };
+    // --device-copy: the GPU path, or the reason there is none.
+    bool gpu = false;
+    [[maybe_unused]] void* device = nullptr;
+    std::uint64_t gpu_batches = 0, gpu_bad = 0;
+    if (device_copy && loader) {
+      gpu = solar_cuda_available() != 0;
+      if (!gpu) std::printf("rank %u: GPU copies skipped: %s\n", rank, solar_last_error());
+    }
     using Clock = std::chrono::steady_clock;
     for (;;) {
       const auto t0 = Clock::now();
       if (loader) {
         auto b = loader->next();
         if (!b) break;
+        if (device_copy && !gpu) {
+          // Must fail cleanly and leave the batch usable.
+          if (solar_batch_copy_to_device(b->raw(), nullptr, nullptr) == 0) ++gpu_bad;
+        }
+#ifdef SOLAR_EXAMPLE_CUDA
+        if (gpu) {
+          const std::size_t bytes = b->size() * loader->sample_bytes();
+          if (!device && cudaMalloc(&device, std::max<std::size_t>(bytes, 1) * 2) != cudaSuccess)
+            throw solar::Error("--device-copy: cudaMalloc failed");
+          if (solar_batch_copy_to_device(b->raw(), device, nullptr) != 0)
+            throw solar::Error(std::string("--device-copy: ") + solar_last_error());
+          std::vector<std::byte> back(loader->sample_bytes());
+          cudaMemcpy(back.data(), device, back.size(), cudaMemcpyDeviceToHost);
+          if (std::memcmp(back.data(), b->sample(0).data(), back.size()) != 0) ++gpu_bad;
+          ++gpu_batches;
+        }
+#endif
         load_s[b->epoch()] += std::chrono::duration<double>(Clock::now() - t0).count();
         epoch_samples[b->epoch()] += b->size();
         consume(
@@ -283,6 +315,13 @@ int main(int argc, char** argv) {
             [&](std::size_t i) { return b->labels.data() + i * label_bytes; }, sb);
       }
     }
+#ifdef SOLAR_EXAMPLE_CUDA
+    if (device) cudaFree(device);
+#endif
+    if (gpu) std::printf("rank %u: %llu batches copied to the GPU, %llu wrong\n", rank,
+                         static_cast<unsigned long long>(gpu_batches),
+                         static_cast<unsigned long long>(gpu_bad));
+    bad += gpu_bad;
     const char* who = baseline ? "baseline" : "SOLAR";
     if (!quiet)
       std::printf("%sDataLoading time %s each epoch: [%s]\n",

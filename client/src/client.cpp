@@ -22,6 +22,10 @@
 #include "solar/solar.h"
 #include "solar/storage/sample_source.h"
 
+#ifdef SOLAR_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace {
 
 thread_local std::string g_last_error;
@@ -80,7 +84,10 @@ bool read_all(int fd, void* p, std::size_t n) {
 
 }  // namespace
 
+struct solar_loader;
+
 struct solar_batch {
+  solar_loader* loader = nullptr;
   std::uint64_t step = 0;
   std::uint32_t epoch = 0;
   double mean_size = 0;
@@ -305,7 +312,13 @@ struct solar_loader {
     return put_frame(out, solar::protocol::Op::release, &rl, sizeof rl);
   }
 
+  bool pinned = false;           // the shared buffer is registered with CUDA
+  bool base_pin_failed = false;  // tried once, copies go unpinned
+
   ~solar_loader() {
+#ifdef SOLAR_WITH_CUDA
+    if (pinned) cudaHostUnregister(base);
+#endif
     if (sock >= 0 && release_pending) {
       char out[sizeof(solar::protocol::Header) + 8];
       write_all(sock, out, put_release(out));
@@ -373,6 +386,7 @@ int solar_next_batch(solar_loader* l, solar_batch** out) {
                                     l->batch.step));
     if (l->cursor >= l->T) return 0;
     solar_batch& b = l->batch;
+    b.loader = l;
     b.step = l->cursor;
     b.epoch = static_cast<std::uint32_t>(l->cursor / l->header.layout.steps);
     b.mean_size = l->header.layout.rank_batch(
@@ -412,5 +426,60 @@ uint64_t solar_batch_index(const solar_batch* b, size_t i) { return b->samples[i
 const void* solar_batch_sample(const solar_batch* b, size_t i) { return b->data[i]; }
 const void* solar_batch_label(const solar_batch* b, size_t i) { return b->labels[i]; }
 double solar_batch_mean_size(const solar_batch* b) { return b->mean_size; }
+
+int solar_cuda_available(void) {
+#ifdef SOLAR_WITH_CUDA
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  // Without a driver this is cudaErrorInsufficientDriver (35), not cudaErrorNoDevice (100).
+  if (e != cudaSuccess || n == 0) {
+    g_last_error = fmt::format("no GPU: {}", e == cudaSuccess ? "no device" : cudaGetErrorString(e));
+    return 0;
+  }
+  return 1;
+#else
+  g_last_error = "libsolar was built without CUDA (SOLAR_WITH_CUDA off)";
+  return 0;
+#endif
+}
+
+int solar_batch_copy_to_device(const solar_batch* b, void* dst, void* stream) {
+#ifdef SOLAR_WITH_CUDA
+  if (!b || !b->loader || !dst) {
+    g_last_error = "solar_batch_copy_to_device: NULL argument";
+    return -1;
+  }
+  if (!solar_cuda_available()) return -1;
+  solar_loader* l = b->loader;
+  if (!l->pinned && !l->base_pin_failed && l->base) {
+    const cudaError_t e = cudaHostRegister(l->base, l->map_bytes,
+                                           cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+    l->pinned = e == cudaSuccess;
+    if (!l->pinned) {
+      std::fprintf(stderr, "solar: pinning the shared buffer failed (%s); copies are staged\n",
+                   cudaGetErrorString(e));
+      cudaGetLastError();
+      l->base_pin_failed = true;
+    }
+  }
+  const std::uint64_t sb = l->sample_bytes;
+  auto* out = static_cast<std::byte*>(dst);
+  for (std::size_t i = 0; i < b->data.size(); ++i) {
+    const cudaError_t e = cudaMemcpyAsync(out + i * sb, b->data[i], sb, cudaMemcpyHostToDevice,
+                                          static_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess) {
+      g_last_error = fmt::format("solar_batch_copy_to_device: {}", cudaGetErrorString(e));
+      return -1;
+    }
+  }
+  return 0;
+#else
+  (void)b;
+  (void)dst;
+  (void)stream;
+  g_last_error = "libsolar was built without CUDA (SOLAR_WITH_CUDA off)";
+  return -1;
+#endif
+}
 
 }  // extern "C"

@@ -348,3 +348,17 @@ def _try_stats(sock):
         return stats(sock)
     except (OSError, struct.error, AssertionError):
         return b""
+
+
+def test_gpu_copy_path_never_breaks_the_batch_path(tmp_path, dataset):
+    # With a GPU the batches are copied to it and checked; without one (or without CUDA in this
+    # build) libsolar says why, the call fails cleanly, and training goes on on the CPU.
+    p = solar_run(tmp_path, dataset, train_args=["--device-copy"])
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert out.count("verified (0 wrong), from the node agent") == 4, out
+    skipped = out.count("GPU copies skipped: ")
+    copied = out.count("copied to the GPU, 0 wrong")
+    assert skipped + copied == 4, out
+    if skipped:
+        assert "no GPU" in out or "without CUDA" in out, out

@@ -72,6 +72,17 @@ SOLAR_API const void* solar_batch_label(const solar_batch* batch, size_t i);
  * solar_batch_size / this keeps averaged gradients unbiased. */
 SOLAR_API double solar_batch_mean_size(const solar_batch* batch);
 
+/* GPU (optional: libsolar built with SOLAR_WITH_CUDA, on when the CUDA toolkit is found).
+ * solar_cuda_available: 1 when this libsolar has CUDA and a GPU is usable, else 0 with the
+ * reason in solar_last_error() ("built without CUDA", "no GPU: ...").
+ * solar_batch_copy_to_device: copies the batch's samples back to back to device memory `dst`
+ * (at least size × sample bytes) with cudaMemcpyAsync on `stream` (a cudaStream_t, or NULL for
+ * the default stream); the node's shared buffer is registered (pinned, read-only) on first use,
+ * so the copies are DMA straight from it. 0 on success, -1 with solar_last_error() otherwise;
+ * the batch stays valid and usable from the CPU either way. */
+SOLAR_API int solar_cuda_available(void);
+SOLAR_API int solar_batch_copy_to_device(const solar_batch* batch, void* dst, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

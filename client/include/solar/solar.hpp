@@ -34,6 +34,7 @@ class Batch {
             static_cast<std::size_t>(solar_sample_bytes(loader_))};
   }
   const void* label(std::size_t i) const { return solar_batch_label(batch_, i); }
+  const solar_batch* raw() const { return batch_; }
   // Loss weight that keeps gradients unbiased when batch sizes differ (δ > 0).
   double weight() const { return double(size()) / solar_batch_mean_size(batch_); }
   void release() {
