@@ -22,8 +22,6 @@
 
 namespace solar::cli {
 
-PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer, PlanConfig c);
-
 namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;

@@ -17,18 +17,6 @@
 
 namespace solar::cli {
 
-// How `solar run` and `solar bench loader` turn the user's per-node memory budget into a plan
-// (see fit_plan_to_agent_budget).
-PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
-                        PlanConfig c);
-PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
-                        PlanConfig c) {
-  const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
-  return config_for_agents(
-      c, info.samples, info.sample_bytes, label,
-      buffer.resolve(info.samples, agent_slot_bytes(info.sample_bytes, label)));
-}
-
 namespace {
 
 struct RunOptions {
@@ -101,7 +89,6 @@ void run_run(const RunOptions& o) {
   spec.command = o.command;
   spec.agents = !o.no_agent;
   spec.keep_run_dir = o.keep;
-  spec.verbose = o.verbose;
   try {
     const LaunchResult r = launch(spec);
     print_summary(r);

@@ -101,6 +101,14 @@ bool wait_for(pid_t pid, double seconds, int* status) {
 
 }  // namespace
 
+PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
+                        PlanConfig c) {
+  const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
+  return config_for_agents(
+      c, info.samples, info.sample_bytes, label,
+      buffer.resolve(info.samples, agent_slot_bytes(info.sample_bytes, label)));
+}
+
 ScratchDir::ScratchDir(const std::string& prefix) {
   const char* base = std::getenv("TMPDIR");
   std::string tmpl = (fs::path(base && *base ? base : "/tmp") / (prefix + "-XXXXXX")).string();
@@ -133,14 +141,13 @@ nlohmann::json agent_stats(const std::string& socket_path, double timeout_s) {
                                          std::strerror(errno)));
   timeval tv{static_cast<time_t>(timeout_s), 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  protocol::Header h;
-  h.op = static_cast<std::uint16_t>(protocol::Op::stats);
+  char request[sizeof(protocol::Header)];
+  protocol::put_header(request, protocol::Op::stats, 0);
   protocol::Header rh;
   std::string body;
-  bool ok = ::send(fd, &h, sizeof h, MSG_NOSIGNAL) == sizeof h &&
-            ::recv(fd, &rh, sizeof rh, MSG_WAITALL) == sizeof rh &&
-            rh.op == static_cast<std::uint16_t>(protocol::Op::stats_reply) &&
-            rh.length <= protocol::kMaxPayload;
+  bool ok = ::send(fd, request, sizeof request, MSG_NOSIGNAL) == sizeof request &&
+            ::recv(fd, &rh, sizeof rh, MSG_WAITALL) == sizeof rh && protocol::acceptable(rh) &&
+            rh.op == static_cast<std::uint16_t>(protocol::Op::stats_reply);
   if (ok) {
     body.resize(rh.length);
     ok = ::recv(fd, body.data(), body.size(), MSG_WAITALL) == static_cast<ssize_t>(body.size());

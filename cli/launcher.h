@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "solar/core/plan.h"
+#include "solar/storage/sample_source.h"
 
 namespace solar::cli {
 
@@ -37,7 +38,6 @@ struct LaunchSpec {
   bool agents = true;             // false: ranks read directly (no agent)
   std::string agent_path;         // solar-agent binary ("" = next to solar, then PATH)
   bool keep_run_dir = false;      // keep plan, sockets and logs (for debugging)
-  bool verbose = false;
 };
 
 struct LaunchResult {
@@ -46,6 +46,10 @@ struct LaunchResult {
   std::vector<nlohmann::json> agents;   // each agent's final stats (empty if none answered)
   std::vector<std::string> problems;    // agents that failed or died, for the summary
 };
+
+// The plan config for running c's job over a dataset with `buffer` of agent memory per node
+// (config_for_agents on the dataset's sizes). Throws ConfigError.
+PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer, PlanConfig c);
 
 // Throws std::runtime_error if the job cannot start (agent failed, bad command).
 LaunchResult launch(const LaunchSpec& spec);

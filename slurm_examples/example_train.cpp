@@ -5,8 +5,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <sys/resource.h>
-
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -220,7 +218,6 @@ int main(int argc, char** argv) {
       mirror.assign(n * sb, std::byte{1});
     }
     double touch_s = 0, memcpy_s = 0;
-    long faults = 0;
     std::uint64_t touched = 0;
     // One batch, whichever path it came from: check it, record it, "train" on it.
     auto consume = [&](std::uint64_t step, std::size_t n, auto&& index, auto&& data,
@@ -228,14 +225,10 @@ int main(int argc, char** argv) {
       if (touch && !mirror.empty() && step >= (loader ? loader->steps_per_epoch() : 0)) {
         using C = std::chrono::steady_clock;
         tensor.resize(n * bytes);
-        struct rusage ru0, ru1;
-        getrusage(RUSAGE_SELF, &ru0);
         auto t0 = C::now();
         for (std::size_t i = 0; i < n; ++i)
           std::memcpy(tensor.data() + i * bytes, data(i), bytes);
         auto t1 = C::now();
-        getrusage(RUSAGE_SELF, &ru1);
-        faults += ru1.ru_minflt - ru0.ru_minflt;
         for (std::size_t i = 0; i < n; ++i)
           std::memcpy(tensor.data() + i * bytes, mirror.data() + index(i) * bytes, bytes);
         auto t2 = C::now();
@@ -339,7 +332,7 @@ int main(int argc, char** argv) {
       f << nlohmann::json{{"rank", rank},           {"load_seconds", load_s},
                           {"samples", samples},     {"epoch_samples", epoch_samples},
                           {"wrong", bad},           {"touched_bytes", touched},
-                          {"touch_seconds", touch_s}, {"memcpy_seconds", memcpy_s}, {"faults", faults}}
+                          {"touch_seconds", touch_s}, {"memcpy_seconds", memcpy_s}}
                .dump()
         << "\n";
     }

@@ -478,7 +478,7 @@ void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
   if (s->have >= sizeof(protocol::Header)) {
     protocol::Header h;
     std::memcpy(&h, s->in.data(), sizeof h);
-    if (h.length <= protocol::kMaxPayload) need = std::max(need, sizeof h + h.length);
+    if (protocol::acceptable(h)) need = std::max(need, sizeof h + h.length);
   }
   if (s->in.size() < need) s->in.resize(std::max(need, s->in.size() * 2));
   s->sock.async_read_some(
@@ -490,8 +490,7 @@ void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
         while (!s->closed && s->have - off >= sizeof(protocol::Header)) {
           protocol::Header h;
           std::memcpy(&h, s->in.data() + off, sizeof h);
-          if (h.magic != protocol::kMagic || h.version != protocol::kVersion ||
-              h.length > protocol::kMaxPayload) {
+          if (!protocol::acceptable(h)) {
             spdlog::warn("malformed message (magic {:#x}, version {}, length {}): closing",
                          h.magic, h.version, h.length);
             return detach(s);
@@ -510,15 +509,9 @@ void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
 }
 
 namespace {
-std::vector<std::uint8_t> frame(protocol::Op op, const void* body, std::size_t n,
-                                const void* tail = nullptr, std::size_t tail_n = 0) {
-  protocol::Header h;
-  h.op = static_cast<std::uint16_t>(op);
-  h.length = static_cast<std::uint32_t>(n + tail_n);
-  std::vector<std::uint8_t> out(sizeof h + n + tail_n);
-  std::memcpy(out.data(), &h, sizeof h);
-  if (n) std::memcpy(out.data() + sizeof h, body, n);
-  if (tail_n) std::memcpy(out.data() + sizeof h + n, tail, tail_n);
+std::vector<std::uint8_t> frame(protocol::Op op, const void* body, std::size_t n) {
+  std::vector<std::uint8_t> out(sizeof(protocol::Header) + n);
+  protocol::put_frame(out.data(), op, body, n);
   return out;
 }
 
@@ -644,17 +637,21 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
 void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
   const std::uint64_t t = rs.cursor;
   const auto acc = accesses(t, r);
-  std::vector<protocol::BatchEntry> entries(acc.size());
-  for (std::size_t i = 0; i < acc.size(); ++i) {
-    const std::uint32_t x = acc[i] & kSampleMask;
-    entries[i].sample = x;
-    entries[i].slot = slot_of_.at(x);
-  }
+  // The reply: header, BatchHead, then one BatchEntry per sample, built in place.
+  constexpr std::size_t kHead = sizeof(protocol::Header) + sizeof(protocol::BatchHead);
+  std::vector<std::uint8_t> msg(kHead + acc.size() * sizeof(protocol::BatchEntry));
   protocol::BatchHead bh;
   bh.step = t;
   bh.count = static_cast<std::uint32_t>(acc.size());
-  send(rs.session, frame(protocol::Op::batch, &bh, sizeof bh, entries.data(),
-                         entries.size() * sizeof(protocol::BatchEntry)));
+  const std::size_t at =
+      protocol::put_header(msg.data(), protocol::Op::batch, msg.size() - sizeof(protocol::Header));
+  std::memcpy(msg.data() + at, &bh, sizeof bh);
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    const std::uint32_t x = acc[i] & kSampleMask;
+    const protocol::BatchEntry e{x, slot_of_.at(x)};
+    std::memcpy(msg.data() + kHead + i * sizeof e, &e, sizeof e);
+  }
+  send(rs.session, std::move(msg));
   rs.stall_seconds += seconds_since(rs.wait_since);
   rs.waiting = false;
   ++rs.cursor;

@@ -173,11 +173,9 @@ struct solar_loader {
       return;
     }
     sock = fd;
-    solar::protocol::Header h;
-    h.op = static_cast<std::uint16_t>(solar::protocol::Op::hello);
-    h.length = sizeof(solar::protocol::Hello);
-    solar::protocol::Hello hi{local_rank, static_cast<std::uint32_t>(::getpid())};
-    if (!write_all(fd, &h, sizeof h) || !write_all(fd, &hi, sizeof hi))
+    const solar::protocol::Hello hi{local_rank, static_cast<std::uint32_t>(::getpid())};
+    char out[sizeof(solar::protocol::Header) + sizeof hi];
+    if (!write_all(fd, out, solar::protocol::put_frame(out, solar::protocol::Op::hello, &hi, sizeof hi)))
       return drop_agent("the agent closed the connection");
     // The reply carries the buffer's fd.
     solar::protocol::Header rh;
@@ -225,14 +223,13 @@ struct solar_loader {
     char out[2 * (sizeof(solar::protocol::Header) + 8)];
     std::size_t len = 0;
     if (release_pending) len = put_release(out);
-    len += put_frame(out + len, solar::protocol::Op::next, &nx, sizeof nx);
+    len += solar::protocol::put_frame(out + len, solar::protocol::Op::next, &nx, sizeof nx);
     if (!write_all(sock, out, len)) {
       drop_agent("the agent went away");
       return false;
     }
     solar::protocol::Header rh;
-    if (!read_all(sock, &rh, sizeof rh) || rh.magic != solar::protocol::kMagic ||
-        rh.length > solar::protocol::kMaxPayload) {
+    if (!read_all(sock, &rh, sizeof rh) || !solar::protocol::acceptable(rh)) {
       drop_agent("the agent went away");
       return false;
     }
@@ -297,19 +294,10 @@ struct solar_loader {
     }
   }
 
-  static std::size_t put_frame(char* out, solar::protocol::Op op, const void* body,
-                               std::size_t n) {
-    solar::protocol::Header h;
-    h.op = static_cast<std::uint16_t>(op);
-    h.length = static_cast<std::uint32_t>(n);
-    std::memcpy(out, &h, sizeof h);
-    std::memcpy(out + sizeof h, body, n);
-    return sizeof h + n;
-  }
   std::size_t put_release(char* out) {
     release_pending = false;
     const solar::protocol::Release rl{release_step};
-    return put_frame(out, solar::protocol::Op::release, &rl, sizeof rl);
+    return solar::protocol::put_frame(out, solar::protocol::Op::release, &rl, sizeof rl);
   }
 
   bool pinned = false;           // the shared buffer is registered with CUDA

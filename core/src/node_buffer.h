@@ -111,7 +111,6 @@ class NodeBuffer {
   explicit NodeBuffer(std::uint64_t capacity)
       : capacity_(capacity), map_(std::min<std::uint64_t>(capacity, 1u << 20)) {}
 
-  std::uint64_t capacity() const { return capacity_; }
   std::size_t size() const { return map_.size(); }
   bool contains(std::uint32_t x) const { return map_.find(x) != nullptr; }
 

@@ -30,9 +30,6 @@ class EpochStream {
   }
   // Next use of the k-th access of `step` in the current epoch.
   std::uint64_t next_use(std::uint32_t step, std::uint64_t k) const;
-  std::uint64_t time_of(std::uint32_t step, std::uint64_t k) const {
-    return std::uint64_t{position_} * layout_.used() + layout_.step_begin(step) + k;
-  }
 
  private:
   const PlanConfig& c_;
@@ -61,7 +58,6 @@ class PlanRecorder {
  public:
   PlanRecorder(const PlanConfig& c, std::vector<std::uint32_t> epoch_order,
                const ProgressFn& progress);
-  const Plan& plan() const { return plan_; }
   // Appends step t (steps must come in order) and accounts its metrics in epoch `position`.
   void commit(std::uint32_t position, StepRecord& rec);
   Plan finish();

@@ -18,6 +18,7 @@
 
 #include "plan_builder.h"
 #include "policies.h"
+#include "solar/core/rng.h"
 
 namespace solar::detail {
 namespace {
@@ -128,18 +129,11 @@ class SolarPlanner {
       // Many nodes: the best of a few pseudo-random candidates (power of d choices).
       std::uint64_t h = (std::uint64_t{x} << 32) ^ t ^ c_.seed;
       for (int i = 0; i < 4; ++i) {
-        const std::uint32_t cand = open_[splitmix(h) % n_open];
+        const std::uint32_t cand = open_[splitmix64(h) % n_open];
         if (i == 0 || better(cand, best)) best = cand;
       }
     }
     return best;
-  }
-
-  static std::uint64_t splitmix(std::uint64_t& s) {
-    std::uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
   }
 
   void step(std::uint32_t p, std::uint32_t j, std::uint64_t t) {

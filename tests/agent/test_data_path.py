@@ -159,20 +159,26 @@ def lines(path):
         return 0
 
 
-def test_agent_killed_mid_run_ranks_finish_directly(tmp_path, dataset):
-    before = shm_entries()
-    p = solar_run(tmp_path, dataset, train_args=["--compute-ms", "15"], popen=True)
+def run_and_kill(tmp_path, dataset, compute_ms, name, count, rank_file, steps, victim):
+    """Starts a solar run, waits until `count` children called `name` run and `rank_file` shows
+    `steps` steps, SIGKILLs the `victim`-th of them, and returns (returncode, stdout, stderr)."""
+    p = solar_run(tmp_path, dataset, train_args=["--compute-ms", str(compute_ms)], popen=True)
     try:
-        wait_until(lambda: len(children(p.pid, "solar-agent")) == 2, what="two agents")
-        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 10, what="rank 0 at step 10")
-        agent = children(p.pid, "solar-agent")[0]
-        os.kill(agent, signal.SIGKILL)
+        wait_until(lambda: len(children(p.pid, name)) == count, what=f"{count} × {name}")
+        wait_until(lambda: lines(tmp_path / rank_file) >= steps, what=f"{rank_file} at step {steps}")
+        os.kill(children(p.pid, name)[victim], signal.SIGKILL)
         out, err = p.communicate(timeout=300)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
-    assert p.returncode == 0, err
+    return p.returncode, out, err
+
+
+def test_agent_killed_mid_run_ranks_finish_directly(tmp_path, dataset):
+    before = shm_entries()
+    rc, out, err = run_and_kill(tmp_path, dataset, 15, "solar-agent", 2, "rank-0.txt", 10, 0)
+    assert rc == 0, err
     assert "went away" in err, err
     assert (out + err).count("verified (0 wrong)") == 4
     check_sequences(tmp_path, tmp_path / "plan", 4)  # nothing lost, nothing twice
@@ -180,18 +186,8 @@ def test_agent_killed_mid_run_ranks_finish_directly(tmp_path, dataset):
 
 
 def test_rank_killed_others_finish(tmp_path, dataset):
-    p = solar_run(tmp_path, dataset, train_args=["--compute-ms", "10"], popen=True)
-    try:
-        wait_until(lambda: len(children(p.pid, "solar-example-train")) == 4, what="four ranks")
-        wait_until(lambda: lines(tmp_path / "rank-1.txt") >= 5, what="rank 1 at step 5")
-        victim = children(p.pid, "solar-example-train")[1]
-        os.kill(victim, signal.SIGKILL)
-        out, err = p.communicate(timeout=300)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 128 + signal.SIGKILL, err
+    rc, out, err = run_and_kill(tmp_path, dataset, 10, "solar-example-train", 4, "rank-1.txt", 5, 1)
+    assert rc == 128 + signal.SIGKILL, err
     assert (out + err).count("verified (0 wrong), from the node agent") == 3, out + err
 
 

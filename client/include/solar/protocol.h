@@ -14,7 +14,9 @@
 // Only processes of the agent's own user may connect (SO_PEERCRED is checked).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace solar::protocol {
 
@@ -43,6 +45,27 @@ struct Header {
   std::uint32_t reserved = 0;
 };
 static_assert(sizeof(Header) == 16);
+
+// A header every reader accepts: our magic and version, a payload within kMaxPayload.
+inline bool acceptable(const Header& h) {
+  return h.magic == kMagic && h.version == kVersion && h.length <= kMaxPayload;
+}
+
+// Writes the header of a message with `length` payload bytes to `out`; returns its size.
+inline std::size_t put_header(void* out, Op op, std::size_t length) {
+  Header h;
+  h.op = static_cast<std::uint16_t>(op);
+  h.length = static_cast<std::uint32_t>(length);
+  std::memcpy(out, &h, sizeof h);
+  return sizeof h;
+}
+
+// Writes header + body (n bytes) to `out` (sizeof(Header) + n bytes); returns the bytes written.
+inline std::size_t put_frame(void* out, Op op, const void* body, std::size_t n) {
+  const std::size_t at = put_header(out, op, n);
+  if (n) std::memcpy(static_cast<char*>(out) + at, body, n);
+  return at + n;
+}
 
 struct Hello {
   std::uint32_t local_rank = 0;
