@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -61,11 +62,20 @@ class Agent::Impl {
     bool attached = false;
     bool gone = false;        // disconnected: its uses are no longer counted
     bool waiting = false;     // a next request waits for its step
+    bool assembling = false;  // a job is copying its step `assembled` into its ring
+    std::uint64_t assembled = 0;  // steps < assembled are in its ring (its uses dropped)
     std::uint64_t cursor = 0;    // next step to hand out
     std::uint64_t released = 0;  // steps < released are released
     double stall_seconds = 0;
     Clock::time_point wait_since;
   };
+
+  // Ring slot i of rank r's batch of step t (see the buffer layout in the constructor).
+  std::uint32_t ring_slot(std::uint32_t r, std::uint64_t t, std::size_t i) const {
+    return static_cast<std::uint32_t>(cache_slots_ +
+                                      (std::uint64_t{r} * ring_depth_ + t % ring_depth_) * ring_batch_ + i);
+  }
+  std::byte* slot_ptr(std::uint64_t slot) const { return base_ + slot * slot_bytes_; }
 
   // Plan access.
   std::span<const std::uint32_t> accesses(std::uint64_t t, std::uint32_t r) const {
@@ -73,11 +83,13 @@ class Agent::Impl {
     return {plan_.accesses.data() + plan_.rank_offsets[i],
             plan_.rank_offsets[i + 1] - plan_.rank_offsets[i]};
   }
-  std::byte* slot_ptr(std::uint32_t slot) const { return base_ + std::uint64_t{slot} * slot_bytes_; }
 
   // Prefetch engine (its own thread).
   void prefetch_loop();
   void reader_loop();
+  void write_slot(std::uint32_t slot, struct iovec* iov, int n);
+  void schedule_assembly_locked();
+  void assemble(std::uint64_t t, std::uint32_t r);
   void complete_steps_locked();
   void fail(const std::string& what);
   void free_slot_locked(std::uint32_t sample);
@@ -104,6 +116,9 @@ class Agent::Impl {
   std::uint32_t R_ = 0;
   std::uint64_t T_ = 0;
   std::uint64_t sample_bytes_ = 0, label_bytes_ = 0, slot_bytes_ = 0, slots_ = 0;
+  std::uint64_t cache_slots_ = 0;  // the plan's resident set
+  std::uint64_t ring_depth_ = 0;   // batches per rank's ring
+  std::uint64_t ring_batch_ = 0;   // slots per ring batch (b + δ)
 
   int memfd_ = -1;
   std::byte* base_ = nullptr;
@@ -118,6 +133,7 @@ class Agent::Impl {
   std::uint64_t ready_ = 0;     // steps < ready_ are read and servable
   struct ReadJob {
     std::uint64_t step = 0;
+    int assemble_rank = -1;                // >= 0: copy this rank's batch into its ring
     std::vector<storage::SampleRun> runs;  // coalesced, ascending
     std::vector<std::uint32_t> slots;      // the slot of each sample, in run order
   };
@@ -192,9 +208,18 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   label_bytes_ = info.has_labels ? info.label_bytes : 0;
   slot_bytes_ = agent_slot_bytes(sample_bytes_, label_bytes_);
 
-  // Buffer: the plan's resident set plus staging for ranks still holding evicted samples.
-  const std::uint64_t step_max = std::uint64_t{R_} * (header_.config.batch + header_.config.imbalance);
-  slots_ = header_.config.buffer_samples() + std::uint64_t{o.staging_steps} * step_max;
+  // Buffer: the plan's resident set (cache slots), then one ring per rank of `staging_steps`
+  // batches. A step's batch is copied into the rank's ring ahead of its request, and the rank
+  // reads only there: its page faults stay within its ring (a few batches, touched once)
+  // instead of spreading over the whole buffer, its batch is contiguous, and the cache slots
+  // it used are free for the plan's evictions as soon as the copy is done.
+  if (o.staging_steps == 0)
+    throw AgentError("--staging-steps must be at least 1 (batches in each rank's ring)");
+  ring_depth_ = o.staging_steps;
+  ring_batch_ = std::uint64_t{header_.config.batch} + header_.config.imbalance;
+  // A plan of policy `none` may hold less than a step; its samples still need slots.
+  cache_slots_ = std::max(header_.config.buffer_samples(), std::uint64_t{R_} * ring_batch_);
+  slots_ = cache_slots_ + std::uint64_t{R_} * ring_depth_ * ring_batch_;
   const std::uint64_t bytes = slots_ * slot_bytes_;
   const std::uint64_t avail = mem_available_bytes();
   if (bytes > avail)
@@ -202,6 +227,10 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
                                  "available; plan with a smaller --buffer",
                                  format_bytes(bytes), slots_, format_bytes(slot_bytes_),
                                  format_bytes(avail)));
+  if (slots_ > 0xffffffffULL)
+    throw AgentError(fmt::format("the buffer would have {} slots; at most 2^32 are supported: "
+                                 "plan with a smaller --buffer",
+                                 slots_));
   memfd_ = ::memfd_create(fmt::format("solar-buffer-node{}", o.node).c_str(),
                           MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (memfd_ < 0) throw AgentError(fmt::format("memfd_create: {}", std::strerror(errno)));
@@ -209,11 +238,14 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
     throw AgentError(fmt::format("sizing the {} buffer: {}", format_bytes(bytes),
                                  std::strerror(errno)));
   ::fcntl(memfd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  // Readers write cache slots with pwritev (no page faults on fresh memory); the mapping is
+  // for copying batches into the rings.
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
   if (p == MAP_FAILED) throw AgentError(fmt::format("mapping the buffer: {}", std::strerror(errno)));
   base_ = static_cast<std::byte*>(p);
-  free_.resize(slots_);
-  for (std::uint64_t i = 0; i < slots_; ++i) free_[i] = static_cast<std::uint32_t>(slots_ - 1 - i);
+  free_.resize(cache_slots_);
+  for (std::uint64_t i = 0; i < cache_slots_; ++i)
+    free_[i] = static_cast<std::uint32_t>(cache_slots_ - 1 - i);
   ranks_.resize(R_);
 
   // Socket: private to this user. A stale socket file (a crashed agent) is replaced.
@@ -234,8 +266,10 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   if (bec) throw AgentError(fmt::format("{}: cannot bind: {}", o.socket, bec.message()));
   ::chmod(o.socket.c_str(), 0600);
   acceptor_.listen();
-  spdlog::info("node {}: {} steps, buffer {} slots × {} = {}, source {}", o.node, T_, slots_,
-               format_bytes(slot_bytes_), format_bytes(bytes), source_->describe());
+  spdlog::info("node {}: {} steps, buffer {} slots × {} = {} ({} cache, {} ranks × {} batches "
+               "of {} in rings), source {}",
+               o.node, T_, slots_, format_bytes(slot_bytes_), format_bytes(bytes), cache_slots_,
+               R_, ring_depth_, ring_batch_, source_->describe());
 }
 
 Agent::Impl::~Impl() {
@@ -404,11 +438,71 @@ void Agent::Impl::fail(const std::string& what) {
 void Agent::Impl::complete_steps_locked() {
   const std::uint64_t before = ready_;
   while (ready_ < admitted_ && outstanding_[ready_] == 0) ++ready_;
-  if (ready_ != before)
+  if (ready_ != before) schedule_assembly_locked();
+}
+
+// A rank's next batch is copied into its ring once its step is read and the ring entry it
+// reuses (step − depth) has been released; one copy per rank in flight, by the reader pool.
+void Agent::Impl::schedule_assembly_locked() {
+  bool queued = false;
+  for (std::uint32_t r = 0; r < R_; ++r) {
+    RankState& rs = ranks_[r];
+    if (rs.gone || rs.assembling || rs.assembled >= T_ || rs.assembled >= ready_ ||
+        rs.assembled >= rs.released + ring_depth_)
+      continue;
+    rs.assembling = true;
+    ReadJob job;
+    job.step = rs.assembled;
+    job.assemble_rank = static_cast<int>(r);
+    jobs_.push_front(std::move(job));  // before reads of later steps: ranks wait on it
+    queued = true;
+  }
+  if (queued) job_ready_.notify_all();
+}
+
+void Agent::Impl::assemble(std::uint64_t t, std::uint32_t r) {
+  const auto acc = accesses(t, r);
+  std::vector<std::uint32_t> from(acc.size());
+  {
+    std::lock_guard lk(mu_);
+    for (std::size_t i = 0; i < acc.size(); ++i) from[i] = slot_of_.at(acc[i] & kSampleMask);
+  }
+  // The cache slots stay put meanwhile: this step's uses still pin them.
+  for (std::size_t i = 0; i < acc.size(); ++i)
+    std::memcpy(slot_ptr(ring_slot(r, t, i)), slot_ptr(from[i]), slot_bytes_);
+  std::lock_guard lk(mu_);
+  RankState& rs = ranks_[r];
+  for (std::uint32_t a : acc) drop_use_locked(a & kSampleMask);
+  rs.assembling = false;
+  if (!rs.gone) {
+    rs.assembled = t + 1;
+    schedule_assembly_locked();
     asio::post(io_, [this] {
-      std::lock_guard lk(mu_);
+      std::lock_guard lk2(mu_);
       serve_waiting_locked();
     });
+  }
+}
+
+void Agent::Impl::write_slot(std::uint32_t slot, struct iovec* iov, int n) {
+  off_t at = static_cast<off_t>(std::uint64_t{slot} * slot_bytes_);
+  while (n > 0) {
+    const ssize_t w = ::pwritev(memfd_, iov, n, at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw std::runtime_error(fmt::format("writing slot {} of the buffer: {}", slot,
+                                                     std::strerror(w < 0 ? errno : ENOSPC)));
+    at += w;
+    auto left = static_cast<std::size_t>(w);
+    while (n > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --n;
+    }
+    if (n > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
 }
 
 void Agent::Impl::reader_loop() {
@@ -423,6 +517,10 @@ void Agent::Impl::reader_loop() {
       jobs_.pop_front();
     }
     try {
+      if (job.assemble_rank >= 0) {
+        assemble(job.step, static_cast<std::uint32_t>(job.assemble_rank));
+        continue;
+      }
       const std::size_t n = job.slots.size();
       const auto t0 = Clock::now();
       staging.resize(n * sample_bytes_);
@@ -431,11 +529,12 @@ void Agent::Impl::reader_loop() {
         label_staging.resize(n * label_bytes_);
         source_->read_labels(job.runs, label_staging.data());
       }
+      // Into the slots through the memfd: the kernel fills its pages directly, without a page
+      // fault per 4 KiB of a mapping touched for the first time.
       for (std::size_t i = 0; i < n; ++i) {
-        std::byte* dst = slot_ptr(job.slots[i]);
-        std::memcpy(dst, staging.data() + i * sample_bytes_, sample_bytes_);
-        if (label_bytes_)
-          std::memcpy(dst + sample_bytes_, label_staging.data() + i * label_bytes_, label_bytes_);
+        struct iovec iov[2] = {{staging.data() + i * sample_bytes_, sample_bytes_},
+                               {label_staging.data() + i * label_bytes_, label_bytes_}};
+        write_slot(job.slots[i], iov, label_bytes_ ? 2 : 1);
       }
       const double secs = seconds_since(t0);
       std::lock_guard lk(mu_);
@@ -558,9 +657,8 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
         return refuse(fmt::format("release of step {} out of order (next to release: {}, handed "
                                   "out: {})",
                                   rl.step, rs.released, rs.cursor));
-      for (std::uint32_t a : accesses(rl.step, static_cast<std::uint32_t>(s->rank)))
-        drop_use_locked(a & kSampleMask);
-      ++rs.released;
+      ++rs.released;  // its ring entry can take a later batch
+      schedule_assembly_locked();
       return;
     }
     case protocol::Op::stats: {
@@ -648,7 +746,7 @@ void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
   std::memcpy(msg.data() + at, &bh, sizeof bh);
   for (std::size_t i = 0; i < acc.size(); ++i) {
     const std::uint32_t x = acc[i] & kSampleMask;
-    const protocol::BatchEntry e{x, slot_of_.at(x)};
+    const protocol::BatchEntry e{x, ring_slot(r, t, i)};
     std::memcpy(msg.data() + kHead + i * sizeof e, &e, sizeof e);
   }
   send(rs.session, std::move(msg));
@@ -660,7 +758,7 @@ void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
 void Agent::Impl::serve_waiting_locked() {
   for (std::uint32_t r = 0; r < R_; ++r) {
     RankState& rs = ranks_[r];
-    if (rs.waiting && rs.session && rs.cursor < ready_) send_batch_locked(rs, r);
+    if (rs.waiting && rs.session && rs.cursor < rs.assembled) send_batch_locked(rs, r);
   }
 }
 
@@ -672,8 +770,9 @@ void Agent::Impl::detach(const std::shared_ptr<Session>& s) {
   if (s->rank < 0) return;
   std::lock_guard lk(mu_);
   RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
-  // Its slots are reclaimed: every admitted use it had not released is dropped.
-  for (std::uint64_t t = rs.released; t < admitted_; ++t)
+  // Its cache slots are reclaimed: every admitted use not yet copied to its ring is dropped
+  // (a copy in flight drops its own).
+  for (std::uint64_t t = rs.assembled + (rs.assembling ? 1 : 0); t < admitted_; ++t)
     for (std::uint32_t a : accesses(t, static_cast<std::uint32_t>(s->rank)))
       drop_use_locked(a & kSampleMask);
   rs.gone = true;
@@ -732,6 +831,7 @@ std::string Agent::Impl::stats_json() {
       {"read_seconds", read_seconds_},
       {"slot_wait_seconds", slot_wait_seconds_},
       {"slots", slots_},
+      {"cache_slots", cache_slots_},
       {"free_slots", free_.size()},
       {"uptime_seconds", seconds_since(started_)},
       {"error", fatal_},

@@ -28,8 +28,8 @@ int main(int argc, char** argv) {
   app.add_option("--io-threads", o.io_threads, "Parallel storage requests per read [8]");
   app.add_option("--readers", o.readers, "Steps read concurrently [4]");
   app.add_option("--staging-steps", o.staging_steps,
-                 "Extra buffer slots, in steps of this node's ranks, for samples ranks still "
-                 "hold after the plan evicts them [2]");
+                 "Batches in each rank's ring: its next batches are copied there ahead of "
+                 "its requests (at least 1) [2]");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -68,6 +68,7 @@ _SIGS = {
 # Optional: newer libsolar versions (see python/README.md, "Wanted from libsolar").
 _OPTIONAL = {
     "solar_batch_mean_size": ([_p], ctypes.c_double),
+    "solar_batch_gather": ([_p, _p, ctypes.c_size_t, _p, ctypes.c_size_t], ctypes.c_int),
 }
 
 for _name, (_args, _res) in {**_SIGS, **_OPTIONAL}.items():

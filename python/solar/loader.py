@@ -11,6 +11,7 @@ import os
 import struct
 import threading
 import warnings
+import weakref
 
 import numpy as np
 
@@ -96,6 +97,45 @@ def _plan_batches(plan_path):
     return batch, last
 
 
+class _Lease:
+    """Exports a pooled block's rows to numpy; its death is the block's release."""
+
+    __slots__ = ("rows", "__weakref__")
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    @property
+    def __array_interface__(self):
+        return self.rows.__array_interface__
+
+
+class _ArrayPool:
+    """Recycles the memory of batch copies: `take(n)` returns an (n, *shape) array that is a
+    view of a pooled block; once the array and everything made from it (tensors, views) are
+    gone, the block goes back to the pool. A training loop that drops each batch after its step
+    keeps reusing two or three blocks, already faulted in, instead of fresh memory per batch."""
+
+    def __init__(self, rows, shape, dtype):
+        self.rows, self.shape, self.dtype = rows, tuple(shape), np.dtype(dtype)
+        self.free = []
+
+    def take(self, n):
+        if n > self.rows:  # a larger batch (δ > 0): blocks of that size from now on
+            self.rows, self.free = n, []
+        block = self.free.pop() if self.free else np.empty((self.rows,) + self.shape,
+                                                             dtype=self.dtype)
+        lease = _Lease(block[:n])
+        weakref.finalize(lease, self._give, block).atexit = False
+        # The array's base is the lease, and numpy does not collapse views past a non-array
+        # base: every slice, view or tensor made from the array keeps the lease alive.
+        return np.asarray(lease)
+
+    def _give(self, block):
+        if len(block) == self.rows and len(self.free) < 8:
+            self.free.append(block)
+
+
 class Batch:
     """One rank's batch of one step.
 
@@ -155,21 +195,32 @@ class Batch:
         """Zero-copy read-only views of every sample, valid until release."""
         return [self.sample(i) for i in range(len(self))]
 
-    def gather(self, out):
+    def gather(self, out, labels_out=None):
         """Copies the samples into `out` (a C-contiguous buffer of len(self)·sample_bytes bytes
-        at address `out`, an int), one memcpy per sample."""
+        at address `out`, an int) and, when given, the labels into `labels_out` (len(self)·
+        label_bytes bytes), in one libsolar call."""
         self._live("gather")
-        nb = self._loader.sample_bytes
+        L = self._loader
+        n = len(self._ptrs)
+        if _lib.has("solar_batch_gather"):
+            if _lib_.solar_batch_gather(self._handle, out, n * L.sample_bytes, labels_out,
+                                        n * L.label_bytes if labels_out else 0) != 0:
+                raise SolarError(f"solar: {_lib.last_error()}")
+            return
+        nb = L.sample_bytes
         for k, p in enumerate(self._ptrs):
             ctypes.memmove(out + k * nb, p, nb)
+        if labels_out:
+            lb = L.label_bytes
+            for k, p in enumerate(self._lptrs):
+                ctypes.memmove(labels_out + k * lb, p, lb)
 
     @property
     def data(self):
         """The samples as one (len, *shape) array (a copy, made once)."""
         self._live("data")
         if self._data is None:
-            L = self._loader
-            a = np.empty((len(self),) + tuple(L.shape), dtype=L.dtype)
+            a = self._loader._pool.take(len(self))
             self.gather(a.ctypes.data)
             self._data = a
         return self._data
@@ -181,9 +232,14 @@ class Batch:
         if self._labels is None and self._lptrs is not None:
             L = self._loader
             a = np.empty(len(self), dtype=L.label_dtype)
-            nb = L.label_bytes
-            for k, p in enumerate(self._lptrs):
-                ctypes.memmove(a.ctypes.data + k * nb, p, nb)
+            if _lib.has("solar_batch_gather"):
+                if _lib_.solar_batch_gather(self._handle, None, 0, a.ctypes.data,
+                                            len(self) * L.label_bytes) != 0:
+                    raise SolarError(f"solar: {_lib.last_error()}")
+            else:
+                nb = L.label_bytes
+                for k, p in enumerate(self._lptrs):
+                    ctypes.memmove(a.ctypes.data + k * nb, p, nb)
             self._labels = a
         return self._labels
 
@@ -266,6 +322,7 @@ class Loader:
             label_dtype = f_ldtype if f_ldtype is not None else \
                 {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}.get(self.label_bytes, np.uint8)
         self.label_dtype = np.dtype(label_dtype)
+        self._pool = _ArrayPool(1, self.shape, self.dtype)
         if self.label_bytes and self.label_dtype.itemsize != self.label_bytes:
             self.close()
             raise ValueError(f"solar.Loader: label dtype {self.label_dtype} is "

@@ -52,8 +52,10 @@ class Batch(_loader.Batch):
         self._live("data")
         if self._data is None:
             L = self._loader
-            t = _torch.empty((len(self),) + L.shape, dtype=L.torch_dtype,
-                             pin_memory=L.pin_memory)
+            if L.pin_memory:
+                t = _torch.empty((len(self),) + L.shape, dtype=L.torch_dtype, pin_memory=True)
+            else:  # pooled memory, recycled once the tensor is dropped
+                t = _torch.from_numpy(L._pool.take(len(self)))
             self.gather(t.data_ptr())
             if L.device is not None:
                 t = t.to(L.device, non_blocking=L.pin_memory)

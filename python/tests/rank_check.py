@@ -41,8 +41,10 @@ def main():
     with loader, open(os.path.join(a.record, f"rank-{loader.rank}.txt"), "w") as rec:
         for epoch in range(loader.epochs):
             loader.set_epoch(epoch)
+            kept = []  # this epoch's copies: none may change while held (pooled memory)
             for batch in loader:
                 data, labels = batch
+                kept.append((batch.indices.copy(), data))
                 data, labels = np.asarray(data), np.asarray(labels)
                 assert data.shape == (len(batch),) + loader.shape
                 for k, idx in enumerate(batch.indices):
@@ -54,6 +56,10 @@ def main():
                 rec.write(f"{batch.step} {batch.epoch} {batch.weight!r} "
                           + " ".join(map(str, batch.indices)) + "\n")
                 batches += 1
+            for indices, data in kept:
+                for k, idx in enumerate(indices):
+                    bad += np.asarray(data[k]).tobytes() != expected(seed, int(idx),
+                                                                     loader.sample_bytes)[0]
         where = "from the node agent" if loader.using_agent else "read directly"
     print(f"rank {loader.rank}: {batches} batches, {bad} wrong, {where}")
     return 3 if bad else 0

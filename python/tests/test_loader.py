@@ -123,6 +123,40 @@ def test_batch_used_after_release_raises(plan, dataset, clean_env):
         loader.next_batch()
 
 
+def test_batch_copies_are_recycled_only_once_dropped(plan, dataset, clean_env):
+    """`data` comes from a pool: a block is reused after its array (and every view of it) is
+    gone, never while anything still refers to it."""
+    import gc
+    import solar._lib as L
+    with open_direct(plan, dataset) as loader:
+        held = []
+        for _ in range(6):  # every copy held: no two share memory, all stay correct
+            b = loader.next_batch()
+            held.append((b.indices.copy(), b.data, b.data[1:3]))
+        for indices, data, part in held:
+            for k, idx in enumerate(indices):
+                assert data[k].tobytes() == expected(SEED, int(idx), loader.sample_bytes)[0]
+            assert part.base is not None and np.shares_memory(part, data)
+        assert not any(np.shares_memory(held[i][1], held[j][1])
+                       for i in range(6) for j in range(i + 1, 6))
+        addr = held[-1][1].ctypes.data
+        view_only = held[-1][2]
+        del indices, data, part, b
+        held.clear()
+        gc.collect()
+        b = loader.next_batch()
+        assert b.data.ctypes.data != addr  # a view of that block is still alive
+        assert addr not in [blk.ctypes.data for blk in loader._pool.free]
+        del view_only
+        gc.collect()
+        assert loader._pool.free[-1].ctypes.data == addr  # back in the pool, reused next
+        b = loader.next_batch()
+        # The one-call copy names a buffer that is too small.
+        buf = np.empty(loader.sample_bytes, np.uint8)
+        assert L.lib.solar_batch_gather(b._handle, buf.ctypes.data, buf.nbytes, None, 0) == -1
+        assert "the data buffer has" in L.last_error()
+
+
 def test_epochs_run_forward(plan, dataset, clean_env):
     with open_direct(plan, dataset) as loader:
         assert len(loader) == loader.steps_per_epoch

@@ -71,6 +71,12 @@ SOLAR_API const void* solar_batch_label(const solar_batch* batch, size_t i);
  * imbalance bound δ > 0 ranks get b-δ..b+δ samples; weighting a rank's loss by
  * solar_batch_size / this keeps averaged gradients unbiased. */
 SOLAR_API double solar_batch_mean_size(const solar_batch* batch);
+/* Copies the batch's samples back to back into `data` (at least size × sample bytes; NULL to
+ * skip) and their labels into `labels` (size × label bytes; NULL to skip): one contiguous batch
+ * (a framework's tensor) in one call. 0 on success, -1 with solar_last_error() (a buffer too
+ * small, labels asked of a dataset without). */
+SOLAR_API int solar_batch_gather(const solar_batch* batch, void* data, size_t data_bytes,
+                                 void* labels, size_t labels_bytes);
 
 /* GPU (optional: libsolar built with SOLAR_WITH_CUDA, on when the CUDA toolkit is found).
  * solar_cuda_available: 1 when this libsolar has CUDA and a GPU is usable, else 0 with the

@@ -96,8 +96,8 @@ struct BufferSpec {
 };
 
 // How a node agent spends its memory: slots of one sample plus its label, rounded up to 64
-// bytes; the plan's resident set plus `staging_steps` steps of the node's ranks (room for
-// samples that ranks still hold after the plan evicted them).
+// bytes; the plan's resident set plus `staging_steps` steps of the node's ranks (each rank's
+// ring of that many batches, into which its next batches are copied ahead of its requests).
 inline constexpr std::uint32_t kAgentStagingSteps = 2;
 std::uint64_t agent_slot_bytes(std::uint64_t sample_bytes, std::uint64_t label_bytes);
 // Sets c.buffer_bytes (the plan's resident set) so that the agent's whole buffer fits in
