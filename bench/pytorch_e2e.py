@@ -53,7 +53,7 @@ def rank_main(a):
     rank, world = io.rank_setup(a)
     torch.manual_seed(a.seed)
     torch.set_num_threads(1)
-    path = io.dataset_path()
+    path = io.dataset_path(a)
     import h5py
     with h5py.File(path, "r") as f:
         shape = f["data"].shape[1:]
@@ -106,7 +106,7 @@ def rank_main(a):
         rep["val_loss"].append(float(val[0] / val[1]))
         rep["train_loss"].append(float(val[2] / val[3]))
     with open(os.path.join(a.out, f"rank-{rank}.json"), "w") as f:
-        json.dump(rep, f)
+        json.dump(rep | {"agent": bool(getattr(a, "using_agent", False))}, f)
     dist.destroy_process_group()
 
 
@@ -140,7 +140,11 @@ def main():
                     "--workers", str(a.workers), "--seed", str(a.seed), "--batch", str(a.batch),
                     "--epochs", str(a.epochs), "--lr", str(a.lr)]
             io.solar_run(tool, path, a, argv, extra=[] if mode == "solar" else ["--no-agent"])
-            results[mode] = io.gather(out, a.ranks)["rank0"]
+            g = io.gather(out, a.ranks * a.nodes)
+            results[mode] = g["rank0"]
+            if mode == "solar":
+                print(f"SOLAR: {g['agent_ranks']} of {a.ranks * a.nodes} ranks served by a node "
+                      f"agent, via {a.launcher}")
         for mode, name in (("baseline", "baseline"), ("solar", "SOLAR"), ("compute", "compute")):
             r = results[mode]
             if mode != "compute":

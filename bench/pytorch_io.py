@@ -46,11 +46,27 @@ def drop_cache(path):
         os.close(fd)
 
 
+_SRUN_RANK = ('RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS '
+              'MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000)) exec "$@"')
+
+
 def solar_run(tool, dataset, a, rank_argv, extra=()):
-    """Runs the rank program under `solar run`; returns its combined output."""
-    cmd = [tool, "run", "-n", str(a.ranks), "--nodes", str(a.nodes), "--dataset", dataset,
-           "--buffer", a.buffer, "--epochs", str(a.epochs), "--batch", str(a.batch),
-           "--seed", str(a.seed), "--order", "torch", *extra, "--", sys.executable, *rank_argv]
+    """Runs the rank program under `solar run`, or under `srun --solar-*` with --launcher srun
+    (baseline: plain srun); returns its combined output."""
+    no_agent = "--no-agent" in extra
+    rank_argv = [*rank_argv, "--data", dataset]
+    if a.launcher == "srun":
+        solar = [] if no_agent else [
+            f"--solar-dataset={dataset}", f"--solar-buffer={a.buffer}",
+            f"--solar-epochs={a.epochs}", f"--solar-batch={a.batch}", f"--solar-seed={a.seed}",
+            "--solar-order=torch"]
+        cmd = ["srun", "-N", str(a.nodes), f"--ntasks-per-node={a.ranks}", *solar, "bash", "-c",
+               _SRUN_RANK, "rank", sys.executable, *rank_argv]
+    else:
+        cmd = [tool, "run", "-n", str(a.ranks), "--nodes", str(a.nodes), "--dataset", dataset,
+               "--buffer", a.buffer, "--epochs", str(a.epochs), "--batch", str(a.batch),
+               "--seed", str(a.seed), "--order", "torch", *extra, "--", sys.executable,
+               *rank_argv]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"pytorch bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
@@ -64,7 +80,8 @@ def gather(outdir, ranks):
         with open(os.path.join(outdir, f"rank-{r}.json")) as f:
             reports.append(json.load(f))
     return {k: [max(rep[k][e] for rep in reports) for e in range(len(reports[0][k]))]
-            for k in reports[0] if isinstance(reports[0][k], list)} | {"rank0": reports[0]}
+            for k in reports[0] if isinstance(reports[0][k], list)} | {
+        "rank0": reports[0], "agent_ranks": sum(bool(rep.get("agent")) for rep in reports)}
 
 
 def fmt_list(xs):
@@ -82,6 +99,11 @@ def add_common_args(ap):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--build", help="build directory with cli/solar, client/libsolar.so")
     ap.add_argument("--dataset", help="use this HDF5 file instead of generating one")
+    ap.add_argument("--launcher", choices=["solar-run", "srun"], default="solar-run",
+                    help="start the ranks with `solar run` (one machine) or with `srun "
+                         "--solar-*` on a Slurm cluster with solar's plugin (SLURM_CONF as "
+                         "usual; the baseline runs under plain srun) [solar-run]")
+    ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--rank", choices=["baseline", "solar"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--library", help=argparse.SUPPRESS)
@@ -138,20 +160,24 @@ def rank_setup(a):
     return dist.get_rank(), dist.get_world_size()
 
 
-def dataset_path():
-    spec = os.environ["SOLAR_DATASET"]
+def dataset_path(a=None):
+    if a is not None and a.data:
+        spec = a.data
+    else:
+        spec = os.environ["SOLAR_DATASET"]
     head, sep, tail = spec.rpartition(":")
     return head if sep and tail.startswith("/") else spec
 
 
 def make_loader(a, rank, world):
     """(set_epoch, iterable) of the loader this rank measures."""
-    path = dataset_path()
+    path = dataset_path(a)
     if a.rank == "baseline":
         sampler, loader = baseline_loader(path, a, rank, world)
         return sampler.set_epoch, loader, (lambda batch: (batch[0], batch[1], 1.0))
     import solar.torch
     loader = solar.torch.Loader()
+    a.using_agent = loader.using_agent
     return loader.set_epoch, loader, (lambda batch: (batch.data, batch.labels, batch.weight))
 
 
@@ -159,7 +185,7 @@ def rank_main(a):
     import torch.distributed as dist
     rank, world = rank_setup(a)
     set_epoch, loader, unpack = make_loader(a, rank, world)
-    path = dataset_path()
+    path = dataset_path(a)
     load = [0.0] * a.epochs
     samples = 0
     for epoch in range(a.epochs):
@@ -175,7 +201,8 @@ def rank_main(a):
             samples += len(x)
             t = time.perf_counter()
     with open(os.path.join(a.out, f"rank-{rank}.json"), "w") as f:
-        json.dump({"load": load, "samples": samples}, f)
+        json.dump({"load": load, "samples": samples,
+                   "agent": bool(getattr(a, "using_agent", False))}, f)
     dist.destroy_process_group()
 
 
@@ -208,7 +235,7 @@ def main():
                                       "--library", lib, "--seed", str(a.seed),
                                       "--batch", str(a.batch), "--epochs", str(a.epochs)],
                       extra=["--no-agent"])
-            base[w] = gather(out, a.ranks)["load"]
+            base[w] = gather(out, a.ranks * a.nodes)["load"]
             print(f"baseline num_workers={w}: total {sum(base[w]):.4f} s {fmt_list(base[w])}")
         best = min(base, key=lambda w: sum(base[w]))
         out = os.path.join(tmp, "solar")
@@ -216,14 +243,16 @@ def main():
         drop_cache(path)
         log = solar_run(tool, path, a, [me, "--rank", "solar", "--out", out, "--library", lib,
                                         "--workers", "0", "--epochs", str(a.epochs)])
-        sol = gather(out, a.ranks)["load"]
+        g = gather(out, a.ranks * a.nodes)
+        sol = g["load"]
         for line in log.splitlines():
             if line.startswith("solar run: node"):
                 print(line)
         print()
         print(f"DataLoading time baseline each epoch: {fmt_list(base[best])}  "
               f"(num_workers={best}, the best of {a.workers})")
-        print(f"DataLoading time SOLAR each epoch: {fmt_list(sol)}")
+        print(f"DataLoading time SOLAR each epoch: {fmt_list(sol)}  ({g['agent_ranks']} of "
+              f"{a.ranks * a.nodes} ranks served by a node agent, via {a.launcher})")
         print(f"speedup: {sum(base[best]) / max(sum(sol), 1e-9):.2f}x in total over "
               f"{a.epochs} epochs ({sum(base[best]):.4f} s vs {sum(sol):.4f} s)")
     finally:
