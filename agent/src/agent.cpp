@@ -40,6 +40,9 @@ std::uint64_t mem_available_bytes() {
   return ~std::uint64_t{0};
 }
 
+// Batches up to this size are copied into a ring by whichever thread makes them ready.
+constexpr std::uint64_t kInlineCopyBytes = 512 * 1024;
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -88,8 +91,12 @@ class Agent::Impl {
   void prefetch_loop();
   void reader_loop();
   void write_slot(std::uint32_t slot, struct iovec* iov, int n);
-  void schedule_assembly_locked();
+  // on_io: called on the io thread (serve at once instead of posting).
+  void schedule_assembly_locked(bool on_io = false);
   void assemble(std::uint64_t t, std::uint32_t r);
+  std::vector<std::uint32_t> batch_slots_locked(std::uint64_t t, std::uint32_t r) const;
+  void copy_batch(std::uint64_t t, std::uint32_t r, const std::vector<std::uint32_t>& from);
+  void finish_assembly_locked(std::uint64_t t, std::uint32_t r);
   void complete_steps_locked();
   void fail(const std::string& what);
   void free_slot_locked(std::uint32_t sample);
@@ -119,6 +126,7 @@ class Agent::Impl {
   std::uint64_t cache_slots_ = 0;  // the plan's resident set
   std::uint64_t ring_depth_ = 0;   // batches per rank's ring
   std::uint64_t ring_batch_ = 0;   // slots per ring batch (b + δ)
+  bool inline_copy_ = false;       // batches small enough to copy without a thread hop
 
   int memfd_ = -1;
   std::byte* base_ = nullptr;
@@ -220,6 +228,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   // A plan of policy `none` may hold less than a step; its samples still need slots.
   cache_slots_ = std::max(header_.config.buffer_samples(), std::uint64_t{R_} * ring_batch_);
   slots_ = cache_slots_ + std::uint64_t{R_} * ring_depth_ * ring_batch_;
+  inline_copy_ = ring_batch_ * slot_bytes_ <= kInlineCopyBytes;
   const std::uint64_t bytes = slots_ * slot_bytes_;
   const std::uint64_t avail = mem_available_bytes();
   if (bytes > avail)
@@ -443,45 +452,73 @@ void Agent::Impl::complete_steps_locked() {
 
 // A rank's next batch is copied into its ring once its step is read and the ring entry it
 // reuses (step − depth) has been released; one copy per rank in flight, by the reader pool.
-void Agent::Impl::schedule_assembly_locked() {
-  bool queued = false;
-  for (std::uint32_t r = 0; r < R_; ++r) {
-    RankState& rs = ranks_[r];
-    if (rs.gone || rs.assembling || rs.assembled >= T_ || rs.assembled >= ready_ ||
-        rs.assembled >= rs.released + ring_depth_)
-      continue;
-    rs.assembling = true;
-    ReadJob job;
-    job.step = rs.assembled;
-    job.assemble_rank = static_cast<int>(r);
-    jobs_.push_front(std::move(job));  // before reads of later steps: ranks wait on it
-    queued = true;
+void Agent::Impl::schedule_assembly_locked(bool on_io) {
+  bool queued = false, copied = false;
+  for (bool again = true; again;) {
+    again = false;
+    for (std::uint32_t r = 0; r < R_; ++r) {
+      RankState& rs = ranks_[r];
+      if (rs.gone || rs.assembling || rs.assembled >= T_ || rs.assembled >= ready_ ||
+          rs.assembled >= rs.released + ring_depth_)
+        continue;
+      if (inline_copy_) {  // small batches: a thread hop would cost more than the copy
+        copy_batch(rs.assembled, r, batch_slots_locked(rs.assembled, r));
+        finish_assembly_locked(rs.assembled, r);
+        copied = again = true;
+        continue;
+      }
+      rs.assembling = true;
+      ReadJob job;
+      job.step = rs.assembled;
+      job.assemble_rank = static_cast<int>(r);
+      jobs_.push_front(std::move(job));  // before reads of later steps: ranks wait on it
+      queued = true;
+    }
   }
   if (queued) job_ready_.notify_all();
+  if (copied && on_io) serve_waiting_locked();
+  else if (copied)
+    asio::post(io_, [this] {
+      std::lock_guard lk(mu_);
+      serve_waiting_locked();
+    });
+}
+
+// Where rank r's batch of step t is in the cache (the step's uses pin those slots).
+std::vector<std::uint32_t> Agent::Impl::batch_slots_locked(std::uint64_t t, std::uint32_t r) const {
+  const auto acc = accesses(t, r);
+  std::vector<std::uint32_t> from(acc.size());
+  for (std::size_t i = 0; i < acc.size(); ++i) from[i] = slot_of_.at(acc[i] & kSampleMask);
+  return from;
+}
+
+void Agent::Impl::copy_batch(std::uint64_t t, std::uint32_t r,
+                             const std::vector<std::uint32_t>& from) {
+  for (std::size_t i = 0; i < from.size(); ++i)
+    std::memcpy(slot_ptr(ring_slot(r, t, i)), slot_ptr(from[i]), slot_bytes_);
+}
+
+void Agent::Impl::finish_assembly_locked(std::uint64_t t, std::uint32_t r) {
+  RankState& rs = ranks_[r];
+  for (std::uint32_t a : accesses(t, r)) drop_use_locked(a & kSampleMask);
+  rs.assembling = false;
+  if (!rs.gone) rs.assembled = t + 1;
 }
 
 void Agent::Impl::assemble(std::uint64_t t, std::uint32_t r) {
-  const auto acc = accesses(t, r);
-  std::vector<std::uint32_t> from(acc.size());
+  std::vector<std::uint32_t> from;
   {
     std::lock_guard lk(mu_);
-    for (std::size_t i = 0; i < acc.size(); ++i) from[i] = slot_of_.at(acc[i] & kSampleMask);
+    from = batch_slots_locked(t, r);
   }
-  // The cache slots stay put meanwhile: this step's uses still pin them.
-  for (std::size_t i = 0; i < acc.size(); ++i)
-    std::memcpy(slot_ptr(ring_slot(r, t, i)), slot_ptr(from[i]), slot_bytes_);
+  copy_batch(t, r, from);  // unlocked: neither the cache slots nor the ring entry can change
   std::lock_guard lk(mu_);
-  RankState& rs = ranks_[r];
-  for (std::uint32_t a : acc) drop_use_locked(a & kSampleMask);
-  rs.assembling = false;
-  if (!rs.gone) {
-    rs.assembled = t + 1;
-    schedule_assembly_locked();
-    asio::post(io_, [this] {
-      std::lock_guard lk2(mu_);
-      serve_waiting_locked();
-    });
-  }
+  finish_assembly_locked(t, r);
+  schedule_assembly_locked();
+  asio::post(io_, [this] {
+    std::lock_guard lk2(mu_);
+    serve_waiting_locked();
+  });
 }
 
 void Agent::Impl::write_slot(std::uint32_t slot, struct iovec* iov, int n) {
@@ -658,7 +695,7 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
                                   "out: {})",
                                   rl.step, rs.released, rs.cursor));
       ++rs.released;  // its ring entry can take a later batch
-      schedule_assembly_locked();
+      schedule_assembly_locked(true);
       return;
     }
     case protocol::Op::stats: {
