@@ -65,7 +65,8 @@ def solar_run(tool, dataset, a, rank_argv, extra=()):
     else:
         cmd = [tool, "run", "-n", str(a.ranks), "--nodes", str(a.nodes), "--dataset", dataset,
                "--buffer", a.buffer, "--epochs", str(a.epochs), "--batch", str(a.batch),
-               "--seed", str(a.seed), "--order", "torch", *extra, "--", sys.executable,
+               "--seed", str(a.seed), "--order", "torch", *extra,
+               *(["--zero-copy"] if a.zero_copy and not no_agent else []), "--", sys.executable,
                *rank_argv]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
@@ -104,6 +105,8 @@ def add_common_args(ap):
                          "--solar-*` on a Slurm cluster with solar's plugin (SLURM_CONF as "
                          "usual; the baseline runs under plain srun) [solar-run]")
     ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--zero-copy", action="store_true",
+                    help="solar run's agents hand out cache slots (no per-rank rings)")
     ap.add_argument("--rank", choices=["baseline", "solar"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--library", help=argparse.SUPPRESS)

@@ -30,6 +30,7 @@ struct BenchOptions {
   std::string dataset, labels = "/label";
   std::string ranks = "4", nodes = "1", epochs = "3", batch = "16", seed = "0", buffer = "64%";
   std::string readers = "4";
+  bool zero_copy = false;
   double compute_ms = 0;
   std::string remote_bandwidth;
   double remote_latency_ms = 0;
@@ -194,6 +195,7 @@ void run_bench(const BenchOptions& o) {
     ls.dataset = spec;
     ls.labels = o.labels;
     ls.agents = agents;
+    ls.zero_copy = o.zero_copy;
     ls.command = {find_sibling("solar-example-train", "slurm_examples"), "--quiet", "--report",
                   (dir / fmt::format("{}-%r.json", tag)).string()};
     if (!agents) ls.command.insert(ls.command.end(), {"--baseline", std::to_string(readers)});
@@ -259,6 +261,7 @@ void run_bench(const BenchOptions& o) {
 
 struct ServeOptions {
   std::string samples = "20000", ranks = "4", epochs = "4", batch = "16", preset = "tiny";
+  bool zero_copy = false;
 };
 
 // How fast an agent hands out batches once everything is in its buffer: 4 KiB samples, a
@@ -294,6 +297,7 @@ void run_serve(const ServeOptions& o) {
   LaunchSpec ls;
   ls.plan = &plan;
   ls.dataset = data;
+  ls.zero_copy = o.zero_copy;
   ls.command = {find_sibling("solar-example-train", "slurm_examples"), "--quiet", "--touch",
                 "--report", (dir / "serve-%r.json").string()};
   const LaunchResult r = launch(ls);
@@ -353,6 +357,7 @@ void add_bench_loader_command(CLI::App& app) {
                      "EMULATION: milliseconds added to every storage request");
   loader->add_flag("--verify", o->verify, "Check every sample's content in both phases");
   loader->add_flag("--json", o->json, "Machine-readable output");
+  loader->add_flag("--zero-copy", o->zero_copy, "Agents hand out cache slots (no per-rank rings)");
   auto so = std::make_shared<ServeOptions>();
   CLI::App* serve = bench->add_subcommand(
       "serve", "How fast an agent hands out batches from its buffer (a buffer holding the whole\n"
@@ -363,6 +368,7 @@ void add_bench_loader_command(CLI::App& app) {
   serve->add_option("--batch", so->batch, "Per-rank batch [16]");
   serve->add_option("--preset", so->preset, "Sample size: tiny (4 KiB) or small (256 KiB) [tiny]")
       ->check(CLI::IsMember({"tiny", "small"}));
+  serve->add_flag("--zero-copy", so->zero_copy, "Agents hand out cache slots (no per-rank rings)");
   serve->callback([so] {
     try {
       run_serve(*so);

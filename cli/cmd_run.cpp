@@ -23,7 +23,7 @@ struct RunOptions {
   std::string ranks = "1", nodes = "1", epochs, batch, seed = "0", imbalance = "0";
   std::string dataset, labels = "/label", buffer, order = "solar";
   std::string plan_out;
-  bool drop_last = false, no_agent = false, keep = false, verbose = false;
+  bool drop_last = false, no_agent = false, keep = false, verbose = false, zero_copy = false;
   std::vector<std::string> command;
 };
 
@@ -88,6 +88,7 @@ void run_run(const RunOptions& o) {
   spec.labels = o.labels;
   spec.command = o.command;
   spec.agents = !o.no_agent;
+  spec.zero_copy = o.zero_copy;
   spec.keep_run_dir = o.keep;
   try {
     const LaunchResult r = launch(spec);
@@ -165,6 +166,10 @@ void add_run_commands(CLI::App& app) {
   run->add_option("--order", o->order, "solar or torch (= DistributedSampler) [solar]");
   run->add_flag("--drop-last", o->drop_last, "Drop the tail that does not fill a step");
   run->add_flag("--no-agent", o->no_agent, "No agents: ranks read directly (the fallback path)");
+  run->add_flag("--zero-copy", o->zero_copy,
+                "Agents hand out their cache slots instead of copying each rank's batch into "
+                "its ring first (fewer copies; each rank then touches the whole buffer, which "
+                "costs page faults where they are expensive, e.g. on VMs)");
   run->add_option("--plan-out", o->plan_out, "Also save the plan here (for plan-dump)");
   run->add_flag("--keep-run-dir", o->keep, "Keep the plan, sockets and agent logs");
   run->add_flag("-v,--verbose", o->verbose, "Say what is planned");

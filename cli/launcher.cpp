@@ -225,10 +225,14 @@ LaunchResult launch(const LaunchSpec& spec) {
       for (std::uint32_t m = 0; m < c.nodes; ++m) {
         sockets[m] = (dir / fmt::format("node{}.sock", m)).string();
         const std::string log = (dir / fmt::format("node{}.log", m)).string();
-        agents[m] = spawn({agent, "--plan", plan_path.string(), "--node", std::to_string(m),
-                           "--dataset", spec.dataset, "--labels", spec.labels, "--socket",
-                           sockets[m], "--log", log},
-                          base_env, log);
+        std::vector<std::string> argv = {agent,          "--plan",   plan_path.string(),
+                                         "--node",       std::to_string(m),
+                                         "--dataset",    spec.dataset,
+                                         "--labels",     spec.labels,
+                                         "--socket",     sockets[m],
+                                         "--log",        log};
+        if (spec.zero_copy) argv.push_back("--zero-copy");
+        agents[m] = spawn(argv, base_env, log);
       }
       // Ready when its socket accepts a connection.
       const auto deadline = Clock::now() + std::chrono::seconds(60);

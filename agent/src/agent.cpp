@@ -221,12 +221,20 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   // reads only there: its page faults stay within its ring (a few batches, touched once)
   // instead of spreading over the whole buffer, its batch is contiguous, and the cache slots
   // it used are free for the plan's evictions as soon as the copy is done.
-  if (o.staging_steps == 0)
+  if (!o.zero_copy && o.staging_steps == 0)
     throw AgentError("--staging-steps must be at least 1 (batches in each rank's ring)");
-  ring_depth_ = o.staging_steps;
   ring_batch_ = std::uint64_t{header_.config.batch} + header_.config.imbalance;
-  // A plan of policy `none` may hold less than a step; its samples still need slots.
-  cache_slots_ = std::max(header_.config.buffer_samples(), std::uint64_t{R_} * ring_batch_);
+  if (o.zero_copy) {
+    // No rings: ranks read the cache slots; the staging slots hold samples the plan evicted
+    // while ranks still use them.
+    ring_depth_ = 0;
+    cache_slots_ = header_.config.buffer_samples() +
+                   std::uint64_t{o.staging_steps} * R_ * ring_batch_;
+  } else {
+    ring_depth_ = o.staging_steps;
+    // A plan of policy `none` may hold less than a step; its samples still need slots.
+    cache_slots_ = std::max(header_.config.buffer_samples(), std::uint64_t{R_} * ring_batch_);
+  }
   slots_ = cache_slots_ + std::uint64_t{R_} * ring_depth_ * ring_batch_;
   inline_copy_ = ring_batch_ * slot_bytes_ <= kInlineCopyBytes;
   const std::uint64_t bytes = slots_ * slot_bytes_;
@@ -453,6 +461,14 @@ void Agent::Impl::complete_steps_locked() {
 // A rank's next batch is copied into its ring once its step is read and the ring entry it
 // reuses (step − depth) has been released; one copy per rank in flight, by the reader pool.
 void Agent::Impl::schedule_assembly_locked(bool on_io) {
+  if (ring_depth_ == 0) {  // zero copy: a ready step is servable as it is
+    if (!on_io)
+      asio::post(io_, [this] {
+        std::lock_guard lk(mu_);
+        serve_waiting_locked();
+      });
+    return;
+  }
   bool queued = false, copied = false;
   for (bool again = true; again;) {
     again = false;
@@ -694,6 +710,9 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
         return refuse(fmt::format("release of step {} out of order (next to release: {}, handed "
                                   "out: {})",
                                   rl.step, rs.released, rs.cursor));
+      if (ring_depth_ == 0)  // zero copy: the rank no longer reads those cache slots
+        for (std::uint32_t a : accesses(rl.step, static_cast<std::uint32_t>(s->rank)))
+          drop_use_locked(a & kSampleMask);
       ++rs.released;  // its ring entry can take a later batch
       schedule_assembly_locked(true);
       return;
@@ -783,7 +802,7 @@ void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
   std::memcpy(msg.data() + at, &bh, sizeof bh);
   for (std::size_t i = 0; i < acc.size(); ++i) {
     const std::uint32_t x = acc[i] & kSampleMask;
-    const protocol::BatchEntry e{x, ring_slot(r, t, i)};
+    const protocol::BatchEntry e{x, ring_depth_ ? ring_slot(r, t, i) : slot_of_.at(x)};
     std::memcpy(msg.data() + kHead + i * sizeof e, &e, sizeof e);
   }
   send(rs.session, std::move(msg));
@@ -795,7 +814,8 @@ void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
 void Agent::Impl::serve_waiting_locked() {
   for (std::uint32_t r = 0; r < R_; ++r) {
     RankState& rs = ranks_[r];
-    if (rs.waiting && rs.session && rs.cursor < rs.assembled) send_batch_locked(rs, r);
+    if (rs.waiting && rs.session && rs.cursor < (ring_depth_ ? rs.assembled : ready_))
+      send_batch_locked(rs, r);
   }
 }
 
@@ -809,7 +829,9 @@ void Agent::Impl::detach(const std::shared_ptr<Session>& s) {
   RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
   // Its cache slots are reclaimed: every admitted use not yet copied to its ring is dropped
   // (a copy in flight drops its own).
-  for (std::uint64_t t = rs.assembled + (rs.assembling ? 1 : 0); t < admitted_; ++t)
+  const std::uint64_t from =
+      ring_depth_ ? rs.assembled + (rs.assembling ? 1 : 0) : rs.released;
+  for (std::uint64_t t = from; t < admitted_; ++t)
     for (std::uint32_t a : accesses(t, static_cast<std::uint32_t>(s->rank)))
       drop_use_locked(a & kSampleMask);
   rs.gone = true;

@@ -27,6 +27,7 @@ struct AgentOptions {
   unsigned io_threads = 8;   // parallel requests within one read
   unsigned readers = 4;      // steps read concurrently
   std::uint32_t staging_steps = kAgentStagingSteps;  // extra slots, in steps of its ranks
+  bool zero_copy = false;  // ranks read cache slots directly (no per-rank rings)
 };
 
 // Thrown for anything that stops the agent from starting: names the input and the fix.
