@@ -116,6 +116,9 @@ def main():
     io.add_common_args(ap)
     ap.add_argument("--workers", type=int, default=2, help="baseline num_workers [2]")
     ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the three modes this many times, in rotation, and report each "
+                         "mode's run of median total epoch time (this machine is noisy) [1]")
     ap.add_argument("--val", help=argparse.SUPPRESS)
     ap.set_defaults(rank=None)
     ap._option_string_actions["--rank"].choices = ["baseline", "solar", "compute"]
@@ -131,9 +134,11 @@ def main():
               f"{a.epochs} epochs, seed {a.seed}, solar buffer {a.buffer}, baseline "
               f"num_workers={a.workers}, cold storage every epoch")
         me = os.path.abspath(__file__)
-        results = {}
-        for mode in ("compute", "baseline", "solar"):
-            out = os.path.join(tmp, mode)
+        if a.repeat < 1:
+            sys.exit("pytorch_e2e: --repeat must be at least 1")
+        runs = {"compute": [], "baseline": [], "solar": []}
+        for k, mode in [(k, m) for k in range(a.repeat) for m in runs]:
+            out = os.path.join(tmp, f"{mode}-{k}")
             os.makedirs(out)
             io.drop_cache(path)
             argv = [me, "--rank", mode, "--out", out, "--library", lib, "--val", val,
@@ -141,10 +146,17 @@ def main():
                     "--epochs", str(a.epochs), "--lr", str(a.lr)]
             io.solar_run(tool, path, a, argv, extra=[] if mode == "solar" else ["--no-agent"])
             g = io.gather(out, a.ranks * a.nodes)
-            results[mode] = g["rank0"]
-            if mode == "solar":
+            runs[mode].append(g["rank0"])
+            if mode == "solar" and k == 0:
                 print(f"SOLAR: {g['agent_ranks']} of {a.ranks * a.nodes} ranks served by a node "
                       f"agent, via {a.launcher}")
+        # Each mode's run of median total epoch time.
+        results = {m: sorted(rs, key=lambda r: sum(r["epoch"]))[len(rs) // 2]
+                   for m, rs in runs.items()}
+        if a.repeat > 1:
+            for m, rs in runs.items():
+                print(f"{m}: total epoch time of each run: "
+                      f"{io.fmt_list([sum(r['epoch']) for r in rs])}; the median run is shown")
         for mode, name in (("baseline", "baseline"), ("solar", "SOLAR"), ("compute", "compute")):
             r = results[mode]
             if mode != "compute":

@@ -559,7 +559,18 @@ void Agent::Impl::write_slot(std::uint32_t slot, struct iovec* iov, int n) {
 }
 
 void Agent::Impl::reader_loop() {
-  std::vector<std::byte> staging, label_staging;
+  // Grown, never zero-filled: a std::vector would clear every byte it grows by.
+  struct Scratch {
+    std::unique_ptr<std::byte[]> p;
+    std::size_t cap = 0;
+    std::byte* get(std::size_t n) {
+      if (n > cap) {
+        p = std::make_unique_for_overwrite<std::byte[]>(n);
+        cap = n;
+      }
+      return p.get();
+    }
+  } staging_buf, label_buf;
   for (;;) {
     ReadJob job;
     {
@@ -576,17 +587,15 @@ void Agent::Impl::reader_loop() {
       }
       const std::size_t n = job.slots.size();
       const auto t0 = Clock::now();
-      staging.resize(n * sample_bytes_);
-      source_->read(job.runs, staging.data());
-      if (label_bytes_) {
-        label_staging.resize(n * label_bytes_);
-        source_->read_labels(job.runs, label_staging.data());
-      }
+      std::byte* staging = staging_buf.get(n * sample_bytes_);
+      std::byte* label_staging = label_buf.get(n * label_bytes_);
+      source_->read(job.runs, staging);
+      if (label_bytes_) source_->read_labels(job.runs, label_staging);
       // Into the slots through the memfd: the kernel fills its pages directly, without a page
       // fault per 4 KiB of a mapping touched for the first time.
       for (std::size_t i = 0; i < n; ++i) {
-        struct iovec iov[2] = {{staging.data() + i * sample_bytes_, sample_bytes_},
-                               {label_staging.data() + i * label_bytes_, label_bytes_}};
+        struct iovec iov[2] = {{staging + i * sample_bytes_, sample_bytes_},
+                               {label_staging + i * label_bytes_, label_bytes_}};
         write_slot(job.slots[i], iov, label_bytes_ ? 2 : 1);
       }
       const double secs = seconds_since(t0);
