@@ -75,8 +75,8 @@ class Agent::Impl {
 
   // Ring slot i of rank r's batch of step t (see the buffer layout in the constructor).
   std::uint32_t ring_slot(std::uint32_t r, std::uint64_t t, std::size_t i) const {
-    return static_cast<std::uint32_t>(cache_slots_ +
-                                      (std::uint64_t{r} * ring_depth_ + t % ring_depth_) * ring_batch_ + i);
+    const std::uint64_t entry = std::uint64_t{r} * ring_depth_ + t % ring_depth_;
+    return static_cast<std::uint32_t>(cache_slots_ + entry * ring_batch_ + i);
   }
   std::byte* slot_ptr(std::uint64_t slot) const { return base_ + slot * slot_bytes_; }
 
@@ -501,7 +501,8 @@ void Agent::Impl::schedule_assembly_locked(bool on_io) {
 }
 
 // Where rank r's batch of step t is in the cache (the step's uses pin those slots).
-std::vector<std::uint32_t> Agent::Impl::batch_slots_locked(std::uint64_t t, std::uint32_t r) const {
+std::vector<std::uint32_t> Agent::Impl::batch_slots_locked(std::uint64_t t,
+                                                            std::uint32_t r) const {
   const auto acc = accesses(t, r);
   std::vector<std::uint32_t> from(acc.size());
   for (std::size_t i = 0; i < acc.size(); ++i) from[i] = slot_of_.at(acc[i] & kSampleMask);
