@@ -44,7 +44,8 @@ PluginConfig PluginConfig::parse(const std::vector<std::string>& args) {
     const auto eq = arg.find('=');
     if (eq == std::string::npos)
       throw ConfigError(arg, "plugstack.conf arguments are key=value; known keys: agent, "
-                             "plan_dir, runtime_dir, max_buffer, provider, on_error, timeout");
+                             "plan_dir, runtime_dir, max_buffer, provider, on_error, timeout, "
+                             "zero_copy");
     const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
     if (key == "agent") {
       c.agent = absolute_path(key, value);
@@ -60,11 +61,15 @@ PluginConfig PluginConfig::parse(const std::vector<std::string>& args) {
       if (value == "fallback") c.on_error = OnError::fallback;
       else if (value == "fail") c.on_error = OnError::fail;
       else throw ConfigError(key, fmt::format("'{}' is not fallback or fail", value));
+    } else if (key == "zero_copy") {
+      if (value == "yes") c.zero_copy = true;
+      else if (value == "no") c.zero_copy = false;
+      else throw ConfigError(key, fmt::format("'{}' is not yes or no", value));
     } else if (key == "timeout") {
       c.timeout_s = static_cast<double>(parse_count(value, key, 1, 3600));
     } else {
       throw ConfigError(key, "unknown plugstack.conf argument; known keys: agent, plan_dir, "
-                             "runtime_dir, max_buffer, provider, on_error, timeout");
+                             "runtime_dir, max_buffer, provider, on_error, timeout, zero_copy");
     }
   }
   return c;

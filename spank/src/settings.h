@@ -26,6 +26,7 @@ struct PluginConfig {
   std::string provider;                            // libfabric provider (FI_PROVIDER)
   OnError on_error = OnError::fallback;
   double timeout_s = 60;                           // agent start-up limit
+  bool zero_copy = false;  // agents hand out cache slots, no per-rank rings (solar-agent --zero-copy)
 
   // Parses `key=value` arguments; throws ConfigError naming the argument on an unknown key, a
   // bad value or a relative path.

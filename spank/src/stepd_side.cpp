@@ -105,6 +105,7 @@ int start_node_agent(spank_t sp, State& s) {
             "--dataset", job_env(sp, "SOLAR_DATASET").value_or(""),
             "--labels", job_env(sp, "SOLAR_LABELS").value_or("/label"),
             "--socket", l.socket};
+  if (s.config.zero_copy) l.args.push_back("--zero-copy");
   l.env = agent_environment(sp, s.config);
   l.uid = uid;
   l.gid = gid;

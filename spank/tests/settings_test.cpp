@@ -31,10 +31,11 @@ TEST(PluginConfig, DefaultsAndKeys) {
   const PluginConfig d = PluginConfig::parse({});
   EXPECT_EQ(d.on_error, OnError::fallback);
   EXPECT_FALSE(d.max_buffer);
+  EXPECT_FALSE(d.zero_copy);
   const PluginConfig c = PluginConfig::parse({"agent=/opt/solar/bin/solar-agent",
                                               "plan_dir=/lus/plans/", "runtime_dir=/run/s",
                                               "max_buffer=50%", "provider=tcp", "on_error=fail",
-                                              "timeout=5"});
+                                              "timeout=5", "zero_copy=yes"});
   EXPECT_EQ(c.agent, "/opt/solar/bin/solar-agent");
   EXPECT_EQ(c.plan_dir, "/lus/plans");
   EXPECT_EQ(c.runtime_dir, "/run/s");
@@ -43,11 +44,13 @@ TEST(PluginConfig, DefaultsAndKeys) {
   EXPECT_EQ(c.provider, "tcp");
   EXPECT_EQ(c.on_error, OnError::fail);
   EXPECT_EQ(c.timeout_s, 5);
+  EXPECT_TRUE(c.zero_copy);
+  EXPECT_FALSE(PluginConfig::parse({"zero_copy=no"}).zero_copy);
 }
 
 TEST(PluginConfig, RejectsUnknownAndBad) {
   for (const char* bad : {"colour=blue", "agent", "agent=relative/path", "on_error=maybe",
-                          "max_buffer=lots", "timeout=0"})
+                          "max_buffer=lots", "timeout=0", "zero_copy=maybe"})
     EXPECT_THROW(PluginConfig::parse({bad}), ConfigError) << bad;
   try {
     PluginConfig::parse({"colour=blue"});
