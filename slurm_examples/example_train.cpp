@@ -217,6 +217,7 @@ int main(int argc, char** argv) {
       if (n * sb > (1ULL << 30)) throw solar::Error("--touch: dataset over 1 GiB");
       mirror.assign(n * sb, std::byte{1});
     }
+    std::vector<std::byte> gathered, gathered_labels;  // --verify: solar_batch_gather's copy
     double touch_s = 0, memcpy_s = 0;
     std::uint64_t touched = 0;
     // One batch, whichever path it came from: check it, record it, "train" on it.
@@ -290,6 +291,19 @@ int main(int argc, char** argv) {
 #endif
         load_s[b->epoch()] += std::chrono::duration<double>(Clock::now() - t0).count();
         epoch_samples[b->epoch()] += b->size();
+        if (verify) {  // the one-call copy (solar_batch_gather) gives the very same bytes
+          const std::uint64_t sb = loader->sample_bytes(), lb = loader->label_bytes();
+          gathered.resize(b->size() * sb);
+          gathered_labels.resize(b->size() * lb);
+          b->gather(gathered, gathered_labels);
+          for (std::size_t i = 0; i < b->size(); ++i)
+            if (std::memcmp(gathered.data() + i * sb, b->sample(i).data(), sb) != 0 ||
+                (lb && std::memcmp(gathered_labels.data() + i * lb, b->label(i), lb) != 0)) {
+              if (bad++ < 5)
+                std::fprintf(stderr, "rank %u: solar_batch_gather differs at sample %zu of step "
+                             "%llu\n", rank, i, static_cast<unsigned long long>(b->step()));
+            }
+        }
         consume(
             b->step(), b->size(), [&](std::size_t i) { return b->index(i); },
             [&](std::size_t i) { return b->sample(i).data(); },

@@ -35,6 +35,13 @@ class Batch {
   }
   const void* label(std::size_t i) const { return solar_batch_label(batch_, i); }
   const solar_batch* raw() const { return batch_; }
+  // The samples back to back into `data` (and the labels into `labels`, if not empty): one
+  // contiguous batch, e.g. a framework's tensor. Throws Error when a span is too small.
+  void gather(std::span<std::byte> data, std::span<std::byte> labels = {}) const {
+    if (solar_batch_gather(batch_, data.data(), data.size(),
+                           labels.empty() ? nullptr : labels.data(), labels.size()) != 0)
+      throw Error(solar_last_error());
+  }
   // Loss weight that keeps gradients unbiased when batch sizes differ (δ > 0).
   double weight() const { return double(size()) / solar_batch_mean_size(batch_); }
   void release() {
