@@ -135,7 +135,7 @@ class Agent::Impl {
   std::condition_variable slot_freed_;
   std::vector<std::uint32_t> free_;
   std::unordered_map<std::uint32_t, std::uint32_t> slot_of_;  // resident or zombie
-  std::unordered_map<std::uint32_t, std::uint32_t> pending_;  // admitted, unreleased uses
+  std::unordered_map<std::uint32_t, std::uint32_t> pending_;  // admitted uses + reads in flight
   std::unordered_set<std::uint32_t> zombie_;                  // evicted by plan, still in use
   std::uint64_t admitted_ = 0;  // steps < admitted_ have slots and count their uses
   std::uint64_t ready_ = 0;     // steps < ready_ are read and servable
@@ -394,7 +394,13 @@ void Agent::Impl::prefetch_loop() {
         free_.pop_back();
       }
       slot_wait_seconds_ += seconds_since(wait_from);
-      for (std::size_t i = 0; i < incoming.size(); ++i) slot_of_[incoming[i]] = slots[i];
+      // A sample being read is pinned like a use: were it evicted before its read lands (its
+      // only user may be a rank that has left), its slot must not be handed to another sample
+      // whose read could then be overwritten by this one.
+      for (std::size_t i = 0; i < incoming.size(); ++i) {
+        slot_of_[incoming[i]] = slots[i];
+        ++pending_[incoming[i]];
+      }
       fetched_ += incoming.size();
       // Admit the step's uses now, before later steps' evictions are looked at.
       for (std::uint32_t r = 0; r < R_; ++r) {
@@ -604,6 +610,9 @@ void Agent::Impl::reader_loop() {
       read_seconds_ += secs;
       reads_ += job.runs.size();
       bytes_read_ += job.slots.size() * sample_bytes_;
+      for (const auto& run : job.runs)  // read: the read pins go (see prefetch_loop)
+        for (std::uint64_t x = run.first; x < run.first + run.count; ++x)
+          drop_use_locked(static_cast<std::uint32_t>(x));
       if (--outstanding_[job.step] == 0) complete_steps_locked();
     } catch (const std::exception& e) {
       fail(e.what());
