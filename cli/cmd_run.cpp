@@ -24,6 +24,7 @@ struct RunOptions {
   std::string dataset, labels = "/label", buffer, order = "solar";
   std::string plan_out;
   bool drop_last = false, no_agent = false, keep = false, verbose = false, zero_copy = false;
+  bool direct_io = false;
   std::vector<std::string> command;
 };
 
@@ -89,6 +90,7 @@ void run_run(const RunOptions& o) {
   spec.command = o.command;
   spec.agents = !o.no_agent;
   spec.zero_copy = o.zero_copy;
+  spec.direct_io = o.direct_io;
   spec.keep_run_dir = o.keep;
   try {
     const LaunchResult r = launch(spec);
@@ -170,6 +172,9 @@ void add_run_commands(CLI::App& app) {
                 "Agents hand out their cache slots instead of copying each rank's batch into "
                 "its ring first (fewer copies; each rank then touches the whole buffer, which "
                 "costs page faults where they are expensive, e.g. on VMs)");
+  run->add_flag("--direct-io", o->direct_io,
+                "Agents read HDF5 files with O_DIRECT, bypassing the page cache (for datasets "
+                "far larger than memory)");
   run->add_option("--plan-out", o->plan_out, "Also save the plan here (for plan-dump)");
   run->add_flag("--keep-run-dir", o->keep, "Keep the plan, sockets and agent logs");
   run->add_flag("-v,--verbose", o->verbose, "Say what is planned");

@@ -232,6 +232,7 @@ LaunchResult launch(const LaunchSpec& spec) {
                                          "--socket",     sockets[m],
                                          "--log",        log};
         if (spec.zero_copy) argv.push_back("--zero-copy");
+        if (spec.direct_io) argv.push_back("--direct-io");
         agents[m] = spawn(argv, base_env, log);
       }
       // Ready when its socket accepts a connection.

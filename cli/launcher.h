@@ -37,6 +37,7 @@ struct LaunchSpec {
   std::vector<std::string> extra_env;       // NAME=VALUE added to every rank
   bool agents = true;             // false: ranks read directly (no agent)
   bool zero_copy = false;         // agents hand out cache slots, no per-rank rings
+  bool direct_io = false;         // agents read HDF5 files with O_DIRECT
   std::string agent_path;         // solar-agent binary ("" = next to solar, then PATH)
   bool keep_run_dir = false;      // keep plan, sockets and logs (for debugging)
 };

@@ -200,6 +200,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   storage::SourceOptions so;
   so.io_threads = o.io_threads;
   so.label_dataset = o.labels;
+  so.direct = o.direct_io;
   try {
     source_ = storage::open_source(o.dataset, so);
   } catch (const std::exception& e) {

@@ -28,6 +28,7 @@ struct AgentOptions {
   unsigned readers = 4;      // steps read concurrently
   std::uint32_t staging_steps = kAgentStagingSteps;  // extra slots, in steps of its ranks
   bool zero_copy = false;  // ranks read cache slots directly (no per-rank rings)
+  bool direct_io = false;  // HDF5 reads with O_DIRECT (bypass the page cache)
 };
 
 // Thrown for anything that stops the agent from starting: names the input and the fix.

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
 
@@ -28,6 +30,8 @@ struct Hdf5Source::Impl {
   std::vector<std::uint64_t> chunk_addr;
   std::uint64_t samples_per_chunk = 0;
   int fd = -1;
+  int direct_fd = -1;  // O_DIRECT twin of fd, or -1
+  std::atomic<std::uint64_t> direct_reads{0};
   std::vector<std::byte> labels;  // all labels, read once at open (small)
   std::unique_ptr<IoPool> pool;
 
@@ -40,6 +44,7 @@ struct Hdf5Source::Impl {
     dset.reset();
     file.reset();
     if (fd >= 0) ::close(fd);
+    if (direct_fd >= 0) ::close(direct_fd);
   }
 
   bool raw() const { return raw_offset.has_value() || samples_per_chunk > 0; }
@@ -48,6 +53,7 @@ struct Hdf5Source::Impl {
     return chunk_addr[sample / samples_per_chunk] + (sample % samples_per_chunk) * info.sample_bytes;
   }
   void read_raw(std::span<const SampleRun> runs, std::byte* dst);
+  bool read_direct(std::uint64_t off, std::uint64_t len, std::byte* out);
   void read_h5(std::span<const SampleRun> runs, std::byte* dst);
 };
 
@@ -147,6 +153,7 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
   im->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (im->fd < 0)
     throw StorageError(fmt::format("{}: cannot open for reading: {}", path, std::strerror(errno)));
+  if (options.direct) im->direct_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
 
   std::lock_guard g(h5::lock());
   h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
@@ -316,6 +323,7 @@ const DatasetInfo& Hdf5Source::info() const { return impl_->info; }
 const std::string& Hdf5Source::path() const { return impl_->path; }
 std::optional<std::uint64_t> Hdf5Source::raw_offset() const { return impl_->raw_offset; }
 std::string Hdf5Source::describe() const { return impl_->where(); }
+std::uint64_t Hdf5Source::direct_reads() const { return impl_->direct_reads.load(); }
 
 void Hdf5Source::Impl::read_raw(std::span<const SampleRun> runs, std::byte* dst) {
   struct Piece {
@@ -355,6 +363,7 @@ void Hdf5Source::Impl::read_raw(std::span<const SampleRun> runs, std::byte* dst)
   }
   pool->run(pieces.size(), [&](std::size_t i) {
     const Piece& p = pieces[i];
+    if (direct_fd >= 0 && read_direct(p.file_off, p.len, p.out)) return;
     std::uint64_t done = 0;
     while (done < p.len) {
       const ssize_t n = ::pread(fd, p.out + done, p.len - done, static_cast<off_t>(p.file_off + done));
@@ -368,6 +377,42 @@ void Hdf5Source::Impl::read_raw(std::span<const SampleRun> runs, std::byte* dst)
       done += static_cast<std::uint64_t>(n);
     }
   });
+}
+
+// One O_DIRECT read of the aligned span around [off, off + len) into this thread's aligned
+// bounce buffer, then the payload into `out`. False (nothing promised) when the kernel refuses
+// it, e.g. an alignment the file system does not accept: the caller reads buffered instead.
+bool Hdf5Source::Impl::read_direct(std::uint64_t off, std::uint64_t len, std::byte* out) {
+  constexpr std::uint64_t kAlign = 4096;
+  struct Bounce {
+    std::byte* p = nullptr;
+    std::uint64_t cap = 0;
+    ~Bounce() { std::free(p); }
+  };
+  thread_local Bounce bounce;
+  const std::uint64_t a = off / kAlign * kAlign;
+  const std::uint64_t e = (off + len + kAlign - 1) / kAlign * kAlign;
+  if (bounce.cap < e - a) {
+    std::free(bounce.p);
+    bounce.p = nullptr;
+    bounce.cap = 0;
+    void* m = nullptr;
+    if (::posix_memalign(&m, kAlign, e - a) != 0) return false;
+    bounce.p = static_cast<std::byte*>(m);
+    bounce.cap = e - a;
+  }
+  std::uint64_t got = 0;
+  while (a + got < off + len) {  // short only at the end of the file
+    const ssize_t n = ::pread(direct_fd, bounce.p + got, e - a - got, static_cast<off_t>(a + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    got += static_cast<std::uint64_t>(n);
+    if (got % kAlign) break;  // the end of the file
+  }
+  if (a + got < off + len) return false;
+  std::memcpy(out, bounce.p + (off - a), len);
+  ++direct_reads;
+  return true;
 }
 
 void Hdf5Source::Impl::read_h5(std::span<const SampleRun> runs, std::byte* dst) {

@@ -95,6 +95,7 @@ std::unique_ptr<SampleSource> open_source(std::string_view spec, const SourceOpt
   Hdf5Options h;
   h.io_threads = o.io_threads;
   h.label_dataset = o.label_dataset;
+  h.direct = o.direct;
   return Hdf5Source::open(path, dataset, h);
 }
 

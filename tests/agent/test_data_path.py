@@ -123,11 +123,12 @@ def test_run_large_batches_are_copied_to_the_rings_by_the_reader_pool(tmp_path):
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])
-def test_run_zero_copy_agents_hand_out_their_cache_slots(tmp_path, preset):
-    """--zero-copy: no rings; ranks read the cache slots, which stay pinned until released."""
+def test_run_zero_copy_and_direct_io_agents(tmp_path, preset):
+    """--zero-copy: no rings; ranks read the cache slots, which stay pinned until released.
+    --direct-io: the agents read the file with O_DIRECT (4 KiB samples: every read unaligned)."""
     data = tmp_path / "z.h5"
     run(SOLAR, "gen", data, "--samples", "96", "--preset", preset, "--seed", "5", "--no-progress")
-    p = solar_run(tmp_path, data, "--zero-copy")
+    p = solar_run(tmp_path, data, "--zero-copy", "--direct-io")
     assert p.returncode == 0, p.stderr
     assert (p.stdout + p.stderr).count("verified (0 wrong), from the node agent") == 4, p.stderr
     check_sequences(tmp_path, tmp_path / "plan", 4)

@@ -86,6 +86,7 @@ struct SourceOptions {
   unsigned retries = 4;                 // fabric: reconnect attempts after a failure
   std::string token;                    // fabric: shared token (else $SOLAR_STORED_TOKEN)
   std::string provider;                 // fabric: override (normally the server's)
+  bool direct = false;                  // files: O_DIRECT reads (see Hdf5Options::direct)
 };
 
 // Opens "FILE.h5:/dataset" (dataset defaults to /data) or "fabric://HOST:PORT/NAME".
