@@ -151,8 +151,7 @@ def main():
                 print(f"SOLAR: {g['agent_ranks']} of {a.ranks * a.nodes} ranks served by a node "
                       f"agent, via {a.launcher}")
         # Each mode's run of median total epoch time.
-        results = {m: sorted(rs, key=lambda r: sum(r["epoch"]))[len(rs) // 2]
-                   for m, rs in runs.items()}
+        results = {m: io.median_run(rs, lambda r: sum(r["epoch"])) for m, rs in runs.items()}
         if a.repeat > 1:
             for m, rs in runs.items():
                 print(f"{m}: total epoch time of each run: "

@@ -85,6 +85,11 @@ def gather(outdir, ranks):
         "rank0": reports[0], "agent_ranks": sum(bool(rep.get("agent")) for rep in reports)}
 
 
+def median_run(runs, total=sum):
+    """The run of median total (the upper one of an even count) among repeated runs."""
+    return sorted(runs, key=total)[len(runs) // 2]
+
+
 def fmt_list(xs):
     return "[" + ", ".join(f"{x:.4f}" for x in xs) + "]"
 
@@ -263,7 +268,7 @@ def main():
                 if line.startswith("solar run: node"):
                     print(line)
         # Each mode's run of median total; the baseline's best num_workers by that median.
-        median = {m: sorted(rs, key=sum)[len(rs) // 2] for m, rs in runs.items()}
+        median = {m: median_run(rs) for m, rs in runs.items()}
         best = min(workers, key=lambda w: sum(median[w]))
         base, sol = median[best], median["solar"]
         print()

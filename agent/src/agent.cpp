@@ -98,6 +98,7 @@ class Agent::Impl {
   void copy_batch(std::uint64_t t, std::uint32_t r, const std::vector<std::uint32_t>& from);
   void finish_assembly_locked(std::uint64_t t, std::uint32_t r);
   void complete_steps_locked();
+  void post_serve();
   void fail(const std::string& what);
   void free_slot_locked(std::uint32_t sample);
   void drop_use_locked(std::uint32_t sample);
@@ -469,11 +470,7 @@ void Agent::Impl::complete_steps_locked() {
 // reuses (step − depth) has been released; one copy per rank in flight, by the reader pool.
 void Agent::Impl::schedule_assembly_locked(bool on_io) {
   if (ring_depth_ == 0) {  // zero copy: a ready step is servable as it is
-    if (!on_io)
-      asio::post(io_, [this] {
-        std::lock_guard lk(mu_);
-        serve_waiting_locked();
-      });
+    if (!on_io) post_serve();
     return;
   }
   bool queued = false, copied = false;
@@ -500,11 +497,15 @@ void Agent::Impl::schedule_assembly_locked(bool on_io) {
   }
   if (queued) job_ready_.notify_all();
   if (copied && on_io) serve_waiting_locked();
-  else if (copied)
-    asio::post(io_, [this] {
-      std::lock_guard lk(mu_);
-      serve_waiting_locked();
-    });
+  else if (copied) post_serve();
+}
+
+// Serves waiting ranks from the io thread (sessions are only touched there).
+void Agent::Impl::post_serve() {
+  asio::post(io_, [this] {
+    std::lock_guard lk(mu_);
+    serve_waiting_locked();
+  });
 }
 
 // Where rank r's batch of step t is in the cache (the step's uses pin those slots).
@@ -539,10 +540,7 @@ void Agent::Impl::assemble(std::uint64_t t, std::uint32_t r) {
   std::lock_guard lk(mu_);
   finish_assembly_locked(t, r);
   schedule_assembly_locked();
-  asio::post(io_, [this] {
-    std::lock_guard lk2(mu_);
-    serve_waiting_locked();
-  });
+  post_serve();
 }
 
 void Agent::Impl::write_slot(std::uint32_t slot, struct iovec* iov, int n) {

@@ -64,26 +64,17 @@ _SIGS = {
     "solar_batch_index": ([_p, ctypes.c_size_t], ctypes.c_uint64),
     "solar_batch_sample": ([_p, ctypes.c_size_t], _p),
     "solar_batch_label": ([_p, ctypes.c_size_t], _p),
-}
-# Optional: newer libsolar versions (see python/README.md, "Wanted from libsolar").
-_OPTIONAL = {
     "solar_batch_mean_size": ([_p], ctypes.c_double),
     "solar_batch_gather": ([_p, _p, ctypes.c_size_t, _p, ctypes.c_size_t], ctypes.c_int),
 }
 
-for _name, (_args, _res) in {**_SIGS, **_OPTIONAL}.items():
+for _name, (_args, _res) in _SIGS.items():
     try:
         _f = getattr(lib, _name)
     except AttributeError:
-        if _name in _OPTIONAL:
-            continue
         raise ImportError(f"solar: {path} has no {_name}: it is older than this package")
     _f.argtypes = _args
     _f.restype = _res
-
-
-def has(name):
-    return hasattr(lib, name)
 
 
 def last_error():

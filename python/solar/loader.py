@@ -8,7 +8,6 @@ so after release every access to the batch's data raises `BatchReleasedError`.
 """
 import ctypes
 import os
-import struct
 import threading
 import warnings
 import weakref
@@ -78,25 +77,6 @@ def dataset_layout(spec, labels):
         return tuple(d.shape[1:]), d.dtype, label_dtype
 
 
-# Plan file v1 header fields at fixed offsets (core/src/plan_file.cpp, encode_header_body).
-# Only read while libsolar lacks solar_batch_mean_size.
-_PLAN_MAGIC = b"SOLARPLN"
-
-
-def _plan_batches(plan_path):
-    """(b, last_batch) of a version-1 plan file, or None when it cannot be read."""
-    try:
-        with open(plan_path, "rb") as f:
-            head = f.read(88)
-    except OSError:
-        return None
-    if len(head) < 88 or head[:8] != _PLAN_MAGIC or struct.unpack_from("<I", head, 8)[0] != 1:
-        return None
-    (batch,) = struct.unpack_from("<I", head, 44)
-    (last,) = struct.unpack_from("<I", head, 84)
-    return batch, last
-
-
 class _Lease:
     """Exports a pooled block's rows to numpy; its death is the block's release."""
 
@@ -145,8 +125,8 @@ class Batch:
     Metadata (indices, step, epoch, weight, len) stays readable after release.
     """
 
-    __slots__ = ("_loader", "_handle", "_ptrs", "_lptrs", "_data", "_labels", "released",
-                 "indices", "step", "epoch", "weight")
+    __slots__ = ("_loader", "_handle", "_ptrs", "_data", "_labels", "released", "indices",
+                 "step", "epoch", "weight")
 
     def __init__(self, loader, handle):
         self._loader = loader
@@ -156,12 +136,10 @@ class Batch:
         self.epoch = int(_lib_.solar_batch_epoch(handle))
         self.indices = np.fromiter((_lib_.solar_batch_index(handle, i) for i in range(n)),
                                    dtype=np.int64, count=n)
-        self._ptrs = [_lib_.solar_batch_sample(handle, i) for i in range(n)]
-        self._lptrs = ([_lib_.solar_batch_label(handle, i) for i in range(n)]
-                       if loader.label_bytes else None)
+        self._ptrs = None  # sample addresses, fetched for the first zero-copy view
         self._data = self._labels = None
         self.released = False
-        self.weight = n / loader._mean_batch(handle, self.step)
+        self.weight = n / _lib_.solar_batch_mean_size(handle)
 
     def __len__(self):
         return len(self.indices)
@@ -182,7 +160,9 @@ class Batch:
     def sample(self, i):
         """Zero-copy read-only view of sample i (shape and dtype of the dataset)."""
         self._live("sample")
-        n = len(self._ptrs)
+        n = len(self.indices)
+        if self._ptrs is None:
+            self._ptrs = [_lib_.solar_batch_sample(self._handle, k) for k in range(n)]
         if not -n <= i < n:
             raise IndexError(f"solar: sample {i} of a batch of {n}")
         L = self._loader
@@ -201,19 +181,10 @@ class Batch:
         label_bytes bytes), in one libsolar call."""
         self._live("gather")
         L = self._loader
-        n = len(self._ptrs)
-        if _lib.has("solar_batch_gather"):
-            if _lib_.solar_batch_gather(self._handle, out, n * L.sample_bytes, labels_out,
-                                        n * L.label_bytes if labels_out else 0) != 0:
-                raise SolarError(f"solar: {_lib.last_error()}")
-            return
-        nb = L.sample_bytes
-        for k, p in enumerate(self._ptrs):
-            ctypes.memmove(out + k * nb, p, nb)
-        if labels_out:
-            lb = L.label_bytes
-            for k, p in enumerate(self._lptrs):
-                ctypes.memmove(labels_out + k * lb, p, lb)
+        n = len(self.indices)
+        if _lib_.solar_batch_gather(self._handle, out, n * L.sample_bytes, labels_out,
+                                    n * L.label_bytes if labels_out else 0) != 0:
+            raise SolarError(f"solar: {_lib.last_error()}")
 
     @property
     def data(self):
@@ -229,17 +200,9 @@ class Batch:
     def labels(self):
         """The labels as a (len,) array (a copy), or None when the dataset has none."""
         self._live("labels")
-        if self._labels is None and self._lptrs is not None:
-            L = self._loader
-            a = np.empty(len(self), dtype=L.label_dtype)
-            if _lib.has("solar_batch_gather"):
-                if _lib_.solar_batch_gather(self._handle, None, 0, a.ctypes.data,
-                                            len(self) * L.label_bytes) != 0:
-                    raise SolarError(f"solar: {_lib.last_error()}")
-            else:
-                nb = L.label_bytes
-                for k, p in enumerate(self._lptrs):
-                    ctypes.memmove(a.ctypes.data + k * nb, p, nb)
+        if self._labels is None and self._loader.label_bytes:
+            a = np.empty(len(self), dtype=self._loader.label_dtype)
+            self.gather(None, a.ctypes.data)
             self._labels = a
         return self._labels
 
@@ -304,8 +267,6 @@ class Loader:
         self.samples = int(_lib_.solar_dataset_samples(h))
         self.rank = int(_lib_.solar_rank(h))
         self.world_size = int(_lib_.solar_world_size(h))
-        self._plan_batches = None if _lib.has("solar_batch_mean_size") else \
-            _plan_batches(self.plan_path)
 
         f_shape, f_dtype, f_ldtype = dataset_layout(self.dataset_spec, labels_name)
         self.dtype = np.dtype(dtype if dtype is not None else (f_dtype or np.uint8))
@@ -355,14 +316,6 @@ class Loader:
             raise SolarError("solar.Loader: the loader is closed")
 
     # --- batches ----------------------------------------------------------------------------
-    def _mean_batch(self, handle, step):
-        if self._plan_batches is None:
-            if _lib.has("solar_batch_mean_size"):
-                return _lib_.solar_batch_mean_size(handle)
-            return float(_lib_.solar_batch_size(handle)) or 1.0
-        b, last = self._plan_batches
-        return float(last if step % self.steps_per_epoch == self.steps_per_epoch - 1 else b)
-
     def _release(self, batch):
         if batch is not self._held:
             raise SolarError("solar: this batch does not belong to this loader's current step")

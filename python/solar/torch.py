@@ -65,7 +65,7 @@ class Batch(_loader.Batch):
     @property
     def labels(self):
         self._live("labels")
-        if self._labels is None and self._lptrs is not None:
+        if self._labels is None and self._loader.label_bytes:
             a = _loader.Batch.labels.fget(self)  # the numpy copy, cached in _labels
             t = _torch.from_numpy(a)
             if self._loader.device is not None:
