@@ -305,6 +305,7 @@ void run_dump(const DumpOptions& o) {
                            {"config", config_json(c)},
                            {"steps_per_epoch", h.layout.steps},
                            {"epoch_order", h.epoch_order},
+                           {"dataset_identity", h.dataset_identity},
                            {"metrics", metrics_json(h.metrics)}};
     std::string s = head.dump();
     s.pop_back();  // reopen the object to append the rows

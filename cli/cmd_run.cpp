@@ -75,8 +75,9 @@ void run_run(const RunOptions& o) {
     exit_code() = kExitUsage;
     return;
   }
+  Plan plan = make_plan(c);
+  plan.dataset_identity = src->identity();  // agents and ranks refuse any other data
   src.reset();
-  const Plan plan = make_plan(c);
   if (!o.plan_out.empty()) write_plan_file(plan, o.plan_out);
   if (o.verbose)
     fmt::print(stderr, "solar run: plan: {} remote fetches for {} accesses ({:.3f}× the lower "

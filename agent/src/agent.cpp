@@ -202,6 +202,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   so.io_threads = o.io_threads;
   so.label_dataset = o.labels;
   so.direct = o.direct_io;
+  so.expect_identity = header_.dataset_identity;
   try {
     source_ = storage::open_source(o.dataset, so);
   } catch (const std::exception& e) {

@@ -129,6 +129,7 @@ struct solar_loader {
     if (source) return;
     solar::storage::SourceOptions so;
     so.label_dataset = labels;
+    so.expect_identity = header.dataset_identity;  // never another file's bytes
     source = solar::storage::open_source(dataset, so);
     const auto& info = source->info();
     if (info.samples != header.config.samples || info.sample_bytes != header.config.sample_bytes)

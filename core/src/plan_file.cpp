@@ -119,6 +119,12 @@ void encode_header_body(const Plan& p, Writer& w) {
   w.put_array(p.epoch_order);
   for (const auto& e : m.per_epoch)
     for (std::uint64_t v : {e.accesses, e.hits, e.remote_fetches, e.peer_fetches}) w.put(v);
+  if (p.dataset_identity.size() > kMaxIdentityBytes)
+    throw PlanFileError(fmt::format("dataset identity of {} bytes (at most {})",
+                                    p.dataset_identity.size(), kMaxIdentityBytes));
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(p.dataset_identity.size()));
+  w.put_bytes(p.dataset_identity.data(), p.dataset_identity.size());
+  w.align8();
 }
 
 std::vector<std::uint8_t> encode_node(const Plan& p, std::uint32_t node) {
@@ -267,6 +273,13 @@ PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::
   for (auto& e : m.per_epoch)
     for (std::uint64_t* v : {&e.accesses, &e.hits, &e.remote_fetches, &e.peer_fetches})
       *v = r.get<std::uint64_t>();
+  const auto id_len = r.get<std::uint32_t>();
+  if (id_len > kMaxIdentityBytes)
+    r.fail(fmt::format("dataset identity of {} bytes (at most {})", id_len, kMaxIdentityBytes));
+  std::vector<char> id;
+  r.get_array(id, id_len);
+  h.dataset_identity.assign(id.begin(), id.end());
+  r.skip((8 - r.pos() % 8) % 8);
   h.directory.resize(c.nodes);
   for (auto& d : h.directory) {
     d.offset = r.get<std::uint64_t>();
@@ -348,6 +361,7 @@ Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& 
   p.config = h.config;
   p.layout = h.layout;
   p.epoch_order = h.epoch_order;
+  p.dataset_identity = h.dataset_identity;
   p.metrics = h.metrics;
   const std::uint64_t T = p.total_steps(), R = p.config.ranks_per_node, M = p.config.nodes;
   std::vector<NodePlan> parts;

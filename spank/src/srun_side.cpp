@@ -20,12 +20,14 @@
 namespace solar::spank {
 namespace {
 
-storage::DatasetInfo read_dataset(const State& s) {
+storage::DatasetInfo read_dataset(State& s) {
   storage::SourceOptions so;
   so.label_dataset = s.options.labels_dataset();
   so.provider = s.config.provider;
   try {
-    return storage::open_source(s.options.dataset_spec(), so)->info();
+    const auto src = storage::open_source(s.options.dataset_spec(), so);
+    s.dataset_identity = src->identity();
+    return src->info();
   } catch (const std::exception& e) {
     throw ConfigError("--solar-dataset", e.what());
   }
@@ -104,7 +106,8 @@ int plan_step(spank_t sp, State& s) {
                       s.config.plan_dir));
     return -1;
   }
-  const Plan plan = make_plan(c);
+  Plan plan = make_plan(c);
+  plan.dataset_identity = s.dataset_identity;
   const std::string path = plan_path(s.config, job, step);
   try {
     write_plan_file(plan, path);

@@ -21,6 +21,7 @@ struct State {
 
   // srun / sbatch / salloc
   std::optional<storage::DatasetInfo> dataset;  // read in init_post_opt
+  std::string dataset_identity;                 // its SampleSource::identity(), for the plan
   std::string plan_written;                     // removed in exit
   std::uint32_t nodes = 0;
 

@@ -4,6 +4,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <sys/random.h>
+
+#include <algorithm>
 
 #include "solar/storage/sample_source.h"
 
@@ -115,11 +118,19 @@ fi_addr_t Endpoint::insert(const std::vector<std::uint8_t>& address) {
 
 Region Endpoint::register_memory(const void* buf, std::size_t len, std::uint64_t access) {
   fid_mr* mr = nullptr;
-  const std::uint64_t requested = next_key_++;
-  if (long r = fi_mr_reg(domain_, buf, len, access, 0, requested, 0, &mr, nullptr))
+  const std::size_t key_bytes = std::min<std::size_t>(8, info_->domain_attr->mr_key_size);
+  std::lock_guard g(reg_mu_);
+  long r = -FI_ENOKEY;
+  for (int attempt = 0; attempt < 16 && r == -FI_ENOKEY; ++attempt) {  // ENOKEY: key in use
+    std::uint64_t requested = 0;
+    if (::getrandom(&requested, key_bytes, 0) != static_cast<ssize_t>(key_bytes))
+      throw StorageError(fmt::format("getrandom for a memory key: {}", std::strerror(errno)));
+    r = fi_mr_reg(domain_, buf, len, access, 0, requested, 0, &mr, nullptr);
+  }
+  if (r)
     throw StorageError(fmt::format("libfabric fi_mr_reg of {} bytes: {}", len, error_text(r)));
   if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
-    long r = fi_mr_bind(mr, &ep_->fid, 0);
+    r = fi_mr_bind(mr, &ep_->fid, 0);
     if (!r) r = fi_mr_enable(mr);
     if (r) {
       fi_close(&mr->fid);

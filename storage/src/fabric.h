@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,9 @@ class Endpoint {
   fi_addr_t insert(const std::vector<std::uint8_t>& address);
 
   // access: FI_REMOTE_READ for exported memory, FI_READ for local destinations.
+  // The key is unguessable: 64 random bits from getrandom(2) (fewer when the provider's keys
+  // are shorter), or the provider's own key where it chooses them (FI_MR_PROV_KEY: verbs,
+  // cxi). Registrations may be made from several threads.
   Region register_memory(const void* buf, std::size_t len, std::uint64_t access);
 
   fid_ep* ep() const { return ep_; }
@@ -66,7 +70,7 @@ class Endpoint {
   fid_av* av_ = nullptr;
   fid_cq* cq_ = nullptr;
   fid_ep* ep_ = nullptr;
-  std::uint64_t next_key_ = 1;
+  std::mutex reg_mu_;
 };
 
 }  // namespace solar::storage::fabric

@@ -316,6 +316,7 @@ std::unique_ptr<FabricSource> FabricSource::connect(const std::string& uri,
 
 const DatasetInfo& FabricSource::info() const { return impl_->info; }
 std::string FabricSource::describe() const { return impl_->uri; }
+const std::string& FabricSource::identity() const { return impl_->identity; }
 std::string FabricSource::provider() const { return impl_->provider; }
 std::uint64_t FabricSource::bytes_read() const { return impl_->bytes.load(); }
 std::uint64_t FabricSource::reconnects() const { return impl_->reconnects.load(); }

@@ -33,6 +33,11 @@ struct Hdf5Source::Impl {
   int direct_fd = -1;  // O_DIRECT twin of fd, or -1
   std::atomic<std::uint64_t> direct_reads{0};
   std::vector<std::byte> labels;  // all labels, read once at open (small)
+  std::string identity;
+  struct stat opened {};  // fstat of fd at open
+
+  // Throws when the open file is no longer what was opened (rewritten in place, truncated).
+  void check_unchanged() const;
   std::unique_ptr<IoPool> pool;
 
   std::string where() const { return fmt::format("{}:{}", path, dataset); }
@@ -154,6 +159,8 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
   if (im->fd < 0)
     throw StorageError(fmt::format("{}: cannot open for reading: {}", path, std::strerror(errno)));
   if (options.direct) im->direct_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  ::fstat(im->fd, &im->opened);
+  im->identity = file_identity(im->opened);
 
   std::lock_guard g(h5::lock());
   h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
@@ -177,6 +184,17 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
     throw StorageError(fmt::format("{}: cannot open as HDF5 ({}); the file may be truncated or "
                                    "damaged",
                                    path, e.empty() ? "unknown error" : e));
+  }
+  if (!options.mpio) {
+    // HDF5 opened the path again: it must be the file our fd has (not one moved over it since).
+    void* handle = nullptr;
+    struct stat h5st {};
+    if (H5Fget_vfd_handle(im->file.get(), H5P_DEFAULT, &handle) >= 0 && handle &&
+        ::fstat(*static_cast<int*>(handle), &h5st) == 0 &&
+        (h5st.st_ino != im->opened.st_ino || h5st.st_dev != im->opened.st_dev))
+      throw StorageError(fmt::format("{}: the file was replaced while it was being opened; try "
+                                     "again once nobody writes it",
+                                     path));
   }
   if (!dataset_exists(im->file.get(), im->dataset))
     throw StorageError(fmt::format("{}: no dataset '{}' (datasets at the top level: {})", path,
@@ -323,6 +341,19 @@ const DatasetInfo& Hdf5Source::info() const { return impl_->info; }
 const std::string& Hdf5Source::path() const { return impl_->path; }
 std::optional<std::uint64_t> Hdf5Source::raw_offset() const { return impl_->raw_offset; }
 std::string Hdf5Source::describe() const { return impl_->where(); }
+const std::string& Hdf5Source::identity() const { return impl_->identity; }
+
+void Hdf5Source::Impl::check_unchanged() const {
+  struct stat now {};
+  if (::fstat(fd, &now) != 0)
+    throw StorageError(fmt::format("{}: fstat: {}", where(), std::strerror(errno)));
+  if (now.st_size != opened.st_size || now.st_mtim.tv_sec != opened.st_mtim.tv_sec ||
+      now.st_mtim.tv_nsec != opened.st_mtim.tv_nsec)
+    throw StorageError(fmt::format(
+        "{}: the file changed while solar was reading it (opened as {}, now {}): the bytes just "
+        "read may belong to the new content, so they are refused; run on a file nobody rewrites",
+        where(), identity, file_identity(now)));
+}
 std::uint64_t Hdf5Source::direct_reads() const { return impl_->direct_reads.load(); }
 
 void Hdf5Source::Impl::read_raw(std::span<const SampleRun> runs, std::byte* dst) {
@@ -439,6 +470,7 @@ void Hdf5Source::read(std::span<const SampleRun> runs, std::byte* dst) {
     impl_->read_raw(runs, dst);
   else
     impl_->read_h5(runs, dst);
+  impl_->check_unchanged();  // after: a rewrite during the read is caught too
 }
 
 void Hdf5Source::read_labels(std::span<const SampleRun> runs, std::byte* dst) {

@@ -70,7 +70,22 @@ void check_runs(const DatasetInfo& info, std::span<const SampleRun> runs,
   }
 }
 
-std::unique_ptr<SampleSource> open_source(std::string_view spec, const SourceOptions& o) {
+std::string file_identity(const struct ::stat& st) {
+  return fmt::format("file inode {} size {} mtime {}.{:09}", st.st_ino, st.st_size,
+                     st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+}
+
+void check_identity(const SampleSource& source, const std::string& expected) {
+  if (expected.empty() || source.identity() == expected) return;
+  throw StorageError(fmt::format(
+      "{}: this is not the dataset the plan was computed for (the plan has {}, this is {}): "
+      "the file was replaced or rewritten after the job started, and solar refuses to mix "
+      "another dataset's bytes into training; restore the original file or start the job again",
+      source.describe(), expected, source.identity()));
+}
+
+namespace {
+std::unique_ptr<SampleSource> open_unchecked(std::string_view spec, const SourceOptions& o) {
   if (spec.starts_with("fabric://")) {
     FabricOptions f;
     f.queue_depth = o.queue_depth;
@@ -97,6 +112,13 @@ std::unique_ptr<SampleSource> open_source(std::string_view spec, const SourceOpt
   h.label_dataset = o.label_dataset;
   h.direct = o.direct;
   return Hdf5Source::open(path, dataset, h);
+}
+}  // namespace
+
+std::unique_ptr<SampleSource> open_source(std::string_view spec, const SourceOptions& o) {
+  auto src = open_unchecked(spec, o);
+  check_identity(*src, o.expect_identity);
+  return src;
 }
 
 }  // namespace solar::storage

@@ -59,14 +59,19 @@ struct Exported {
   void* map = nullptr;
   std::size_t map_len = 0;
   const std::byte* data = nullptr;
-  fabric::Region data_region;
   std::vector<std::byte> labels;
-  fabric::Region label_region;
 
   ~Exported() {
-    data_region = fabric::Region();
     if (map) ::munmap(map, map_len);
   }
+};
+
+// What one authenticated connection may read: the export's data and labels, registered for it
+// alone with fresh random keys after its token was checked, and closed when it leaves. A key
+// is never handed to anyone who did not pass the token check, and a departed client's keys no
+// longer read anything.
+struct Grant {
+  fabric::Region data, labels;
 };
 
 struct StagingSlot {
@@ -104,6 +109,7 @@ struct StorageServer::Impl {
   void accept();
   void serve(tcp::socket& s, const std::string& peer);
   json hello_reply(const json& hello, Exported*& ex);
+  Grant grant(const Exported& ex, json& reply);
   StagingSlot* acquire_slot();
   void release_slot(StagingSlot* s);
   void reap(bool all);
@@ -123,10 +129,7 @@ void StorageServer::Impl::open_export(const Export& e) {
     throw StorageError(fmt::format("--export {}: {}", e.name, err.what()));
   }
   const DatasetInfo& info = ex->source->info();
-  struct stat st {};
-  ::stat(e.path.c_str(), &st);
-  ex->identity = fmt::format("{}:{}:{}:{}.{}", st.st_dev, st.st_ino, st.st_size,
-                             st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+  ex->identity = fmt::format("solar-stored export {} of {}", e.name, ex->source->identity());
   const std::uint64_t bytes = info.samples * info.sample_bytes;
   if (auto off = ex->source->raw_offset(); off && bytes > 0) {
     const int fd = ::open(e.path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -143,9 +146,7 @@ void StorageServer::Impl::open_export(const Export& e) {
                                      std::strerror(errno)));
     }
     ex->data = static_cast<const std::byte*>(ex->map) + (*off - aligned);
-    // Exactly the data region: nothing else of the file is remotely readable.
-    ex->data_region = ep->register_memory(ex->data, bytes, FI_REMOTE_READ);
-    ex->rma = true;
+    ex->rma = true;  // registered per connection (Grant): exactly the data region
   } else {
     staging_bytes = std::max(staging_bytes, info.sample_bytes);
   }
@@ -153,7 +154,6 @@ void StorageServer::Impl::open_export(const Export& e) {
     ex->labels.resize(info.samples * info.label_bytes);
     const SampleRun all{0, info.samples};
     ex->source->read_labels({&all, 1}, ex->labels.data());
-    ex->label_region = ep->register_memory(ex->labels.data(), ex->labels.size(), FI_REMOTE_READ);
   }
   spdlog::info("export {}: {} ({} samples of {} {}, {} B each, {}; {})", e.name,
                ex->source->describe(), info.samples, info.shape_string(), to_string(info.dtype),
@@ -236,6 +236,14 @@ StagingSlot* StorageServer::Impl::acquire_slot() {
 
 void StorageServer::Impl::release_slot(StagingSlot* s) {
   if (!s) return;
+  // New key: the client that held the slot can no longer read what the next one stages there.
+  try {
+    s->region = fabric::Region();
+    s->region = ep->register_memory(s->buf.get(), staging_bytes, FI_REMOTE_READ);
+  } catch (const StorageError& e) {
+    spdlog::error("staging buffer taken out of use: {}", e.what());
+    return;  // stays busy: never handed out again with a key someone else had
+  }
   std::lock_guard g(slots_mu);
   s->busy = false;
 }
@@ -276,13 +284,23 @@ json StorageServer::Impl::hello_reply(const json& hello, Exported*& ex) {
             {"info", wire::to_json(info)},
             {"identity", ex->identity},
             {"throttle", {{"bandwidth", opt.throttle_bandwidth}, {"latency_s", opt.throttle_latency_s}}}};
-  if (ex->rma)
-    r["data"] = {{"mode", "rma"}, {"key", ex->data_region.key()}, {"base", ex->data_region.base()}};
-  else
-    r["data"] = {{"mode", "staged"}, {"bytes", staging_bytes}};
-  if (!ex->labels.empty())
-    r["labels"] = {{"key", ex->label_region.key()}, {"base", ex->label_region.base()}};
   return r;
+}
+
+Grant StorageServer::Impl::grant(const Exported& ex, json& r) {
+  Grant g;
+  const DatasetInfo& info = ex.source->info();
+  if (ex.rma) {
+    g.data = ep->register_memory(ex.data, info.samples * info.sample_bytes, FI_REMOTE_READ);
+    r["data"] = {{"mode", "rma"}, {"key", g.data.key()}, {"base", g.data.base()}};
+  } else {
+    r["data"] = {{"mode", "staged"}, {"bytes", staging_bytes}};
+  }
+  if (!ex.labels.empty()) {
+    g.labels = ep->register_memory(ex.labels.data(), ex.labels.size(), FI_REMOTE_READ);
+    r["labels"] = {{"key", g.labels.key()}, {"base", g.labels.base()}};
+  }
+  return g;
 }
 
 void StorageServer::Impl::serve(tcp::socket& s, const std::string& peer) {
@@ -291,7 +309,15 @@ void StorageServer::Impl::serve(tcp::socket& s, const std::string& peer) {
   try {
     timeval tv{10, 0};  // a stranger that never says hello does not hold a thread forever
     ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    const json reply = hello_reply(wire::receive(s), ex);
+    json reply = hello_reply(wire::receive(s), ex);
+    Grant granted;
+    if (reply["ok"].get<bool>()) {
+      try {
+        granted = grant(*ex, reply);
+      } catch (const StorageError& e) {
+        reply = {{"ok", false}, {"error", fmt::format("server cannot register memory: {}", e.what())}};
+      }
+    }
     wire::send(s, reply);
     if (!reply["ok"].get<bool>()) {
       spdlog::warn("{}: refused: {}", peer, reply["error"].get<std::string>());

@@ -54,6 +54,22 @@ TEST(PlanFile, RoundTripsAndReplays) {
   EXPECT_NO_THROW(replay_plan(back));
 }
 
+TEST(PlanFile, CarriesTheDatasetIdentity) {
+  for (const std::string& id : std::vector<std::string>{"", "file inode 12 size 34 mtime 5.000000006",
+                                                       std::string(4096, 'x')}) {
+    Plan plan = make_plan(config(1));
+    plan.dataset_identity = id;
+    const auto bytes = encode_plan(plan);
+    EXPECT_EQ(bytes.size() % 8, 0U);
+    EXPECT_EQ(decode_plan(bytes.data(), bytes.size(), "mem").dataset_identity, id);
+    EXPECT_EQ(decode_header(bytes.data(), bytes.size(), "mem").dataset_identity, id);
+    EXPECT_NO_THROW(decode_plan(bytes.data(), bytes.size(), "mem").nodes.at(2));
+  }
+  Plan plan = make_plan(config(1));
+  plan.dataset_identity = std::string(4097, 'x');
+  EXPECT_THROW(encode_plan(plan), PlanFileError);
+}
+
 TEST(PlanFile, SameInputsSameBytesOtherSeedOtherBytes) {
   const auto a = encode_plan(make_plan(config(1)));
   const auto b = encode_plan(make_plan(config(1)));

@@ -6,12 +6,15 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "solar/storage/content.h"
 #include "solar/storage/fabric_source.h"
 #include "solar/storage/hdf5_writer.h"
+#include "fabric.h"  // storage/src: the attacker below speaks raw libfabric
 #include "test_util.h"
+#include "wire.h"
 
 namespace solar::storage {
 namespace {
@@ -129,6 +132,107 @@ TEST(FabricSource, BadRequestsGetClearErrorsAndTheServerKeepsServing) {
   EXPECT_NE(error_of([&] { FabricSource::connect("fabric://127.0.0.1:1/good", ok); })
                 .find("cannot connect"),
             std::string::npos);
+}
+
+// Someone on the network with no token: knows the server's fabric address (it is visible in
+// `ss`) and reads its memory with fi_read and guessed keys, never saying hello.
+class Attacker {
+ public:
+  Attacker(const std::string& provider, const std::vector<std::uint8_t>& address)
+      : ep_(fabric::Endpoint::open(provider, "")), buf_(4096) {
+    server_ = ep_->insert(address);
+    if (ep_->local_mr()) local_ = ep_->register_memory(buf_.data(), buf_.size(), FI_READ);
+  }
+  // Whether `len` bytes at (key, addr) came back; the bytes are in buf().
+  bool read(std::uint64_t key, std::uint64_t addr, std::size_t len) {
+    std::fill(buf_.begin(), buf_.end(), std::byte{0xab});
+    fi_context2 ctx{};
+    ssize_t rc;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((rc = fi_read(ep_->ep(), buf_.data(), len, local_.desc(), server_, addr, key, &ctx)) ==
+           -FI_EAGAIN) {
+      fi_cq_entry e[1];
+      if (fi_cq_read(ep_->cq(), e, 1) == 1 || std::chrono::steady_clock::now() > until) break;
+    }
+    if (rc != 0) return false;
+    for (;;) {
+      fi_cq_entry e[1];
+      const ssize_t n = fi_cq_read(ep_->cq(), e, 1);
+      if (n == 1) return e[0].op_context == &ctx;
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        fi_cq_readerr(ep_->cq(), &err, 0);
+        return false;
+      }
+      if (std::chrono::steady_clock::now() > until) {
+        ADD_FAILURE() << "a read with key " << key << " neither completed nor failed in 10 s";
+        return false;
+      }
+    }
+  }
+  const std::byte* buf() const { return buf_.data(); }
+
+ private:
+  std::unique_ptr<fabric::Endpoint> ep_;
+  fi_addr_t server_ = FI_ADDR_UNSPEC;
+  std::vector<std::byte> buf_;
+  fabric::Region local_;
+};
+
+TEST(SolarStored, KeysAreUnguessableAndOnlyGrantedToTokenHolders) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous, 64, {32, 64});  // int16: 4 KiB samples
+  StoredProcess server(dir, {"--token", "s3cret", "--export", "d=" + dir.file("c.h5")});
+  ASSERT_TRUE(server.start()) << server.log();
+  // A legitimate client's hello: the address is public (ss shows it), the keys are not.
+  boost::asio::io_context io;
+  auto legit = std::make_unique<boost::asio::ip::tcp::socket>(io);
+  legit->connect({boost::asio::ip::make_address("127.0.0.1"), server.port()});
+  wire::send(*legit, {{"op", "hello"}, {"version", wire::kVersion}, {"token", "s3cret"},
+                      {"dataset", "d"}});
+  const auto reply = wire::receive(*legit);
+  ASSERT_TRUE(reply.at("ok").get<bool>()) << reply.dump();
+  ASSERT_EQ(reply.at("provider"), "tcp;ofi_rxm");
+  ASSERT_EQ(reply.at("data").at("mode"), "rma");
+  const std::uint64_t key = reply["data"]["key"], base = reply["data"]["base"];
+  const std::uint64_t label_key = reply["labels"]["key"], label_base = reply["labels"]["base"];
+  const auto address = wire::from_hex(reply.at("address").get<std::string>());
+  // A failed read breaks the endpoint's connection (later reads on it fail too), so every
+  // attempt is the first read of a fresh endpoint: the very situation in which the granted key
+  // does read, as this shows.
+  auto attempt = [&](std::uint64_t k, std::uint64_t addr,
+                     std::size_t len) -> std::optional<std::vector<std::byte>> {
+    Attacker attacker("tcp;ofi_rxm", address);
+    if (!attacker.read(k, addr, len)) return std::nullopt;
+    return std::vector<std::byte>(attacker.buf(), attacker.buf() + len);
+  };
+  const auto sample = attempt(key, base + 7 * 4096, 4096);
+  ASSERT_TRUE(sample);
+  EXPECT_TRUE(content::check_sample(5, 7, sample->data(), 4096));
+
+  std::vector<std::uint64_t> guesses;
+  for (std::uint64_t k = 0; k <= 16; ++k) guesses.push_back(k);
+  for (std::uint64_t k : {0xffULL, 0xffffULL, 0xffffffffULL, 1ULL << 32, 1ULL << 63, ~0ULL})
+    guesses.push_back(k);
+  for (std::uint64_t k : {key, label_key})
+    for (std::uint64_t d : {1ULL, 2ULL, 3ULL}) guesses.push_back(k ^ d);
+  for (std::uint64_t k : guesses) {  // a random 64-bit key is none of them (p < 2^-58)
+    for (std::uint64_t addr : {base, base + 4096, label_base})
+      EXPECT_FALSE(attempt(k, addr, 64).has_value()) << "read with guessed key " << k << " at " << addr;
+  }
+  // A departed client's keys are revoked: once it has gone, they read nothing either.
+  wire::send(*legit, {{"op", "bye"}});
+  legit.reset();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  bool revoked = false;
+  while (!revoked && std::chrono::steady_clock::now() < until)
+    revoked = !attempt(key, base, 64) && !attempt(label_key, label_base, 4);
+  EXPECT_TRUE(revoked) << "the keys still read after their client left";
+  // And the server still serves token holders.
+  FabricOptions ok;
+  ok.token = "s3cret";
+  auto src = FabricSource::connect(server.uri("d"), ok);
+  expect_all(*src, {{0, 64}});
 }
 
 TEST(FabricSource, ServerStartsOnlyWithAUsableExport) {

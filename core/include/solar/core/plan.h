@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "solar/core/config.h"
@@ -83,6 +84,11 @@ struct Plan {
   std::vector<std::uint32_t> accesses;  // sample id | kHitBit
   std::vector<NodeSchedule> nodes;
   Metrics metrics;
+  // What the plan's dataset was when it was computed (storage's SampleSource::identity(): the
+  // file's inode, size and mtime, or a storage server's export). Every reader checks it before
+  // reading, so a replaced or rewritten file is refused instead of mixed into training.
+  // Empty: not tied to a dataset (`solar plan` on its own); no check.
+  std::string dataset_identity;
 
   std::uint64_t total_steps() const { return std::uint64_t{layout.steps} * config.epochs; }
   std::span<const std::uint32_t> rank_batch(std::uint64_t t, std::uint64_t rank) const {

@@ -1,9 +1,10 @@
 // The plan file: how a plan travels from the planner (solar plan, solar run, the SPANK plugin)
 // to the node agents.
 //
-// Layout (little-endian, version 1):
+// Layout (little-endian, version 2):
 //   header     magic "SOLARPLN", version, header size, the PlanConfig, the epoch layout, the
-//              metrics (total and per epoch), the epoch order, and a directory with one entry
+//              metrics (total and per epoch), the epoch order, the dataset's identity (u32
+//              length, bytes, padding to 8), and a directory with one entry
 //              per node: {offset, length, crc32}; the header ends with its own crc32.
 //   node i     magic "SOLARNOD", node id, then for every global step t: each local rank's
 //              access count and records (sample | kHitBit); and the node's fetch runs, peer
@@ -23,7 +24,8 @@
 
 namespace solar {
 
-inline constexpr std::uint32_t kPlanFileVersion = 1;
+inline constexpr std::uint32_t kPlanFileVersion = 2;
+inline constexpr std::uint32_t kMaxIdentityBytes = 4096;
 
 // A plan file that cannot be used: names the file and what is wrong with it.
 class PlanFileError : public std::runtime_error {
@@ -37,6 +39,7 @@ struct PlanHeader {
   EpochLayout layout;
   Metrics metrics;
   std::vector<std::uint32_t> epoch_order;
+  std::string dataset_identity;  // Plan::dataset_identity
   struct NodeEntry {
     std::uint64_t offset = 0, length = 0;
     std::uint32_t crc = 0;

@@ -41,6 +41,9 @@ class FabricSource : public SampleSource {
   void read_labels(std::span<const SampleRun> runs, std::byte* dst) override;
   void drop_cache() override;  // asks the server to drop its page cache for the file
   std::string describe() const override;
+  // The server's identity of the export (its name and file); a reconnection to a server that
+  // exports anything else fails instead of mixing its bytes in.
+  const std::string& identity() const override;
 
   std::string provider() const;
   std::uint64_t bytes_read() const;    // completed payload bytes since connect (all threads)

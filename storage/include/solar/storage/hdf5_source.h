@@ -46,6 +46,10 @@ class Hdf5Source : public SampleSource {
   void read_labels(std::span<const SampleRun> runs, std::byte* dst) override;
   void drop_cache() override;  // posix_fadvise(DONTNEED) on the file
   std::string describe() const override;
+  // The file's inode, size and mtime when it was opened. A read after the file changed in
+  // place (another size or mtime) throws StorageError instead of returning its bytes; a file
+  // moved over the path does not matter to an open source (it keeps reading the one it opened).
+  const std::string& identity() const override;
 
   const std::string& path() const;
   // File offset of sample 0 when the samples lie in the file as raw bytes (contiguous,

@@ -3,6 +3,8 @@
 // optional label per sample. Reads take a list of index runs and fill caller memory.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -76,7 +78,23 @@ class SampleSource {
 
   // "file.h5:/data", "fabric://host:port/name": what this source reads, for messages.
   virtual std::string describe() const = 0;
+
+  // What the data is, not where: for a file "file inode I size S mtime T" (the inode, size and
+  // modification time of the file this source opened: equal on every node of a cluster file
+  // system, different after `mv` of another file over the path or a rewrite in place); for a
+  // storage server the export's identity. A plan records it (Plan::dataset_identity) and
+  // every reader opens with SourceOptions::expect_identity, so no reader mixes another file's
+  // bytes into a run.
+  virtual const std::string& identity() const = 0;
 };
+
+// "file inode I size S mtime SEC.NSEC": a file's identity (no device number: it differs between
+// the nodes that mount one cluster file system).
+std::string file_identity(const struct ::stat& st);
+
+// Throws StorageError naming the source when `source` is not `expected` (non-empty): the
+// dataset was replaced or rewritten after the plan was computed.
+void check_identity(const SampleSource& source, const std::string& expected);
 
 struct SourceOptions {
   unsigned io_threads = 8;              // parallel requests per read() for files
@@ -87,9 +105,11 @@ struct SourceOptions {
   std::string token;                    // fabric: shared token (else $SOLAR_STORED_TOKEN)
   std::string provider;                 // fabric: override (normally the server's)
   bool direct = false;                  // files: O_DIRECT reads (see Hdf5Options::direct)
+  std::string expect_identity;          // non-empty: refuse any other data (check_identity)
 };
 
-// Opens "FILE.h5:/dataset" (dataset defaults to /data) or "fabric://HOST:PORT/NAME".
+// Opens "FILE.h5:/dataset" (dataset defaults to /data) or "fabric://HOST:PORT/NAME", and
+// checks options.expect_identity when given.
 std::unique_ptr<SampleSource> open_source(std::string_view spec, const SourceOptions& options = {});
 
 }  // namespace solar::storage
