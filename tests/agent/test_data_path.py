@@ -381,3 +381,105 @@ def test_gpu_copy_path_never_breaks_the_batch_path(tmp_path, dataset):
     assert skipped + copied == 4, out
     if skipped:
         assert "no GPU" in out or "without CUDA" in out, out
+
+
+# ---- the dataset replaced under a running job ------------------------------------------------
+
+NOT_THE_PLANS = "not the dataset the plan was computed for"
+
+
+def wrong_counts(out):
+    """Every 'verified (N wrong)' a rank printed."""
+    return [int(l.split("verified (")[1].split(" wrong")[0]) for l in out.splitlines()
+            if "verified (" in l]
+
+
+def assert_no_foreign_bytes(out, world):
+    # Each rank either finished on the original bytes or stopped with an error naming the file;
+    # none was handed a byte of the other file.
+    assert all(n == 0 for n in wrong_counts(out)), out
+    finished = out.count("verified (0 wrong)")
+    refused = out.count(NOT_THE_PLANS)
+    assert finished + refused >= world and refused >= 1, out
+
+
+def test_dataset_moved_over_then_agent_killed_no_rank_reads_the_other_file(tmp_path, dataset):
+    """`mv` of another file of the same shape over the dataset mid-run, then an agent SIGKILLed:
+    its ranks fall back to direct reads, which must refuse the new file (the plan carries the
+    dataset's identity); the other node's agent keeps serving the file it opened."""
+    other = tmp_path / "other.h5"
+    run(SOLAR, "gen", other, "--samples", "600", "--preset", "tiny", "--seed", "8", "--no-progress")
+    p = solar_run(tmp_path, dataset, train_args=["--compute-ms", "15"], popen=True)
+    try:
+        wait_until(lambda: len(children(p.pid, "solar-agent")) == 2, what="2 agents")
+        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 10, what="rank 0 at step 10")
+        os.replace(other, dataset)
+        os.kill(children(p.pid, "solar-agent")[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    both = out + err
+    assert p.returncode != 0, both
+    assert_no_foreign_bytes(both, 4)
+    assert str(dataset) in [l for l in both.splitlines() if NOT_THE_PLANS in l][0], both
+
+
+def test_file_rewritten_in_place_is_refused_by_an_open_reader(tmp_path, dataset):
+    """The same inode rewritten (another file's bytes copied into it): a rank that reads
+    directly notices at its next read (size or mtime changed) and stops."""
+    other = tmp_path / "other.h5"
+    run(SOLAR, "gen", other, "--samples", "600", "--preset", "tiny", "--seed", "8", "--no-progress")
+    p = solar_run(tmp_path, dataset, "--no-agent", train_args=["--compute-ms", "15"], popen=True)
+    try:
+        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 10, what="rank 0 at step 10")
+        with open(other, "rb") as src, open(dataset, "r+b") as dst:
+            shutil.copyfileobj(src, dst)
+        out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    both = out + err
+    assert p.returncode != 0, both
+    assert all(n == 0 for n in wrong_counts(both)), both
+    assert "changed while solar was reading it" in both, both
+
+
+def test_solar_stored_restarted_with_another_file_no_rank_reads_it(tmp_path, dataset):
+    """solar-stored restarted on the same port exporting another file under the same name: the
+    agents refuse to resume on it and exit; their ranks' direct reads refuse it too."""
+    other = tmp_path / "other.h5"
+    run(SOLAR, "gen", other, "--samples", "600", "--preset", "tiny", "--seed", "8", "--no-progress")
+
+    def start(path, listen, tag):
+        ready = tmp_path / f"ready-{tag}"
+        proc = subprocess.Popen([STORED, "--listen", listen, "--export", f"d={path}", "--ready-file",
+                                 str(ready), "--quiet"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        wait_until(lambda: proc.poll() is not None or (ready.exists() and ready.read_text().strip()),
+                   what="solar-stored ready")
+        assert proc.poll() is None, proc.stdout.read()
+        return proc, ready.read_text().strip()
+
+    server, addr = start(dataset, "127.0.0.1:0", "a")
+    second = None
+    p = None
+    try:
+        p = solar_run(tmp_path, f"fabric://{addr}/d", train_args=["--compute-ms", "15"], popen=True)
+        wait_until(lambda: len(children(p.pid, "solar-agent")) == 2, what="2 agents")
+        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 10, what="rank 0 at step 10")
+        server.kill()
+        server.wait()
+        second, _ = start(other, addr, "b")
+        out, err = p.communicate(timeout=300)
+    finally:
+        for proc in (p, server, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    both = out + err
+    assert p.returncode != 0, both
+    assert all(n == 0 for n in wrong_counts(both)), both
+    assert "different file" in both or NOT_THE_PLANS in both, both
