@@ -342,6 +342,7 @@ const std::string& Hdf5Source::path() const { return impl_->path; }
 std::optional<std::uint64_t> Hdf5Source::raw_offset() const { return impl_->raw_offset; }
 std::string Hdf5Source::describe() const { return impl_->where(); }
 const std::string& Hdf5Source::identity() const { return impl_->identity; }
+void Hdf5Source::check_unchanged() const { impl_->check_unchanged(); }
 
 void Hdf5Source::Impl::check_unchanged() const {
   struct stat now {};

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -60,6 +61,10 @@ struct Exported {
   std::size_t map_len = 0;
   const std::byte* data = nullptr;
   std::vector<std::byte> labels;
+  // Set once when the file changed in place under the mapping: no more grants, and the
+  // connections reading it are closed (their keys revoked).
+  std::atomic<bool> changed{false};
+  std::string changed_why;
 
   ~Exported() {
     if (map) ::munmap(map, map_len);
@@ -99,6 +104,7 @@ struct StorageServer::Impl {
 
   struct Connection {
     std::shared_ptr<tcp::socket> socket;
+    std::atomic<Exported*> reading{nullptr};
     std::thread thread;
     std::atomic<bool> finished{false};
   };
@@ -107,7 +113,8 @@ struct StorageServer::Impl {
 
   void open_export(const Export& e);
   void accept();
-  void serve(tcp::socket& s, const std::string& peer);
+  void serve(Connection& c, const std::string& peer);
+  void watch_exports();
   json hello_reply(const json& hello, Exported*& ex);
   Grant grant(const Exported& ex, json& reply);
   StagingSlot* acquire_slot();
@@ -194,7 +201,12 @@ StorageServer::StorageServer(ServerOptions options) : impl_(std::make_unique<Imp
   im.progress = std::thread([&im] {
     // Target-side progress: reads do not complete unless someone drives the provider.
     fi_cq_entry entries[16];
+    auto next_watch = std::chrono::steady_clock::now();
     while (!im.stopping.load(std::memory_order_relaxed)) {
+      if (const auto now = std::chrono::steady_clock::now(); now >= next_watch) {
+        im.watch_exports();
+        next_watch = now + std::chrono::milliseconds(500);
+      }
       const ssize_t n = fi_cq_read(im.ep->cq(), entries, 16);
       if (n == -FI_EAGAIN) {
         sched_yield();
@@ -205,6 +217,25 @@ StorageServer::StorageServer(ServerOptions options) : impl_(std::make_unique<Imp
       }
     }
   });
+}
+
+// Mapped exports are read by clients without the server's CPU, so a file rewritten in place is
+// caught here (twice a second) rather than at a read: the export stops being served.
+void StorageServer::Impl::watch_exports() {
+  for (auto& ex : exports) {
+    if (!ex->rma || ex->changed.load(std::memory_order_acquire)) continue;
+    try {
+      ex->source->check_unchanged();
+      continue;
+    } catch (const StorageError& e) {
+      ex->changed_why = e.what();
+    }
+    ex->changed.store(true, std::memory_order_release);
+    spdlog::error("export {} withdrawn: {}", ex->spec.name, ex->changed_why);
+    std::lock_guard g(conns_mu);
+    for (auto& c : conns)
+      if (c.reading.load() == ex.get()) ::shutdown(c.socket->native_handle(), SHUT_RDWR);
+  }
 }
 
 StorageServer::~StorageServer() {
@@ -276,6 +307,8 @@ json StorageServer::Impl::hello_reply(const json& hello, Exported*& ex) {
     if (!ex && n == name)
       return fail(fmt::format("dataset '{}' is unavailable on this server: {}", name, why));
   if (!ex) return fail(fmt::format("no dataset named '{}' is exported here (exports: {})", name, names));
+  if (ex->changed.load(std::memory_order_acquire))
+    return fail(fmt::format("dataset '{}' is withdrawn: {}", name, ex->changed_why));
   const DatasetInfo& info = ex->source->info();
   json r = {{"ok", true},
             {"provider", ep->provider()},
@@ -303,7 +336,8 @@ Grant StorageServer::Impl::grant(const Exported& ex, json& r) {
   return g;
 }
 
-void StorageServer::Impl::serve(tcp::socket& s, const std::string& peer) {
+void StorageServer::Impl::serve(Connection& c, const std::string& peer) {
+  tcp::socket& s = *c.socket;
   StagingSlot* slot = nullptr;
   Exported* ex = nullptr;
   try {
@@ -317,6 +351,12 @@ void StorageServer::Impl::serve(tcp::socket& s, const std::string& peer) {
       } catch (const StorageError& e) {
         reply = {{"ok", false}, {"error", fmt::format("server cannot register memory: {}", e.what())}};
       }
+    }
+    if (reply["ok"].get<bool>()) {
+      c.reading = ex;
+      if (ex->changed.load(std::memory_order_acquire))  // withdrawn meanwhile: no keys
+        reply = {{"ok", false}, {"error", "dataset '" + ex->spec.name + "' is withdrawn: " +
+                                              ex->changed_why}};
     }
     wire::send(s, reply);
     if (!reply["ok"].get<bool>()) {
@@ -404,7 +444,7 @@ void StorageServer::Impl::accept() {
     Connection& c = conns.emplace_back();
     c.socket = sock;
     c.thread = std::thread([this, sock, peer, &c] {
-      serve(*sock, peer);
+      serve(c, peer);
       boost::system::error_code ignored;
       sock->close(ignored);
       c.finished = true;

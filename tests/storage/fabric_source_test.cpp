@@ -235,6 +235,30 @@ TEST(SolarStored, KeysAreUnguessableAndOnlyGrantedToTokenHolders) {
   expect_all(*src, {{0, 64}});
 }
 
+TEST(SolarStored, AFileChangedInPlaceIsWithdrawn) {
+  TempDir dir;
+  const std::string path = write(dir, "c.h5", Layout::contiguous, 16, {32, 64});
+  StoredProcess server(dir, {"--export", "d=" + path});
+  ASSERT_TRUE(server.start()) << server.log();
+  auto src = FabricSource::connect(server.uri("d"));
+  expect_all(*src, {{0, 16}});
+  // Clients read the mapped file without the server's CPU: the server notices the change
+  // (here the mtime of a rewrite) within its watch period, refuses new clients and hangs up on
+  // the ones reading it, whose next read then fails instead of returning new bytes.
+  std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) +
+                                             std::chrono::seconds(1));
+  std::string err;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (err.find("withdrawn") == std::string::npos && std::chrono::steady_clock::now() < until)
+    err = error_of([&] { FabricSource::connect(server.uri("d")); });
+  EXPECT_NE(err.find("dataset 'd' is withdrawn"), std::string::npos) << err;
+  EXPECT_NE(err.find("changed while solar was reading it"), std::string::npos) << err;
+  std::vector<std::byte> buf(16 * 4096);
+  const SampleRun all{0, 16};
+  EXPECT_NE(error_of([&] { src->read({&all, 1}, buf.data()); }).find("withdrawn"),
+            std::string::npos);
+}
+
 TEST(FabricSource, ServerStartsOnlyWithAUsableExport) {
   TempDir dir;
   StoredProcess server(dir, {"--export", "x=" + dir.file("missing.h5")});

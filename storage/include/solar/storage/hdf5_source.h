@@ -50,6 +50,8 @@ class Hdf5Source : public SampleSource {
   // place (another size or mtime) throws StorageError instead of returning its bytes; a file
   // moved over the path does not matter to an open source (it keeps reading the one it opened).
   const std::string& identity() const override;
+  // Throws StorageError naming the file when it changed in place since it was opened.
+  void check_unchanged() const;
 
   const std::string& path() const;
   // File offset of sample 0 when the samples lie in the file as raw bytes (contiguous,
