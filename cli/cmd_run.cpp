@@ -24,7 +24,7 @@ struct RunOptions {
   std::string dataset, labels = "/label", buffer, order = "solar";
   std::string plan_out;
   bool drop_last = false, no_agent = false, keep = false, verbose = false, zero_copy = false;
-  bool direct_io = false;
+  bool direct_io = false, transparent = false, order_given = false;
   std::vector<std::string> command;
 };
 
@@ -39,6 +39,20 @@ void print_summary(const LaunchResult& r) {
                format_bytes(a["bytes_read"].get<std::uint64_t>()),
                hit + fetched > 0 ? 100 * hit / (hit + fetched) : 0.0,
                a["read_seconds"].get<double>());
+    if (const auto& t = a.value("transparent", nlohmann::json()); t.is_object()) {
+      const double served = t["hit_reads"].get<double>(), miss = t["miss_reads"].get<double>();
+      fmt::print(stderr,
+                 "solar run: node {}: file reads served from the buffer {:.0f} ({}), fallen "
+                 "through {:.0f} ({}), {:.1f}% served; {} of {} steps consumed as planned{}\n",
+                 a["node"].get<int>(), served, format_bytes(t["hit_bytes"].get<std::uint64_t>()),
+                 miss, format_bytes(t["miss_bytes"].get<std::uint64_t>()),
+                 served + miss > 0 ? 100 * served / (served + miss) : 0.0,
+                 t["consumed_steps"].get<std::uint64_t>(), a["total_steps"].get<std::uint64_t>(),
+                 t["consumed_steps"].get<std::uint64_t>() < a["total_steps"].get<std::uint64_t>()
+                     ? " (the script's order differs from the plan: check --seed, --batch, "
+                       "--epochs, --drop-last)"
+                     : "");
+    }
   }
   for (const auto& p : r.problems) fmt::print(stderr, "solar run: {}\n", p);
 }
@@ -57,6 +71,16 @@ void run_run(const RunOptions& o) {
     const auto order = parse_order_mode(o.order);
     if (!order) throw ConfigError("--order", fmt::format("'{}' is not solar or torch", o.order));
     c.order = *order;
+    if (o.transparent) {
+      // The script reads in its own DistributedSampler order and decides who reads what.
+      if (o.order_given && c.order != OrderMode::torch)
+        throw ConfigError("--order", "--transparent follows the script's DistributedSampler: use "
+                                     "--order torch (the default with --transparent)");
+      c.order = OrderMode::torch;
+      if (c.imbalance)
+        throw ConfigError("--imbalance", "--transparent keeps the script's equal batches: use 0");
+      if (o.no_agent) throw ConfigError("--transparent", "needs agents; drop --no-agent");
+    }
     c.drop_last = o.drop_last;
     buffer = BufferSpec::parse(o.buffer, "--buffer");
     if (o.command.empty())
@@ -70,6 +94,8 @@ void run_run(const RunOptions& o) {
       throw ConfigError("--dataset", e.what());
     }
     c = plan_for_run(src->info(), buffer, c);
+    // DistributedSampler's assignment and epochs in order: what an unmodified script does.
+    if (o.transparent) c.policy = Policy::lru;
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "solar run: %s\n", e.what());
     exit_code() = kExitUsage;
@@ -92,6 +118,7 @@ void run_run(const RunOptions& o) {
   spec.agents = !o.no_agent;
   spec.zero_copy = o.zero_copy;
   spec.direct_io = o.direct_io;
+  spec.transparent = o.transparent;
   spec.keep_run_dir = o.keep;
   try {
     const LaunchResult r = launch(spec);
@@ -166,7 +193,9 @@ void add_run_commands(CLI::App& app) {
   run->add_option("--batch", o->batch, "Per-rank batch size")->required();
   run->add_option("--seed", o->seed, "Shuffle seed [0]");
   run->add_option("--imbalance", o->imbalance, "δ: per-rank batch may be b-δ..b+δ [0]");
-  run->add_option("--order", o->order, "solar or torch (= DistributedSampler) [solar]");
+  run->add_option("--order", o->order,
+                  "solar or torch (= DistributedSampler) [solar; torch with --transparent]")
+      ->each([o](const std::string&) { o->order_given = true; });
   run->add_flag("--drop-last", o->drop_last, "Drop the tail that does not fill a step");
   run->add_flag("--no-agent", o->no_agent, "No agents: ranks read directly (the fallback path)");
   run->add_flag("--zero-copy", o->zero_copy,
@@ -176,6 +205,11 @@ void add_run_commands(CLI::App& app) {
   run->add_flag("--direct-io", o->direct_io,
                 "Agents read HDF5 files with O_DIRECT, bypassing the page cache (for datasets "
                 "far larger than memory)");
+  run->add_flag("--transparent", o->transparent,
+                "Run an UNMODIFIED script (h5py + DistributedSampler + DataLoader): its reads of "
+                "the dataset file are served from the node buffer by libsolar_preload.so when "
+                "resident, from the file otherwise. Give the script's own --seed, --batch and "
+                "--epochs; contiguous HDF5 datasets");
   run->add_option("--plan-out", o->plan_out, "Also save the plan here (for plan-dump)");
   run->add_flag("--keep-run-dir", o->keep, "Keep the plan, sockets and agent logs");
   run->add_flag("-v,--verbose", o->verbose, "Say what is planned");

@@ -233,6 +233,7 @@ LaunchResult launch(const LaunchSpec& spec) {
                                          "--log",        log};
         if (spec.zero_copy) argv.push_back("--zero-copy");
         if (spec.direct_io) argv.push_back("--direct-io");
+        if (spec.transparent) argv.push_back("--transparent");
         agents[m] = spawn(argv, base_env, log);
       }
       // Ready when its socket accepts a connection.
@@ -277,6 +278,15 @@ LaunchResult launch(const LaunchSpec& spec) {
               fmt::format("MASTER_PORT={}", master_port)})
           env.push_back(kv);
         if (spec.agents) env.push_back(fmt::format("SOLAR_SOCKET={}", sockets[m]));
+        if (spec.agents && spec.transparent) {
+          std::string preload = spec.preload_path.empty()
+                                    ? find_sibling("libsolar_preload.so", "interpose")
+                                    : spec.preload_path;
+          if (const char* prev = std::getenv("LD_PRELOAD"); prev && *prev)
+            preload += ":" + std::string(prev);
+          std::erase_if(env, [](const std::string& kv) { return kv.starts_with("LD_PRELOAD="); });
+          env.push_back("LD_PRELOAD=" + preload);
+        }
         for (const auto& kv : spec.extra_env) env.push_back(kv);
         ranks.push_back(spawn(spec.command, env, ""));
       }

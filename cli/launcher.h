@@ -38,6 +38,10 @@ struct LaunchSpec {
   bool agents = true;             // false: ranks read directly (no agent)
   bool zero_copy = false;         // agents hand out cache slots, no per-rank rings
   bool direct_io = false;         // agents read HDF5 files with O_DIRECT
+  // Job-transparent: agents serve file reads (--transparent) and ranks run unmodified with
+  // libsolar_preload.so in LD_PRELOAD ("" = next to solar, in the build tree's interpose/).
+  bool transparent = false;
+  std::string preload_path;
   std::string agent_path;         // solar-agent binary ("" = next to solar, then PATH)
   bool keep_run_dir = false;      // keep plan, sockets and logs (for debugging)
 };

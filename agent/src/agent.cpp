@@ -21,6 +21,8 @@
 #include <unordered_set>
 
 #include "solar/protocol.h"
+#include "solar/storage/hdf5_source.h"
+#include "solar/transparent.h"
 
 namespace solar::agent {
 
@@ -108,6 +110,22 @@ class Agent::Impl {
   void on_message(const std::shared_ptr<Session>& s, protocol::Op op,
                   const std::vector<std::uint8_t>& payload);
   void on_hello(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& payload);
+  void on_xhello(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& payload);
+  bool send_with_buffer_fd(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& msg);
+
+  // Transparent mode (opt_.transparent): the shared index of resident samples.
+  void setup_index(std::uint64_t index_offset);
+  void publish_locked(std::uint32_t sample, std::uint32_t slot);
+  void unpublish_locked(std::uint32_t sample);
+  void pace_loop();
+  solar_xindex* xindex_ = nullptr;
+  std::uint64_t* xentries_ = nullptr;
+  std::uint32_t* xconsumed_ = nullptr;
+  std::uint64_t xgen_ = 0;
+  std::uint64_t map_bytes_ = 0;       // the whole memfd: slots, then the index
+  std::vector<std::uint32_t> need_;   // per plan access: uses of its sample on this node so far
+  std::uint64_t paced_steps_ = 0;     // steps every rank has consumed
+  std::thread pace_;
   void serve_waiting_locked();
   void send_batch_locked(RankState& rs, std::uint32_t r);
   void detach(const std::shared_ptr<Session>& s);
@@ -115,6 +133,7 @@ class Agent::Impl {
   // Queues a message; writes go out in order, one at a time.
   static void send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg);
   std::string stats_json();
+  nlohmann::json transparent_json() const;
   void shutdown_io();
 
   AgentOptions opt_;
@@ -227,7 +246,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   if (!o.zero_copy && o.staging_steps == 0)
     throw AgentError("--staging-steps must be at least 1 (batches in each rank's ring)");
   ring_batch_ = std::uint64_t{header_.config.batch} + header_.config.imbalance;
-  if (o.zero_copy) {
+  if (o.zero_copy || o.transparent) {
     // No rings: ranks read the cache slots; the staging slots hold samples the plan evicted
     // while ranks still use them.
     ring_depth_ = 0;
@@ -240,7 +259,14 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   }
   slots_ = cache_slots_ + std::uint64_t{R_} * ring_depth_ * ring_batch_;
   inline_copy_ = ring_batch_ * slot_bytes_ <= kInlineCopyBytes;
-  const std::uint64_t bytes = slots_ * slot_bytes_;
+  // Transparent mode: the sample index follows the slots, page-aligned.
+  const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t index_offset = (slots_ * slot_bytes_ + page - 1) / page * page;
+  const std::uint64_t bytes =
+      o.transparent ? index_offset + sizeof(solar_xindex) +
+                          header_.config.samples * (sizeof(std::uint64_t) + sizeof(std::uint32_t))
+                    : slots_ * slot_bytes_;
+  map_bytes_ = bytes;
   const std::uint64_t avail = mem_available_bytes();
   if (bytes > avail)
     throw AgentError(fmt::format("the buffer needs {} ({} slots of {}) but only {} of memory is "
@@ -263,6 +289,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
   if (p == MAP_FAILED) throw AgentError(fmt::format("mapping the buffer: {}", std::strerror(errno)));
   base_ = static_cast<std::byte*>(p);
+  if (o.transparent) setup_index(index_offset);
   free_.resize(cache_slots_);
   for (std::uint64_t i = 0; i < cache_slots_; ++i)
     free_[i] = static_cast<std::uint32_t>(cache_slots_ - 1 - i);
@@ -303,7 +330,8 @@ Agent::Impl::~Impl() {
   for (auto& r : readers_) r.join();
   std::error_code ec;
   std::filesystem::remove(opt_.socket, ec);
-  if (base_) ::munmap(base_, slots_ * slot_bytes_);
+  if (pace_.joinable()) pace_.join();
+  if (base_) ::munmap(base_, map_bytes_);
   if (memfd_ >= 0) ::close(memfd_);
 }
 
@@ -312,6 +340,7 @@ int Agent::Impl::run() {
   prefetch_ = std::thread([this] { prefetch_loop(); });
   for (unsigned i = 0; i < std::max(1U, opt_.readers); ++i)
     readers_.emplace_back([this] { reader_loop(); });
+  if (opt_.transparent) pace_ = std::thread([this] { pace_loop(); });
   asio::signal_set signals(io_, SIGTERM, SIGINT);
   signals.async_wait([this](const boost::system::error_code& ec, int sig) {
     if (ec) return;
@@ -329,6 +358,7 @@ int Agent::Impl::run() {
   prefetch_.join();
   for (auto& r : readers_) r.join();
   readers_.clear();
+  if (pace_.joinable()) pace_.join();
   spdlog::info("stopped: {}", stats_json());
   return exit_code_;
 }
@@ -349,6 +379,7 @@ void Agent::Impl::shutdown_io() {
 void Agent::Impl::free_slot_locked(std::uint32_t sample) {
   auto it = slot_of_.find(sample);
   if (it == slot_of_.end()) return;
+  unpublish_locked(sample);  // before the slot can take another sample's bytes
   free_.push_back(it->second);
   slot_of_.erase(it);
   zombie_.erase(sample);
@@ -445,6 +476,86 @@ void Agent::Impl::prefetch_loop() {
     }
   } catch (const std::exception& e) {
     fail(e.what());
+  }
+}
+
+// ---- transparent mode ---------------------------------------------------------------------
+
+void Agent::Impl::setup_index(std::uint64_t index_offset) {
+  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(source_.get());
+  if (!h5 || !h5->raw_offset())
+    throw AgentError(fmt::format(
+        "--transparent serves reads of a contiguous, unfiltered HDF5 dataset; {} is not one "
+        "(chunked and compressed datasets, and solar-stored, are not served transparently yet: "
+        "use solar's loader, or rewrite the dataset contiguous with `h5repack -l CONTI`)",
+        source_->describe()));
+  struct stat st {};
+  if (::stat(h5->path().c_str(), &st) != 0 || storage::file_identity(st) != h5->identity())
+    throw AgentError(fmt::format("{}: the file changed while the agent opened it; start again",
+                                 h5->path()));
+  auto* x = reinterpret_cast<solar_xindex*>(base_ + index_offset);
+  const std::uint64_t N = header_.config.samples;
+  x->samples = N;
+  x->sample_bytes = sample_bytes_;
+  x->slot_bytes = slot_bytes_;
+  x->data_offset = *h5->raw_offset();
+  x->file_dev = st.st_dev;
+  x->file_ino = st.st_ino;
+  x->file_size = static_cast<std::uint64_t>(st.st_size);
+  x->file_mtime_sec = st.st_mtim.tv_sec;
+  x->file_mtime_nsec = st.st_mtim.tv_nsec;
+  x->entries_offset = index_offset + sizeof(solar_xindex);
+  x->consumed_offset = x->entries_offset + N * sizeof(std::uint64_t);
+  xentries_ = reinterpret_cast<std::uint64_t*>(base_ + x->entries_offset);
+  xconsumed_ = reinterpret_cast<std::uint32_t*>(base_ + x->consumed_offset);
+  std::atomic_ref<std::uint64_t>(x->magic).store(SOLAR_XINDEX_MAGIC, std::memory_order_release);
+  xindex_ = x;
+  // need_[i]: how many times access i's sample has been used on this node up to and including
+  // access i, in plan order; once its consumed counter reaches that, access i has happened.
+  std::vector<std::uint32_t> count(N, 0);
+  need_.resize(plan_.accesses.size());
+  for (std::size_t i = 0; i < plan_.accesses.size(); ++i)
+    need_[i] = ++count[plan_.accesses[i] & kSampleMask];
+}
+
+void Agent::Impl::publish_locked(std::uint32_t sample, std::uint32_t slot) {
+  const std::uint64_t e = (++xgen_ << 32) | (std::uint64_t{slot} + 1);
+  std::atomic_ref<std::uint64_t>(xentries_[sample]).store(e, std::memory_order_release);
+}
+
+void Agent::Impl::unpublish_locked(std::uint32_t sample) {
+  if (xentries_)
+    std::atomic_ref<std::uint64_t>(xentries_[sample]).store(0, std::memory_order_release);
+}
+
+// Unmodified ranks send no requests: a rank's step counts as done (its uses are dropped, so
+// the plan's evictions may proceed) once every sample of its batch has been read as often as
+// the plan says it will have been by then. A script that reads another order never completes
+// a step: the agent then keeps what it has and the reads it misses go to the file.
+void Agent::Impl::pace_loop() {
+  for (;;) {
+    {
+      std::lock_guard lk(mu_);
+      if (stopping_ || !fatal_.empty()) return;
+      std::uint64_t least = T_;
+      for (std::uint32_t r = 0; r < R_; ++r) {
+        RankState& rs = ranks_[r];
+        while (rs.released < admitted_) {
+          const std::uint64_t at = plan_.rank_offsets[rs.released * R_ + r];
+          const auto acc = accesses(rs.released, r);
+          bool done = true;
+          for (std::size_t k = 0; k < acc.size() && done; ++k)
+            done = std::atomic_ref<std::uint32_t>(xconsumed_[acc[k] & kSampleMask])
+                       .load(std::memory_order_relaxed) >= need_[at + k];
+          if (!done) break;
+          for (std::uint32_t a : acc) drop_use_locked(a & kSampleMask);
+          rs.cursor = ++rs.released;
+        }
+        least = std::min(least, rs.released);
+      }
+      paced_steps_ = least;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 
@@ -607,6 +718,12 @@ void Agent::Impl::reader_loop() {
       }
       const double secs = seconds_since(t0);
       std::lock_guard lk(mu_);
+      if (xindex_) {  // the bytes are in place: readers may copy them from now on
+        std::size_t i = 0;
+        for (const auto& run : job.runs)
+          for (std::uint64_t x = run.first; x < run.first + run.count; ++x, ++i)
+            publish_locked(static_cast<std::uint32_t>(x), job.slots[i]);
+      }
       read_seconds_ += secs;
       reads_ += job.runs.size();
       bytes_read_ += job.slots.size() * sample_bytes_;
@@ -704,6 +821,8 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
   switch (op) {
     case protocol::Op::hello:
       return on_hello(s, payload);
+    case protocol::Op::xhello:
+      return on_xhello(s, payload);
     case protocol::Op::next: {
       protocol::Next n;
       if (!parse(payload, n) || s->rank < 0) return refuse("next before hello, or malformed");
@@ -782,9 +901,38 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
   ok.slots = slots_;
   ok.total_steps = T_;
   ok.steps_per_epoch = header_.layout.steps;
-  const auto msg = frame(protocol::Op::hello_ok, &ok, sizeof ok);
-  // The buffer's fd travels with the reply (SCM_RIGHTS); written synchronously, before any
-  // queued message, since it is the session's first.
+  if (!send_with_buffer_fd(s, frame(protocol::Op::hello_ok, &ok, sizeof ok))) {
+    spdlog::warn("rank {}: could not send the hello reply", h.local_rank);
+    return detach(s);
+  }
+  spdlog::info("local rank {} attached (pid {})", h.local_rank, h.pid);
+}
+
+// An unmodified rank's interposer (or one of its DataLoader workers): no batches, just the
+// buffer and where its index is. Any number of processes may attach this way.
+void Agent::Impl::on_xhello(const std::shared_ptr<Session>& s,
+                            const std::vector<std::uint8_t>& payload) {
+  solar_xhello h{};
+  auto refuse = [&](const std::string& why) {
+    spdlog::warn("interposer refused: {}", why);
+    send(s, frame(protocol::Op::error, why.data(), why.size()));
+  };
+  if (!parse(payload, h)) return refuse("malformed hello");
+  if (!xindex_)
+    return refuse("this agent serves batches, not file reads (start it with --transparent)");
+  static_assert(static_cast<int>(protocol::Op::xhello) == SOLAR_OP_XHELLO &&
+                static_cast<int>(protocol::Op::xhello_ok) == SOLAR_OP_XHELLO_OK);
+  const solar_xhello_ok ok{
+      map_bytes_, static_cast<std::uint64_t>(reinterpret_cast<std::byte*>(xindex_) - base_)};
+  if (!send_with_buffer_fd(s, frame(protocol::Op::xhello_ok, &ok, sizeof ok)))
+    return detach(s);
+  spdlog::debug("interposer attached (pid {})", h.pid);
+}
+
+// The buffer's fd travels with the reply (SCM_RIGHTS); written synchronously, before any queued
+// message, since it is the session's first.
+bool Agent::Impl::send_with_buffer_fd(const std::shared_ptr<Session>& s,
+                                      const std::vector<std::uint8_t>& msg) {
   struct iovec iov{const_cast<std::uint8_t*>(msg.data()), msg.size()};
   alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   struct msghdr mh {};
@@ -800,11 +948,7 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
   s->sock.non_blocking(false);
   const ssize_t n = ::sendmsg(s->sock.native_handle(), &mh, MSG_NOSIGNAL);
   s->sock.non_blocking(true);
-  if (n != static_cast<ssize_t>(msg.size())) {
-    spdlog::warn("rank {}: could not send the hello reply", h.local_rank);
-    return detach(s);
-  }
-  spdlog::info("local rank {} attached (pid {})", h.local_rank, h.pid);
+  return n == static_cast<ssize_t>(msg.size());
 }
 
 void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
@@ -882,6 +1026,17 @@ void Agent::Impl::send(const std::shared_ptr<Session>& s, std::vector<std::uint8
   (*pump)();
 }
 
+nlohmann::json Agent::Impl::transparent_json() const {
+  auto get = [](const std::uint64_t& v) {
+    return std::atomic_ref<std::uint64_t>(const_cast<std::uint64_t&>(v)).load(std::memory_order_relaxed);
+  };
+  const solar_xstats& x = xindex_->stats;
+  return {{"hit_reads", get(x.hit_reads)},   {"hit_bytes", get(x.hit_bytes)},
+          {"miss_reads", get(x.miss_reads)}, {"miss_bytes", get(x.miss_bytes)},
+          {"torn", get(x.torn)},             {"attached", get(x.attached)},
+          {"consumed_steps", paced_steps_}};
+}
+
 std::string Agent::Impl::stats_json() {
   std::lock_guard lk(mu_);
   nlohmann::json ranks = nlohmann::json::array();
@@ -913,6 +1068,7 @@ std::string Agent::Impl::stats_json() {
       {"free_slots", free_.size()},
       {"uptime_seconds", seconds_since(started_)},
       {"error", fatal_},
+      {"transparent", xindex_ ? transparent_json() : nlohmann::json()},
       {"ranks", ranks}};
   return j.dump();
 }

@@ -29,6 +29,10 @@ struct AgentOptions {
   std::uint32_t staging_steps = kAgentStagingSteps;  // extra slots, in steps of its ranks
   bool zero_copy = false;  // ranks read cache slots directly (no per-rank rings)
   bool direct_io = false;  // HDF5 reads with O_DIRECT (bypass the page cache)
+  // Job-transparent mode: unmodified ranks read the dataset file themselves and the
+  // interposer (libsolar_preload.so) serves their reads from the buffer through a shared
+  // sample index (solar/transparent.h); eviction is paced by the samples they consume.
+  bool transparent = false;
 };
 
 // Thrown for anything that stops the agent from starting: names the input and the fix.

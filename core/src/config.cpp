@@ -16,6 +16,7 @@ std::string_view to_string(Policy p) {
     case Policy::solar_paper: return "solar-paper";
     case Policy::nopfs: return "nopfs";
     case Policy::solar: return "solar";
+    case Policy::sampler: return "sampler";
   }
   return "?";
 }
@@ -34,7 +35,7 @@ std::optional<Policy> parse_policy(std::string_view s) {
 
 const std::vector<Policy>& all_policies() {
   static const std::vector<Policy> v{Policy::none, Policy::lru, Policy::solar_paper,
-                                     Policy::nopfs, Policy::solar};
+                                     Policy::nopfs, Policy::solar, Policy::sampler};
   return v;
 }
 
@@ -64,11 +65,21 @@ void PlanConfig::validate() const {
     throw ConfigError("--imbalance", fmt::format("δ is {}; allowed range is 0..{} (each rank "
                                                  "must get at least one sample: b-δ ≥ 1)",
                                                  imbalance, batch - 1));
-  if (std::uint64_t{epochs} * samples > kMaxAccesses)
-    throw ConfigError("--epochs", fmt::format("{} epochs × {} samples = {} accesses exceed the "
-                                              "plan limit of {}; allowed epochs is 1..{}",
-                                              epochs, samples, std::uint64_t{epochs} * samples,
-                                              kMaxAccesses, kMaxAccesses / samples));
+  // Accesses per epoch: DistributedSampler pads the samples to a multiple of the world size
+  // (unless drop_last). Every access time must fit a 32-bit eviction key (node_buffer.h).
+  const std::uint64_t per_epoch =
+      drop_last ? samples : (samples + world() - 1) / world() * world();
+  if (std::uint64_t{epochs} * per_epoch > kMaxAccesses) {
+    const std::string what =
+        per_epoch == samples
+            ? fmt::format("{} samples", samples)
+            : fmt::format("{} accesses per epoch ({} samples padded to a multiple of {} ranks)",
+                          per_epoch, samples, world());
+    throw ConfigError("--epochs", fmt::format("{} epochs × {} = {} accesses exceed the plan "
+                                              "limit of {}; allowed epochs is 1..{}",
+                                              epochs, what, std::uint64_t{epochs} * per_epoch,
+                                              kMaxAccesses, kMaxAccesses / per_epoch));
+  }
   if (policy != Policy::none) {
     const std::uint64_t need = std::uint64_t{ranks_per_node} * (batch + imbalance);
     if (buffer_bytes < sample_bytes)

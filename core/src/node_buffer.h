@@ -140,6 +140,12 @@ class NodeBuffer {
   void pin(std::uint32_t x, std::uint64_t stamp) { map_.find(x)->pin = stamp; }
   EvictKey key(std::uint32_t x) const { return map_.find(x)->key; }
 
+  // Calls f(x, key) for every resident sample, in no particular order.
+  template <class F>
+  void for_each_resident(F&& f) const {
+    map_.for_each([&](std::uint32_t x, const Entry& e) { f(x, e.key); });
+  }
+
   // Changes x's key without pinning (e.g. a copy that will never be used here again).
   void rekey(std::uint32_t x, EvictKey key) {
     Entry* e = map_.find(x);

@@ -31,16 +31,48 @@ class EpochStream {
   // Next use of the k-th access of `step` in the current epoch.
   std::uint64_t next_use(std::uint32_t step, std::uint64_t k) const;
 
+  // The first use after `step` of the sample at its k-th access, counting only the accesses
+  // whose epoch position q (index into the epoch's sequence, the same in every epoch) passes
+  // on(q), e.g. those of one node; searched in this epoch and the next, kNever if none there.
+  // Follows the chains of the sample's occurrences: O(its occurrences in the two epochs), at
+  // most two per epoch when DistributedSampler pads. Needs want_next_use.
+  template <class On>
+  std::uint64_t next_use_after_step(std::uint32_t step, std::uint64_t k, On&& on) const {
+    const std::uint64_t i = layout_.step_begin(step) + k;
+    const std::uint64_t end = layout_.step_begin(step) + layout_.step_size(step);
+    for (std::uint32_t q = next_in_cur_[i]; q != kNone; q = next_in_cur_[q])
+      if (q >= end && on(q)) return std::uint64_t{position_} * layout_.used() + q;
+    return use_in_next(cur_[i], on);
+  }
+  // The first use of sample x from the start of this epoch, in it or the next, at an epoch
+  // position that passes on(q); kNever if none there. Needs want_next_use.
+  template <class On>
+  std::uint64_t first_use(std::uint32_t x, On&& on) const {
+    for (std::uint32_t q = first_in_cur_[x]; q != kNone; q = next_in_cur_[q])
+      if (on(q)) return std::uint64_t{position_} * layout_.used() + q;
+    return use_in_next(x, on);
+  }
+
  private:
+  static constexpr std::uint32_t kNone = ~std::uint32_t{0};
+  template <class On>
+  std::uint64_t use_in_next(std::uint32_t x, On&& on) const {
+    for (std::uint32_t q = first_in_next_[x]; q != kNone; q = next_in_next_[q])
+      if (on(q)) return std::uint64_t{position_ + 1} * layout_.used() + q;
+    return kNever;
+  }
+
   const PlanConfig& c_;
   const EpochLayout& layout_;
   std::span<const std::uint32_t> order_;
   bool want_next_use_;
   std::uint32_t position_ = 0;
   std::vector<std::uint32_t> cur_, next_;
-  std::vector<std::uint32_t> next_in_cur_;   // per access of cur_: index of next occurrence
-  std::vector<std::uint32_t> first_in_next_;  // per sample: first index in next_
-  std::vector<std::uint32_t> scratch_;
+  std::vector<std::uint32_t> next_in_cur_;    // per access of cur_: index of next occurrence
+  std::vector<std::uint32_t> next_in_next_;   // per access of next_: index of next occurrence
+  std::vector<std::uint32_t> first_in_cur_;   // per sample: first index in cur_
+  std::vector<std::uint32_t> first_in_next_;  // per sample: first index in next_ (all none if
+                                              // there is no next epoch)
   bool have_next_ = false;
 };
 

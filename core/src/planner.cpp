@@ -13,9 +13,28 @@ EpochStream::EpochStream(const PlanConfig& c, const EpochLayout& layout,
                          std::span<const std::uint32_t> order, bool want_next_use)
     : c_(c), layout_(layout), order_(order), want_next_use_(want_next_use) {}
 
+namespace {
+
+// next[i]: index of the next occurrence of seq[i] in seq (none if none); head[x]: the first
+// occurrence of sample x (none if none). One backward pass.
+void occurrence_chains(std::span<const std::uint32_t> seq, std::uint64_t samples,
+                       std::vector<std::uint32_t>& next, std::vector<std::uint32_t>& head) {
+  const std::uint32_t none = ~std::uint32_t{0};
+  head.assign(samples, none);
+  next.assign(seq.size(), none);
+  for (std::uint64_t i = seq.size(); i-- > 0;) {
+    const std::uint32_t x = seq[i];
+    next[i] = head[x];
+    head[x] = static_cast<std::uint32_t>(i);
+  }
+}
+
+}  // namespace
+
 void EpochStream::load(std::uint32_t position) {
   const std::uint64_t used = layout_.used();
-  if (have_next_ && position == position_ + 1) {
+  const bool sequential = have_next_ && position == position_ + 1;
+  if (sequential) {
     std::swap(cur_, next_);
   } else {
     epoch_sequence(c_, layout_, order_[position], cur_);
@@ -25,20 +44,20 @@ void EpochStream::load(std::uint32_t position) {
   have_next_ = false;
   if (!want_next_use_) return;
 
-  const std::uint32_t none = ~std::uint32_t{0};
-  scratch_.assign(c_.samples, none);
-  next_in_cur_.assign(used, none);
-  for (std::uint64_t i = used; i-- > 0;) {
-    const std::uint32_t x = cur_[i];
-    next_in_cur_[i] = scratch_[x];
-    scratch_[x] = static_cast<std::uint32_t>(i);
+  // The chains of the epoch that was `next` are already known.
+  if (sequential) {
+    std::swap(next_in_cur_, next_in_next_);
+    std::swap(first_in_cur_, first_in_next_);
+  } else {
+    occurrence_chains(cur_, c_.samples, next_in_cur_, first_in_cur_);
   }
-  first_in_next_.assign(c_.samples, none);
   if (position + 1 < order_.size()) {
     epoch_sequence(c_, layout_, order_[position + 1], next_);
     next_.resize(used);
-    for (std::uint64_t i = used; i-- > 0;) first_in_next_[next_[i]] = static_cast<std::uint32_t>(i);
+    occurrence_chains(next_, c_.samples, next_in_next_, first_in_next_);
     have_next_ = true;
+  } else {
+    first_in_next_.assign(c_.samples, ~std::uint32_t{0});
   }
 }
 
@@ -149,6 +168,7 @@ Plan make_plan(const PlanConfig& config, const ProgressFn& progress) {
     case Policy::solar_paper: return detail::plan_solar_paper(config, progress);
     case Policy::nopfs: return detail::plan_nopfs(config, progress);
     case Policy::solar: return detail::plan_solar(config, progress);
+    case Policy::sampler: return detail::plan_sampler(config, progress);
   }
   throw ConfigError("--policy", "unknown policy");
 }

@@ -1,4 +1,4 @@
-// The five policies. All share the epoch stream, the node buffer simulation and the recorder
+// The policies but solar (policy_solar.cpp). All share the epoch stream, the node buffer simulation and the recorder
 // (plan_builder.h); they differ in epoch order, in who gets which sample of a step, and in the
 // eviction key a buffered sample carries.
 #include "policies.h"
@@ -19,7 +19,8 @@ std::vector<std::uint32_t> identity_order(std::uint32_t epochs) {
   return v;
 }
 
-// The common loop of the policies whose assignment ignores the buffers (none, lru, nopfs).
+// The common loop of the policies whose assignment ignores the buffers (none, lru, nopfs; and
+// sampler, which runs the same loop with next uses: plan_sampler).
 template <class KeyFn>
 Plan run_static(const PlanConfig& c, const ProgressFn& progress, std::uint64_t capacity,
                 KeyFn&& key, bool keep_between_steps = true) {
@@ -131,6 +132,64 @@ Plan plan_nopfs(const PlanConfig& c, const ProgressFn& progress) {
                     [&](std::uint32_t m, std::uint32_t, std::uint32_t x) {
                       return pinned[m].count(x) ? kEvictLast : ++clock;
                     });
+}
+
+Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress) {
+  // What an unmodified script gets (job-transparent mode): DistributedSampler's assignment and
+  // epoch order, exactly as lru; each node evicts clairvoyantly, the resident sample whose next
+  // use BY THAT NODE is farthest. Under DistributedSampler, epoch position q belongs to rank
+  // q mod W (every step begins at a multiple of W·b), i.e. to node (q mod W) / R. A sample's
+  // next use by the node is its next occurrence on that node after the current step, in this
+  // epoch or else the next one. The horizon is those two epochs: a sample the node does not
+  // read again within it counts as never used again (key kEvictFirst) and goes first. Such
+  // keys go stale as the horizon moves, so at each epoch's start every resident still marked
+  // never gets its first use by the node in the new horizon (O(resident samples) per epoch).
+  // With one node (and without drop_last) every sample is read every epoch, nothing but the
+  // last epoch's leftovers is ever "never", and this is exactly Belady's MIN on the node's
+  // stream of steps.
+  //
+  // Keys as in policy_solar.cpp: kEvictLast - time, 0 (kEvictFirst) for never. Access times
+  // are below epochs × padded accesses per epoch ≤ kMaxAccesses (PlanConfig::validate), so a
+  // key never reaches kEvictFirst nor wraps.
+  static_assert(kMaxAccesses < kEvictLast, "access times must fit an eviction key");
+  const EpochLayout layout = EpochLayout::of(c);
+  const auto order = identity_order(c.epochs);
+  EpochStream stream(c, layout, order, true);
+  PlanRecorder recorder(c, order, progress);
+  auto bufs = make_buffers(c, c.buffer_samples());
+  const std::uint64_t W = layout.world, R = c.ranks_per_node;
+  auto key_of = [](std::uint64_t next) {
+    return next == kNever ? kEvictFirst : static_cast<EvictKey>(kEvictLast - next);
+  };
+  StepRecord rec;
+  Assignment a;
+  std::vector<std::uint32_t> stale;
+  std::uint64_t t = 0;
+  for (std::uint32_t p = 0; p < c.epochs; ++p) {
+    stream.load(p);
+    for (std::uint32_t m = 0; m < c.nodes && p > 0; ++m) {
+      auto on_m = [&](std::uint64_t q) { return (q % W) / R == m; };
+      stale.clear();
+      bufs[m].for_each_resident([&](std::uint32_t x, EvictKey key) {
+        if (key == kEvictFirst) stale.push_back(x);
+      });
+      for (std::uint32_t x : stale) bufs[m].rekey(x, key_of(stream.first_use(x, on_m)));
+    }
+    for (std::uint32_t j = 0; j < layout.steps; ++j, ++t) {
+      const auto batch = stream.batch(j);
+      rec.reset(W, c.nodes);
+      standard_assignment(batch.size(), W, a);
+      // A pure function of (node, position): safe for the parallel node simulation.
+      simulate_step(c, batch, a, bufs, t + 1,
+                    [&](std::uint32_t m, std::uint32_t k, std::uint32_t) {
+                      return key_of(stream.next_use_after_step(
+                          j, k, [&](std::uint64_t q) { return (q % W) / R == m; }));
+                    },
+                    rec, /*parallel=*/true);
+      recorder.commit(p, rec);
+    }
+  }
+  return recorder.finish();
 }
 
 Plan plan_solar_paper(const PlanConfig& c, const ProgressFn& progress) {

@@ -11,5 +11,6 @@ Plan plan_lru(const PlanConfig& c, const ProgressFn& progress);
 Plan plan_nopfs(const PlanConfig& c, const ProgressFn& progress);
 Plan plan_solar_paper(const PlanConfig& c, const ProgressFn& progress);
 Plan plan_solar(const PlanConfig& c, const ProgressFn& progress);
+Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress);
 
 }  // namespace solar::detail

@@ -45,7 +45,7 @@ PluginConfig PluginConfig::parse(const std::vector<std::string>& args) {
     if (eq == std::string::npos)
       throw ConfigError(arg, "plugstack.conf arguments are key=value; known keys: agent, "
                              "plan_dir, runtime_dir, max_buffer, provider, on_error, timeout, "
-                             "zero_copy");
+                             "zero_copy, transparent, preload");
     const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
     if (key == "agent") {
       c.agent = absolute_path(key, value);
@@ -65,11 +65,18 @@ PluginConfig PluginConfig::parse(const std::vector<std::string>& args) {
       if (value == "yes") c.zero_copy = true;
       else if (value == "no") c.zero_copy = false;
       else throw ConfigError(key, fmt::format("'{}' is not yes or no", value));
+    } else if (key == "transparent") {
+      if (value == "yes") c.allow_transparent = true;
+      else if (value == "no") c.allow_transparent = false;
+      else throw ConfigError(key, fmt::format("'{}' is not yes or no", value));
+    } else if (key == "preload") {
+      c.preload = absolute_path(key, value);
     } else if (key == "timeout") {
       c.timeout_s = static_cast<double>(parse_count(value, key, 1, 3600));
     } else {
       throw ConfigError(key, "unknown plugstack.conf argument; known keys: agent, plan_dir, "
-                             "runtime_dir, max_buffer, provider, on_error, timeout, zero_copy");
+                             "runtime_dir, max_buffer, provider, on_error, timeout, zero_copy, "
+                             "transparent, preload");
     }
   }
   return c;
@@ -89,6 +96,10 @@ const std::vector<OptionSpec>& option_specs() {
       {"order", "SOLAR_ORDER", "solar|torch",
        "solar: shuffle order; torch = DistributedSampler's [solar]"},
       {"imbalance", "SOLAR_IMBALANCE", "d", "solar: per-rank batch may be b-d..b+d [0]"},
+      {"transparent", "SOLAR_TRANSPARENT", nullptr,
+       "solar: the script is unmodified (h5py + DistributedSampler): its reads of the dataset "
+       "file are served from the node buffer (implies --solar-order=torch; give the script's "
+       "seed, batch and epochs)"},
       {"verbose", "SOLAR_VERBOSE", nullptr, "solar: say what is planned and each node's hits"},
       {"", "SOLAR", "off", "solar: --solar=off disables solar for this step"},
   };
@@ -142,11 +153,14 @@ void JobOptions::add_environment(const std::function<const char*(const char*)>& 
 
 bool JobOptions::off() const { return value[enable] && *value[enable] == "off"; }
 bool JobOptions::is_verbose() const { return value[verbose] && is_on(*value[verbose]); }
+bool JobOptions::is_transparent() const {
+  return value[transparent] && is_on(*value[transparent]);
+}
 
 bool JobOptions::active() const {
   if (off()) return false;
   for (int f = 0; f < kFields; ++f)
-    if (f != enable && f != verbose && value[f]) return true;
+    if (f != enable && f != verbose && f != transparent && value[f]) return true;
   return false;
 }
 
@@ -172,6 +186,16 @@ PlanConfig JobOptions::partial_config() const {
                                        *value[imbalance], "--solar-imbalance", 0, kMaxSamples))
                                  : 0;
   c.order = value[order] ? *parse_order_mode(*value[order]) : OrderMode::solar;
+  if (is_transparent()) {
+    // The script reads in its own DistributedSampler order and decides who reads what.
+    if (value[order] && c.order != OrderMode::torch)
+      throw ConfigError("--solar-order", "--solar-transparent follows the script's "
+                                         "DistributedSampler: use torch (its default)");
+    if (c.imbalance)
+      throw ConfigError("--solar-imbalance", "--solar-transparent keeps the script's equal "
+                                             "batches: use 0");
+    c.order = OrderMode::torch;
+  }
   return c;
 }
 
@@ -185,6 +209,10 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
                                 std::string* notes) {
   try {
     o.validate();
+    if (o.is_transparent() && !pc.allow_transparent)
+      throw ConfigError("--solar-transparent", "this site does not allow it (plugstack.conf "
+                                               "transparent=no); use solar's loader in the "
+                                               "script instead");
     PlanConfig c = o.partial_config();
     c.nodes = nodes;
     c.ranks_per_node = ranks_per_node;
@@ -203,7 +231,10 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
         budget = cap;
       }
     }
-    return config_for_agents(c, info.samples, info.sample_bytes, label, budget);
+    c = config_for_agents(c, info.samples, info.sample_bytes, label, budget);
+    // DistributedSampler's assignment with epochs in order: what an unmodified script reads.
+    if (o.is_transparent()) c.policy = Policy::lru;
+    return c;
   } catch (const ConfigError& e) {
     throw as_srun_error(e);
   }

@@ -27,6 +27,8 @@ struct PluginConfig {
   OnError on_error = OnError::fallback;
   double timeout_s = 60;                           // agent start-up limit
   bool zero_copy = false;  // agents hand out cache slots, no per-rank rings (solar-agent --zero-copy)
+  bool allow_transparent = true;                  // transparent=no: --solar-transparent refused
+  std::string preload = SOLAR_SPANK_DEFAULT_PRELOAD;  // libsolar_preload.so for transparent tasks
 
   // Parses `key=value` arguments; throws ConfigError naming the argument on an unknown key, a
   // bad value or a relative path.
@@ -45,8 +47,8 @@ struct OptionSpec {
 const std::vector<OptionSpec>& option_specs();
 
 struct JobOptions {
-  enum Field : int { dataset, labels, buffer, epochs, batch, seed, order, imbalance, verbose,
-                     enable, kFields };
+  enum Field : int { dataset, labels, buffer, epochs, batch, seed, order, imbalance, transparent,
+                     verbose, enable, kFields };
   // Raw text per field, and where it came from (command line beats environment).
   std::optional<std::string> value[kFields];
   bool from_command_line[kFields] = {};
@@ -62,6 +64,7 @@ struct JobOptions {
   bool active() const;
   bool off() const;
   bool is_verbose() const;
+  bool is_transparent() const;
 
   // Checks everything that does not need the dataset or the step's shape: required options
   // present, numbers in range. Throws ConfigError naming the option.

@@ -50,6 +50,18 @@ void print_node_summaries(const State& s) {
       info(fmt::format("node {}: {:.0f} hits, {:.0f} samples fetched ({}), hit rate {:.1f}%", m,
                        hits, fetched, format_bytes(j.value("bytes_read", std::uint64_t{0})),
                        hits + fetched > 0 ? 100 * hits / (hits + fetched) : 0.0));
+      if (const auto t = j.value("transparent", nlohmann::json()); t.is_object()) {
+        const double served = t.value("hit_reads", 0.0), missed = t.value("miss_reads", 0.0);
+        info(fmt::format("node {}: file reads served from the buffer {:.0f}, fallen through "
+                         "{:.0f}; {} of {} steps consumed as planned{}",
+                         m, served, missed, t.value("consumed_steps", std::uint64_t{0}),
+                         j.value("total_steps", std::uint64_t{0}),
+                         t.value("consumed_steps", std::uint64_t{0}) <
+                                 j.value("total_steps", std::uint64_t{0})
+                             ? " (the script's order differs: check --solar-seed, "
+                               "--solar-batch, --solar-epochs)"
+                             : ""));
+      }
     } catch (const std::exception& e) {
       info(fmt::format("node {}: unreadable agent stats: {}", m, e.what()));
     }
@@ -126,6 +138,7 @@ int plan_step(spank_t sp, State& s) {
       {"SOLAR_LABELS", s.options.labels_dataset()},
       {"SOLAR_STEP", fmt::format("{}.{}", job, step)},
       {"SOLAR_VERBOSE", s.options.is_verbose() ? "1" : "0"},
+      {"SOLAR_TRANSPARENT", s.options.is_transparent() ? "1" : "0"},
   };
   for (const auto& [name, value] : env)
     if (::setenv(name, value.c_str(), 1) != 0) {

@@ -106,6 +106,8 @@ int start_node_agent(spank_t sp, State& s) {
             "--labels", job_env(sp, "SOLAR_LABELS").value_or("/label"),
             "--socket", l.socket};
   if (s.config.zero_copy) l.args.push_back("--zero-copy");
+  const bool transparent = job_env(sp, "SOLAR_TRANSPARENT").value_or("0") == "1";
+  if (transparent) l.args.push_back("--transparent");
   l.env = agent_environment(sp, s.config);
   l.uid = uid;
   l.gid = gid;
@@ -118,6 +120,11 @@ int start_node_agent(spank_t sp, State& s) {
     // For the epilog sweep, should slurmstepd itself die; never trusted alone (kill_if_agent).
     std::ofstream(l.dir + "/agent.pid") << s.agent.pid() << '\n';
     set_task_env(sp, "SOLAR_SOCKET", l.socket);
+    if (transparent) {  // the admin's library (absolute path from plugstack.conf), never the user's
+      std::string preload = s.config.preload;
+      if (const auto prev = job_env(sp, "LD_PRELOAD"); prev && !prev->empty()) preload += ":" + *prev;
+      set_task_env(sp, "LD_PRELOAD", preload);
+    }
   } catch (const std::exception& e) {
     s.problem = fmt::format("the agent could not start: {}", e.what());
     s.fail_tasks = s.config.on_error == OnError::fail;

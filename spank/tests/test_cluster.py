@@ -7,6 +7,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -16,6 +17,9 @@ SPANK = os.environ["SOLAR_SPANK"]
 AGENT = os.environ["SOLAR_AGENT"]
 SOLAR = os.environ["SOLAR_BIN"]
 TRAIN = os.environ["SOLAR_EXAMPLE_TRAIN"]
+PRELOAD = os.environ["SOLAR_PRELOAD"]
+DDP_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                          "slurm_examples", "train_h5py_ddp.py")
 CLUSTER = os.environ["SOLAR_TEST_CLUSTER"]
 SCRATCH_PARENT = os.environ.get("SOLAR_SCRATCH_PARENT") or tempfile.gettempdir()
 
@@ -56,7 +60,7 @@ class Cluster:
         """Rewrites plugstack.conf (srun and slurmstepd read it at every step)."""
         with open(os.path.join(self.dir, "plugstack.conf"), "w") as f:
             f.write(f"required {SPANK} agent={AGENT} plan_dir={self.plans} "
-                    f"runtime_dir={self.run_dir} {extra}\n")
+                    f"runtime_dir={self.run_dir} preload={PRELOAD} {extra}\n")
 
     def run(self, *args, user=None, timeout=180, cwd=None):
         cmd = list(args)
@@ -145,7 +149,7 @@ def test_srun_help_lists_every_option(cluster):
     out = cluster.run("srun", "--help").stdout
     for opt in ["--solar-dataset", "--solar-labels", "--solar-buffer", "--solar-epochs",
                 "--solar-batch", "--solar-seed", "--solar-order", "--solar-imbalance",
-                "--solar-verbose", "--solar=off"]:
+                "--solar-transparent", "--solar-verbose", "--solar=off"]:
         assert opt in out, opt
     assert "per-rank batch size" in out
 
@@ -315,3 +319,42 @@ def test_job_epilog_sweeps_leftovers_and_kills_only_agents(cluster, dataset):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+@pytest.mark.parametrize("workers,lazy", [(0, False), (2, True)])
+def test_unmodified_ddp_script_transparent_same_bytes(cluster, dataset, workers, lazy):
+    """srun --solar-transparent: an h5py + DistributedSampler + DataLoader script that knows
+    nothing of solar gets the same batches and losses, bit for bit, as under plain srun, with
+    its reads served from the agents' buffers."""
+    data = dataset.split(":")[0]
+    script = [sys.executable if sys.executable.startswith("/usr/bin/") else "/usr/bin/python3",
+              DDP_SCRIPT, data, "--epochs", "2", "--batch", "4", "--seed", "3", "--workers",
+              str(workers)] + (["--lazy"] if lazy else [])
+    out_dir = os.path.join(cluster.root, f"ddp-{workers}")
+    os.makedirs(out_dir, exist_ok=True)
+    plain = cluster.run("srun", "-N2", "--ntasks-per-node=2", *script, "--digests",
+                        os.path.join(out_dir, "plain-%r.txt"), timeout=600)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    p = cluster.run("srun", "-N2", "--ntasks-per-node=2", "--solar-dataset=" + dataset,
+                    "--solar-buffer=64%", "--solar-epochs=2", "--solar-batch=4", "--solar-seed=3",
+                    "--solar-transparent", "--solar-verbose", *script, "--digests",
+                    os.path.join(out_dir, "solar-%r.txt"), timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(4):
+        with open(os.path.join(out_dir, f"plain-{r}.txt")) as a, \
+                open(os.path.join(out_dir, f"solar-{r}.txt")) as b:
+            want, got = a.read(), b.read()
+        assert want and got == want, f"rank {r}: batches differ"
+    served = [int(n) for n in re.findall(r"file reads served from the buffer (\d+)", out)]
+    assert len(served) == 2 and sum(served) > 0, out
+    assert "consumed as planned (" not in out, out  # the script's order matched the plan
+
+
+def test_site_can_forbid_transparent(cluster, dataset):
+    cluster.plugstack("transparent=no")
+    p = cluster.run("srun", "-N1", *solar_args(dataset, "--solar-transparent"), "true")
+    assert p.returncode != 0
+    lines = [l for l in p.stderr.splitlines() if "error: solar: " in l]
+    assert len(lines) == 1 and "--solar-transparent" in lines[0] and "transparent=no" in lines[0], \
+        p.stderr

@@ -92,6 +92,18 @@ TEST(Config, RejectsBadInputWithTheFlagNamed) {
   c = ok;
   c.imbalance = 16;
   expect_flag(c, "--imbalance");
+  // The limit counts DistributedSampler's padding: 2^20 + 1 samples over 1024 ranks are 1025
+  // per rank, 1049600 accesses per epoch. 4031 epochs × N fit, 4031 × 1049600 do not (every
+  // access time must fit a 32-bit eviction key); 4028 × 1049600 do.
+  c = small((1U << 20) + 1, 1, 1024, 1);
+  c.epochs = 4031;
+  ASSERT_LE(std::uint64_t{c.epochs} * c.samples, kMaxAccesses);
+  expect_flag(c, "--epochs");
+  c.epochs = 4028;
+  EXPECT_NO_THROW(c.validate());
+  c.epochs = 4031;
+  c.drop_last = true;  // no padding: the samples are the limit, as before
+  EXPECT_NO_THROW(c.validate());
   c = ok;
   c.sample_bytes = 0;
   expect_flag(c, "--sample-bytes");

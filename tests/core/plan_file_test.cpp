@@ -54,6 +54,20 @@ TEST(PlanFile, RoundTripsAndReplays) {
   EXPECT_NO_THROW(replay_plan(back));
 }
 
+TEST(PlanFile, RoundTripsEveryPolicy) {
+  for (Policy p : all_policies()) {
+    PlanConfig c = config(3);
+    c.policy = p;
+    const Plan plan = make_plan(c);
+    const auto bytes = encode_plan(plan);
+    const Plan back = decode_plan(bytes.data(), bytes.size(), "mem");
+    EXPECT_EQ(back.config.policy, p) << to_string(p);
+    EXPECT_EQ(back.accesses, plan.accesses) << to_string(p);
+    EXPECT_EQ(back.metrics, plan.metrics) << to_string(p);
+    EXPECT_NO_THROW(replay_plan(back)) << to_string(p);
+  }
+}
+
 TEST(PlanFile, CarriesTheDatasetIdentity) {
   for (const std::string& id : std::vector<std::string>{"", "file inode 12 size 34 mtime 5.000000006",
                                                        std::string(4096, 'x')}) {

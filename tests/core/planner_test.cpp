@@ -2,6 +2,11 @@
 // replay (replay.h) — permutations, membership, batch bounds, capacity, and recounted metrics.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+
 #include "solar/core/planner.h"
 #include "solar/core/replay.h"
 #include "solar/core/rng.h"
@@ -52,7 +57,7 @@ TEST(Planner, EveryPolicyKeepsEveryInvariantOnRandomConfigs) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 600);
+  EXPECT_EQ(checked, 720);  // 120 configs × 6 policies
 }
 
 TEST(Planner, ReplayCatchesABrokenPlan) {
@@ -110,6 +115,204 @@ TEST(Planner, SolarNeverFetchesMoreThanTheBaselines) {
       c.policy = p;
       EXPECT_LE(ours, make_plan(c).metrics.remote_fetches) << to_string(p);
     }
+  }
+}
+
+TEST(Policies, EveryPolicyHasAName) {
+  ASSERT_EQ(all_policies().size(), 6U);
+  std::set<std::string_view> names;
+  for (Policy p : all_policies()) {
+    names.insert(to_string(p));
+    EXPECT_EQ(parse_policy(to_string(p)), p) << to_string(p);
+  }
+  EXPECT_EQ(names.size(), all_policies().size());
+  EXPECT_EQ(parse_policy("sampler"), Policy::sampler);
+  EXPECT_EQ(static_cast<int>(Policy::sampler), 5);  // its byte in plan files
+  EXPECT_FALSE(parse_policy("belady").has_value());
+}
+
+// The sample at every time of the plan (epoch position p, sequence position q: p·used + q),
+// read back from the ranks' records assuming DistributedSampler's assignment: position q of
+// step j is rank (q mod W)'s ((q - j·W·b) / W)-th sample.
+std::vector<std::uint32_t> accesses_in_time_order(const Plan& plan) {
+  const EpochLayout& L = plan.layout;
+  const std::uint64_t W = L.world, used = L.used();
+  std::vector<std::uint32_t> seq(std::uint64_t{plan.config.epochs} * used, ~0U);
+  for (std::uint64_t t = 0; t < plan.total_steps(); ++t) {
+    const std::uint64_t p = t / L.steps;
+    const auto j = static_cast<std::uint32_t>(t % L.steps);
+    for (std::uint64_t w = 0; w < W; ++w) {
+      const auto rb = plan.rank_batch(t, w);
+      for (std::size_t i = 0; i < rb.size(); ++i)
+        seq[p * used + L.step_begin(j) + i * W + w] = rb[i] & kSampleMask;
+    }
+  }
+  return seq;
+}
+
+TEST(Sampler, AssignsExactlyAsDistributedSampler) {
+  Xoshiro256 g(5150);
+  for (int i = 0; i < 40; ++i) {
+    PlanConfig c = random_config(g);
+    c.policy = Policy::sampler;
+    const Plan plan = make_plan(c);
+    SCOPED_TRACE(::testing::Message() << "N=" << c.samples << " M=" << c.nodes << " R="
+                                      << c.ranks_per_node << " b=" << c.batch);
+    const EpochLayout& L = plan.layout;
+    std::vector<std::uint32_t> seq;
+    const auto got = accesses_in_time_order(plan);
+    for (std::uint32_t p = 0; p < c.epochs; ++p) {
+      EXPECT_EQ(plan.epoch_order[p], p);
+      epoch_sequence(c, L, p, seq);
+      for (std::uint32_t j = 0; j < L.steps; ++j)  // every rank has exactly b_j samples
+        for (std::uint64_t w = 0; w < L.world; ++w)
+          ASSERT_EQ(plan.rank_batch(std::uint64_t{p} * L.steps + j, w).size(), L.rank_batch(j));
+      for (std::uint64_t q = 0; q < L.used(); ++q)
+        ASSERT_EQ(got[std::uint64_t{p} * L.used() + q], seq[q]) << "epoch " << p << " at " << q;
+    }
+    // The same reads as lru's: only the buffers differ.
+    c.policy = Policy::lru;
+    const Plan lru = make_plan(c);
+    ASSERT_EQ(lru.accesses.size(), plan.accesses.size());
+    for (std::size_t k = 0; k < plan.accesses.size(); ++k)
+      ASSERT_EQ(plan.accesses[k] & kSampleMask, lru.accesses[k] & kSampleMask);
+    EXPECT_EQ(lru.rank_offsets, plan.rank_offsets);
+  }
+}
+
+// Belady's MIN for a one-node plan, written from the plan's records alone: before step t the
+// node must hold every sample step t reads; each miss evicts the resident sample, not read in
+// step t, whose next access after step t is farthest (never again: first). Fetches per epoch.
+std::vector<std::uint64_t> belady_fetches(const Plan& plan) {
+  const EpochLayout& L = plan.layout;
+  const std::uint64_t used = L.used(), C = plan.config.buffer_samples();
+  const auto seq = accesses_in_time_order(plan);
+  const std::uint64_t never = ~std::uint64_t{0};
+  std::vector<std::uint64_t> next(seq.size(), never);
+  std::unordered_map<std::uint32_t, std::uint64_t> seen;
+  for (std::uint64_t i = seq.size(); i-- > 0;) {
+    auto it = seen.find(seq[i]);
+    if (it != seen.end()) next[i] = it->second;
+    seen[seq[i]] = i;
+  }
+  std::set<std::pair<std::uint64_t, std::uint32_t>, std::greater<>> resident;  // farthest first
+  std::unordered_map<std::uint32_t, std::uint64_t> due;                     // sample -> its key
+  std::vector<std::uint64_t> fetches(plan.config.epochs, 0);
+  for (std::uint64_t t = 0; t < plan.total_steps(); ++t) {
+    const std::uint64_t p = t / L.steps;
+    const auto j = static_cast<std::uint32_t>(t % L.steps);
+    const std::uint64_t begin = p * used + L.step_begin(j), end = begin + L.step_size(j);
+    std::map<std::uint32_t, std::uint64_t> need;  // sample -> next access after this step
+    for (std::uint64_t i = begin; i < end; ++i) {
+      std::uint64_t n = next[i];
+      while (n != never && n < end) n = next[n];
+      need[seq[i]] = n;
+    }
+    for (const auto& [x, n] : need) {
+      auto it = due.find(x);
+      if (it == due.end()) {
+        ++fetches[p];
+      } else {
+        resident.erase({it->second, x});
+        due.erase(it);
+      }
+    }
+    while (resident.size() + need.size() > C) {
+      due.erase(resident.begin()->second);
+      resident.erase(resident.begin());
+    }
+    for (const auto& [x, n] : need) {
+      resident.emplace(n, x);
+      due[x] = n;
+    }
+  }
+  return fetches;
+}
+
+TEST(Sampler, IsBeladyOnOneNodeAndMeetsTheLowerBound) {
+  int at_bound = 0, checked = 0;
+  for (std::uint64_t n : {200, 357, 600, 1000})
+    for (std::uint32_t e : {3, 4, 5})
+      for (std::uint32_t r : {1, 2, 3})
+        for (std::uint32_t b : {1, 4, 16})
+          for (int pct : {10, 25, 50, 75, 90}) {
+            PlanConfig c;
+            c.samples = n;
+            c.sample_bytes = 8;
+            c.epochs = e;
+            c.ranks_per_node = r;
+            c.batch = b;
+            c.seed = n * 31 + e * 7 + r * 3 + b + static_cast<std::uint64_t>(pct);
+            c.order = (n + b) % 2 ? OrderMode::torch : OrderMode::solar;
+            c.buffer_bytes = n * static_cast<std::uint64_t>(pct) / 100 * c.sample_bytes;
+            c.policy = Policy::sampler;
+            const std::uint64_t step = std::uint64_t{r} * b, cap = c.buffer_samples();
+            if (cap < step) continue;
+            SCOPED_TRACE(::testing::Message() << "N=" << n << " E=" << e << " R=" << r
+                                              << " b=" << b << " C=" << cap);
+            const Plan plan = make_plan(c);
+            ASSERT_NO_THROW(replay_plan(plan));
+            const auto min = belady_fetches(plan);
+            for (std::uint32_t p = 0; p < e; ++p)
+              EXPECT_EQ(plan.metrics.per_epoch[p].remote_fetches, min[p]) << "epoch " << p;
+            // With room for the steps around an epoch boundary besides the carried samples,
+            // MIN carries a full buffer into every epoch: N + (E-1)·max(0, N - C).
+            if (cap >= 3 * step) {
+              EXPECT_EQ(plan.metrics.lower_bound_fetches, n + (e - 1) * (n - std::min(n, cap)));
+              EXPECT_EQ(plan.metrics.remote_fetches, plan.metrics.lower_bound_fetches);
+              ++at_bound;
+            }
+            ++checked;
+          }
+  EXPECT_GT(at_bound, 400);
+  EXPECT_GT(checked, at_bound);  // some buffers of only one or two steps: MIN, not the bound
+}
+
+TEST(Sampler, NeverFetchesMoreThanLruOrNone) {
+  Xoshiro256 g(1312);
+  int fewer = 0;
+  for (int i = 0; i < 60; ++i) {
+    PlanConfig c = random_config(g);
+    c.nodes = 2 + static_cast<std::uint32_t>(g.bounded(4));
+    c.samples += std::uint64_t{c.nodes} * c.ranks_per_node * c.batch;
+    c.epochs = 2 + c.epochs;
+    c.policy = Policy::sampler;
+    SCOPED_TRACE(::testing::Message() << "N=" << c.samples << " E=" << c.epochs << " M="
+                                      << c.nodes << " R=" << c.ranks_per_node << " b="
+                                      << c.batch << " C=" << c.buffer_samples());
+    const Plan plan = make_plan(c);
+    ASSERT_NO_THROW(replay_plan(plan));
+    const auto ours = plan.metrics.remote_fetches;
+    EXPECT_GE(ours, plan.metrics.lower_bound_fetches);
+    EXPECT_EQ(plan.metrics.peer_fetches, 0U);
+    c.policy = Policy::lru;
+    const auto lru = make_plan(c).metrics.remote_fetches;
+    EXPECT_LE(ours, lru);
+    fewer += ours < lru;
+    c.policy = Policy::none;
+    EXPECT_LE(ours, make_plan(c).metrics.remote_fetches);
+  }
+  EXPECT_GT(fewer, 30);
+}
+
+TEST(Sampler, NeverFetchesMoreThanLruOnLargerRuns) {
+  // s1's shape (4 nodes × 4 ranks, batch 16), smaller: buffers from one step to most of N.
+  for (std::uint64_t buf : {64, 300, 1024, 2500}) {
+    PlanConfig c;
+    c.samples = 4096 + 77;
+    c.sample_bytes = 1;
+    c.epochs = 6;
+    c.nodes = 4;
+    c.ranks_per_node = 4;
+    c.batch = 16;
+    c.seed = buf;
+    c.order = OrderMode::torch;
+    c.buffer_bytes = buf;
+    c.policy = Policy::sampler;
+    const Plan plan = make_plan(c);
+    ASSERT_NO_THROW(replay_plan(plan));
+    c.policy = Policy::lru;
+    EXPECT_LE(plan.metrics.remote_fetches, make_plan(c).metrics.remote_fetches) << buf;
   }
 }
 

@@ -46,7 +46,7 @@ def test_compare_json_has_every_policy_and_key(solar):
     p = solar("plan", "--scenario", "seed", "--policy", "all", "--json")
     doc = json.loads(p.stdout)
     got = {r["policy"]: r for r in doc["results"]}
-    assert set(got) == {"none", "lru", "solar-paper", "nopfs", "solar"}
+    assert set(got) == {"none", "lru", "solar-paper", "nopfs", "solar", "sampler"}
     for r in got.values():
         for key in ("policy", "remote_fetches", "remote_bytes", "hits", "hit_rate",
                     "lower_bound_fetches", "ratio_to_lower_bound", "plan_seconds", "peak_rss_bytes"):
@@ -59,7 +59,7 @@ def test_compare_json_has_every_policy_and_key(solar):
 
 def test_table_output(solar):
     p = solar("plan", "--scenario", "seed", "--compare")
-    for name in ("none", "lru", "solar-paper", "nopfs", "solar", "lower bound"):
+    for name in ("none", "lru", "solar-paper", "nopfs", "solar", "sampler", "lower bound"):
         assert name in p.stdout
 
 
@@ -75,7 +75,8 @@ def test_same_inputs_same_bytes_other_seed_other_bytes(solar, tmp_path):
 
 @pytest.mark.parametrize("extra", [[], ["--imbalance", "2"], ["--order", "torch", "--drop-last"],
                                    ["--policy", "lru"], ["--policy", "solar-paper"],
-                                   ["--policy", "nopfs"], ["--peer-fetch"]])
+                                   ["--policy", "nopfs"], ["--policy", "sampler"],
+                                   ["--peer-fetch"]])
 def test_dump_recount_matches_metrics(solar, tmp_path, extra):
     f = tmp_path / "p.plan"
     solar("plan", *BASE, *extra, "--out", f)

@@ -9,6 +9,9 @@
 //   rank → agent   release {step}                (no reply)
 //   any  → agent   stats                         agent → any    stats_reply {JSON text}
 //   any  → agent   shutdown                      (agent stops)
+//   interposer → agent  xhello {pid}         agent → it     xhello_ok {map_bytes, index
+//                                                               offset} + the buffer fd
+//                  (job-transparent mode, solar/transparent.h)
 //   agent → rank   error {text}: the request was refused; the connection stays usable unless
 //                  the request was malformed, in which case the agent closes it.
 // Only processes of the agent's own user may connect (SO_PEERCRED is checked).
@@ -35,6 +38,8 @@ enum class Op : std::uint16_t {
   stats_reply = 8,
   shutdown = 9,
   error = 10,
+  xhello = 11,     // an interposer (solar/transparent.h): the buffer and its sample index
+  xhello_ok = 12,
 };
 
 struct Header {

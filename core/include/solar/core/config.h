@@ -24,6 +24,8 @@ enum class Policy : std::uint8_t {
   solar_paper = 2,  // the published SOLAR artifact: FIFO, PSO epoch order, owner reassignment
   nopfs = 3,        // static assignment, per-node static cache of most frequent samples
   solar = 4,        // locality-steered assignment + clairvoyant (farthest next use) eviction
+  sampler = 5,      // DistributedSampler assignment + clairvoyant per-node eviction (the plan of
+                    // job-transparent mode, where the unmodified script decides who reads what)
 };
 
 std::string_view to_string(OrderMode m);
@@ -70,7 +72,9 @@ struct PlanConfig {
 
 // Limits enforced by validate(); exposed so messages and tests agree on them.
 inline constexpr std::uint64_t kMaxSamples = (1ULL << 31) - 1;  // sample ids are 31-bit
-inline constexpr std::uint64_t kMaxAccesses = (1ULL << 32) - (1ULL << 26);  // epochs × samples
+// epochs × accesses per epoch (the samples, or more when DistributedSampler pads them to a
+// multiple of the world size): every access time of a plan fits a 32-bit eviction key.
+inline constexpr std::uint64_t kMaxAccesses = (1ULL << 32) - (1ULL << 26);
 inline constexpr std::uint64_t kMaxSampleBytes = 1ULL << 40;
 inline constexpr std::uint32_t kMaxNodes = 65535;
 inline constexpr std::uint32_t kMaxRanksPerNode = 1024;

@@ -1,0 +1,602 @@
+/* libsolar_preload.so: serves an unmodified rank's reads of the dataset file from the node
+ * agent's shared buffer (job-transparent mode). LD_PRELOAD it; see interpose/README.md.
+ *
+ * Only pread-family reads of fds that are this exact file (same dev/ino as $SOLAR_DATASET's
+ * path), at byte ranges of samples that the agent's index marks resident, are served from the
+ * mapping; everything else goes to the real libc function unchanged. Plain C, libc only: no
+ * locks and no malloc on the hot path; symbols are resolved in the constructor.
+ */
+#define _GNU_SOURCE
+#undef _FORTIFY_SOURCE /* we define the functions the fortify wrappers would inline */
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "solar/transparent.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define SOLAR_PROTO_MAGIC 0x524c4f53u /* "SOLR", solar/protocol.h */
+
+#ifndef __OPEN_NEEDS_MODE
+#define __OPEN_NEEDS_MODE(f) (((f) & O_CREAT) != 0 || ((f) & O_TMPFILE) == O_TMPFILE)
+#endif
+
+/* The fortify entry points glibc's headers declare only under _FORTIFY_SOURCE. */
+int __open_2(const char *path, int flags);
+int __open64_2(const char *path, int flags);
+int __openat_2(int dirfd, const char *path, int flags);
+int __openat64_2(int dirfd, const char *path, int flags);
+ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen);
+ssize_t __pread64_chk(int fd, void *buf, size_t n, off64_t off, size_t buflen);
+
+/* ---- the real functions ---------------------------------------------------------------- */
+
+static int (*real_open)(const char *, int, ...);
+static int (*real_open64)(const char *, int, ...);
+static int (*real_openat)(int, const char *, int, ...);
+static int (*real_openat64)(int, const char *, int, ...);
+static int (*real___open_2)(const char *, int);
+static int (*real___open64_2)(const char *, int);
+static int (*real___openat_2)(int, const char *, int);
+static int (*real___openat64_2)(int, const char *, int);
+static ssize_t (*real_pread)(int, void *, size_t, off_t);
+static ssize_t (*real_pread64)(int, void *, size_t, off64_t);
+static ssize_t (*real___pread_chk)(int, void *, size_t, off_t, size_t);
+static ssize_t (*real___pread64_chk)(int, void *, size_t, off64_t, size_t);
+static int (*real_close)(int);
+static int (*real_close_range)(unsigned int, unsigned int, int);
+static void (*real_closefrom)(int);
+static int (*real_dup2)(int, int);
+static int (*real_dup3)(int, int, int);
+
+/* Fallbacks for calls made before the constructor ran (another library's constructor, a
+ * malloc that opens files): raw system calls, never a dlsym from inside a wrapper. */
+static int sys_openat(int dirfd, const char *path, int flags, mode_t mode) {
+  return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+}
+static ssize_t sys_pread(int fd, void *buf, size_t n, off_t off) {
+  return (ssize_t)syscall(SYS_pread64, fd, buf, n, off);
+}
+static int sys_close(int fd) { return (int)syscall(SYS_close, fd); }
+static int sys_close_range(unsigned int first, unsigned int last, int flags) {
+  return (int)syscall(SYS_close_range, first, last, flags);
+}
+static int sys_dup2(int oldfd, int newfd) {
+  if (oldfd == newfd) return fcntl(oldfd, F_GETFD) < 0 ? -1 : newfd;
+  return (int)syscall(SYS_dup3, oldfd, newfd, 0);
+}
+static int sys_dup3(int oldfd, int newfd, int flags) {
+  return (int)syscall(SYS_dup3, oldfd, newfd, flags);
+}
+static int close_fd(int fd) { return real_close ? real_close(fd) : sys_close(fd); }
+
+/* ---- configuration and process state ------------------------------------------------------ */
+
+enum { FD_MAX = 65536 };
+enum { FD_NONE = 0, FD_PLAIN = 1, FD_DIRECT = 2 }; /* fds[] values */
+enum { X_UNTRIED, X_ATTACHING, X_ATTACHED, X_FAILED }; /* xstate values */
+
+static int active;                 /* 0: inert, every wrapper is the real function */
+static int verbose;                /* $SOLAR_VERBOSE set */
+static pid_t my_pid;               /* getpid() of this process: differs in a vfork child */
+static char ds_path[PATH_MAX];     /* the dataset's file */
+static const char *ds_base;        /* its basename, inside ds_path */
+static char sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+
+static _Atomic int ds_known;       /* ds_dev/ds_ino hold the stat of ds_path */
+static _Atomic uint64_t ds_dev, ds_ino;
+
+static _Atomic unsigned char fds[FD_MAX]; /* FD_* per fd number */
+static _Atomic int fd_high = -1;          /* no fd above this was ever tracked */
+
+static _Atomic int xstate = X_UNTRIED;
+static struct {                           /* the attachment, written before xstate=ATTACHED */
+  const unsigned char *base;              /* the mapped buffer */
+  const _Atomic uint64_t *entries;        /* N entries */
+  _Atomic uint32_t *consumed;             /* N counters */
+  struct solar_xstats *stats;
+  uint64_t s, slot_bytes, slots, data_begin, data_end;
+} X;
+
+static void stat_add(uint64_t *field, uint64_t v) {
+  atomic_fetch_add_explicit((_Atomic uint64_t *)field, v, memory_order_relaxed);
+}
+
+/* ---- messages: stderr, unbuffered, no stdio (no locks, no malloc) -------------------------- */
+
+static void say(const char *a, const char *b, const char *c, long num) {
+  char line[PATH_MAX + 256];
+  size_t at = 0;
+  const char *parts[3] = {a, b, c};
+  for (int i = 0; i < 3; ++i) {
+    if (!parts[i]) continue;
+    size_t len = strlen(parts[i]);
+    if (len > sizeof line - 32 - at) len = sizeof line - 32 - at;
+    memcpy(line + at, parts[i], len);
+    at += len;
+  }
+  if (num >= 0) { /* " (errno N)" */
+    char digits[24];
+    int d = 0;
+    do digits[d++] = (char)('0' + num % 10); while ((num /= 10) > 0 && d < 20);
+    memcpy(line + at, " (errno ", 8);
+    at += 8;
+    while (d > 0) line[at++] = digits[--d];
+    line[at++] = ')';
+  }
+  line[at++] = '\n';
+  int saved = errno;
+  ssize_t w = write(2, line, at);
+  (void)w;
+  errno = saved;
+}
+
+/* ---- attach: the agent's buffer ------------------------------------------------------------ */
+
+static int send_all(int s, const void *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = send(s, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    p = (const char *)p + w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* Reads exactly n bytes; an fd passed with SCM_RIGHTS goes to *fd (a second one is an error). */
+static int recv_all(int s, void *p, size_t n, int *fd) {
+  while (n > 0) {
+    union {
+      struct cmsghdr align;
+      char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {.iov_base = p, .iov_len = n};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1,
+                       .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+    ssize_t r = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    int bad = (m.msg_flags & MSG_CTRUNC) != 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int got;
+        memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
+        if (*fd < 0) *fd = got;
+        else { close_fd(got); bad = 1; }
+      }
+    }
+    if (bad) return -1;
+    p = (char *)p + r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* Asks the agent for its buffer. Returns the memfd and fills *ok, or -1. */
+static int xhello(struct solar_xhello_ok *ok) {
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  struct timeval tv = {.tv_sec = 10, .tv_usec = 0}; /* never hang the rank on a stuck agent */
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  memcpy(addr.sun_path, sock_path, strlen(sock_path) + 1);
+
+  struct frame_head { /* solar/protocol.h's Header */
+    uint32_t magic;
+    uint16_t version, op;
+    uint32_t length, reserved;
+  } head = {SOLAR_PROTO_MAGIC, 1, SOLAR_OP_XHELLO, sizeof(struct solar_xhello), 0};
+  _Static_assert(sizeof head == 16, "protocol header is 16 bytes");
+  struct solar_xhello hello = {.pid = (uint32_t)my_pid, .reserved = 0};
+  unsigned char frame[sizeof head + sizeof hello];
+  memcpy(frame, &head, sizeof head);
+  memcpy(frame + sizeof head, &hello, sizeof hello);
+
+  int memfd = -1;
+  int fine = connect(s, (struct sockaddr *)&addr, sizeof addr) == 0 &&
+             send_all(s, frame, sizeof frame) == 0 &&
+             recv_all(s, &head, sizeof head, &memfd) == 0;
+  fine = fine && head.magic == SOLAR_PROTO_MAGIC && head.version == 1 &&
+         head.op == SOLAR_OP_XHELLO_OK && head.length == sizeof *ok &&
+         recv_all(s, ok, sizeof *ok, &memfd) == 0 && memfd >= 0;
+  int err = errno;
+  close_fd(s);
+  if (!fine) {
+    if (memfd >= 0) close_fd(memfd);
+    if (verbose) say("solar: no buffer from the node agent at ", sock_path,
+                     "; reading the dataset directly", head.op == 10 ? -1 : err);
+    return -1;
+  }
+  return memfd;
+}
+
+/* Maps the agent's buffer and checks its index against the file behind the matching fd.
+ * Returns 1 with X filled in, or 0. */
+static int attach_now(const struct stat *file) {
+  struct solar_xhello_ok ok;
+  int memfd = xhello(&ok);
+  if (memfd < 0) return 0;
+  const uint64_t len = ok.map_bytes, at = ok.index_offset;
+  struct stat mst;
+  if (fstat(memfd, &mst) != 0 || mst.st_size < 0 || (uint64_t)mst.st_size < len ||
+      len > SIZE_MAX || at % 8 != 0 || at > len || len - at < sizeof(struct solar_xindex)) {
+    close_fd(memfd);
+    if (verbose) say("solar: the node agent's buffer is malformed; reading the dataset directly",
+                     NULL, NULL, -1);
+    return 0;
+  }
+  unsigned char *base = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, memfd, 0);
+  close_fd(memfd);
+  if (base == MAP_FAILED) {
+    if (verbose) say("solar: cannot map the node agent's buffer", NULL, NULL, errno);
+    return 0;
+  }
+  const struct solar_xindex *ix = (const struct solar_xindex *)(base + at);
+  const uint64_t n = ix->samples, s = ix->sample_bytes, eo = ix->entries_offset,
+                 co = ix->consumed_offset;
+  const char *why = NULL;
+  if (ix->magic != SOLAR_XINDEX_MAGIC || n == 0 || s == 0 || ix->slot_bytes < s ||
+      n > UINT64_MAX / 8 / s || eo % 8 != 0 || eo > len || (len - eo) / 8 < n || co % 4 != 0 ||
+      co > len || (len - co) / 4 < n || ix->data_offset > UINT64_MAX - n * s || s > len) {
+    why = "solar: the node agent's index is malformed; reading the dataset directly";
+  } else if (ix->file_dev != (uint64_t)file->st_dev || ix->file_ino != (uint64_t)file->st_ino ||
+             ix->file_size != (uint64_t)file->st_size ||
+             ix->file_mtime_sec != (int64_t)file->st_mtim.tv_sec ||
+             ix->file_mtime_nsec != (int64_t)file->st_mtim.tv_nsec ||
+             ix->data_offset + n * s > ix->file_size) {
+    say("solar: ", ds_path, " is not the file the node agent holds; reading it directly", -1);
+  } else {
+    /* The counters (consumed[], stats) are the only bytes we write: make just their pages
+     * writable; the samples stay read-only. Needs the memfd opened for writing, unsealed. */
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo[2] = {(uintptr_t)base + at, (uintptr_t)base + co};
+    const uintptr_t hi[2] = {lo[0] + sizeof *ix, lo[1] + n * 4};
+    for (int i = 0; i < 2 && !why; ++i) {
+      uintptr_t from = lo[i] & ~(page - 1);
+      if (mprotect((void *)from, hi[i] - from, PROT_READ | PROT_WRITE) != 0)
+        why = "solar: the node agent's counters are not writable; reading the dataset directly";
+    }
+    if (!why) {
+      X.base = base;
+      X.entries = (const _Atomic uint64_t *)(base + eo);
+      X.consumed = (_Atomic uint32_t *)(base + co);
+      X.stats = (struct solar_xstats *)&((struct solar_xindex *)(base + at))->stats;
+      X.s = s;
+      X.slot_bytes = ix->slot_bytes;
+      X.slots = (len - s) / ix->slot_bytes + 1; /* slots whose S bytes lie inside the mapping */
+      X.data_begin = ix->data_offset;
+      X.data_end = ix->data_offset + n * s;
+      stat_add(&X.stats->attached, 1);
+      if (verbose) say("solar: serving ", ds_path, " from the node agent's buffer", -1);
+      return 1;
+    }
+  }
+  if (why && verbose) say(why, NULL, NULL, -1);
+  munmap(base, (size_t)len);
+  return 0;
+}
+
+static void attach(const struct stat *file) {
+  int expected = X_UNTRIED;
+  if (!atomic_compare_exchange_strong(&xstate, &expected, X_ATTACHING)) return; /* once */
+  const int ok = attach_now(file);
+  atomic_store_explicit(&xstate, ok ? X_ATTACHED : X_FAILED, memory_order_release);
+}
+
+/* ---- fd tracking ---------------------------------------------------------------------------- */
+
+static unsigned char fd_mark(int fd) {
+  return fd >= 0 && fd < FD_MAX ? atomic_load_explicit(&fds[fd], memory_order_relaxed) : FD_NONE;
+}
+
+static void fd_mark_set(int fd, unsigned char mark) {
+  atomic_store_explicit(&fds[fd], mark, memory_order_relaxed);
+  if (mark == FD_NONE) return;
+  int high = atomic_load_explicit(&fd_high, memory_order_relaxed);
+  while (high < fd && !atomic_compare_exchange_weak(&fd_high, &high, fd)) {
+  }
+}
+
+/* A vfork child shares our memory (and no atfork handler runs in it): it must change nothing. */
+static int same_process(void) { return getpid() == my_pid; }
+
+/* Before fds [first, last] are closed. */
+static void untrack_range(unsigned int first, unsigned int last) {
+  const int high = atomic_load_explicit(&fd_high, memory_order_relaxed);
+  if (!active || high < 0 || first > (unsigned int)high || !same_process()) return;
+  if (last > (unsigned int)high) last = (unsigned int)high;
+  for (unsigned int fd = first; fd <= last; ++fd) fd_mark_set((int)fd, FD_NONE);
+}
+
+static int is_dataset(const struct stat *st) {
+  if (!atomic_load_explicit(&ds_known, memory_order_acquire)) {
+    struct stat ds;
+    if (stat(ds_path, &ds) != 0) return 0;
+    atomic_store_explicit(&ds_dev, (uint64_t)ds.st_dev, memory_order_relaxed);
+    atomic_store_explicit(&ds_ino, (uint64_t)ds.st_ino, memory_order_relaxed);
+    atomic_store_explicit(&ds_known, 1, memory_order_release);
+  }
+  return S_ISREG(st->st_mode) &&
+         (uint64_t)st->st_dev == atomic_load_explicit(&ds_dev, memory_order_relaxed) &&
+         (uint64_t)st->st_ino == atomic_load_explicit(&ds_ino, memory_order_relaxed);
+}
+
+/* After a successful open of `path` returned fd. */
+static void opened(int fd, const char *path, int flags) {
+  if (!active || fd < 0 || fd >= FD_MAX) return;
+  const char *slash = strrchr(path, '/');
+  if (strcmp(slash ? slash + 1 : path, ds_base) != 0) {
+    if (fd_mark(fd) != FD_NONE && same_process()) fd_mark_set(fd, FD_NONE); /* closed behind us */
+    return;
+  }
+  if (!same_process()) return;
+  const int saved = errno;
+  struct stat st;
+  /* Read-only opens only: a writer may change the file under the buffer; O_PATH can't read. */
+  const int readable = (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH);
+  if (readable && fstat(fd, &st) == 0 && is_dataset(&st)) {
+    fd_mark_set(fd, (flags & O_DIRECT) ? FD_DIRECT : FD_PLAIN);
+    attach(&st);
+  } else {
+    fd_mark_set(fd, FD_NONE);
+  }
+  errno = saved;
+}
+
+/* ---- serving a read ------------------------------------------------------------------------- */
+
+/* Copies the resident samples' bytes of [pos, pos+n) in order; stops at the first sample that
+ * is not resident or changed during its copy. Returns the bytes copied. */
+static size_t copy_resident(unsigned char *dst, size_t n, uint64_t pos) {
+  size_t done = 0;
+  while (done < n && pos < X.data_end) {
+    const uint64_t rel = pos - X.data_begin, k = rel / X.s, in = rel % X.s;
+    const size_t len = X.s - in < n - done ? (size_t)(X.s - in) : n - done;
+    const uint64_t e1 = atomic_load_explicit(&X.entries[k], memory_order_acquire);
+    const uint64_t slot = e1 & 0xffffffffu; /* slot + 1; 0: not resident */
+    if (slot == 0 || slot > X.slots) break;
+    memcpy(dst + done, X.base + (slot - 1) * X.slot_bytes + in, len);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&X.entries[k], memory_order_relaxed) != e1) {
+      stat_add(&X.stats->torn, 1);
+      break;
+    }
+    done += len;
+    pos += len;
+  }
+  return done;
+}
+
+/* Serves a pread from the buffer when it can. Returns the bytes served, or -1: call the real
+ * function unchanged. */
+static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
+  const unsigned char mark = fd_mark(fd);
+  if (mark == FD_NONE || n == 0 || off < 0 || n > SSIZE_MAX) return -1;
+  if (atomic_load_explicit(&xstate, memory_order_acquire) != X_ATTACHED) return -1;
+  const uint64_t pos = (uint64_t)off;
+  if (pos < X.data_begin || pos >= X.data_end) return -1; /* metadata, labels: not samples */
+  if ((pos - X.data_begin) % X.s == 0)
+    atomic_fetch_add_explicit(&X.consumed[(pos - X.data_begin) / X.s], 1, memory_order_relaxed);
+  size_t done = copy_resident(buf, n, pos);
+  if (done < n && mark == FD_DIRECT) done = 0; /* O_DIRECT: a follow-up read would be unaligned */
+  if (done == 0) {
+    stat_add(&X.stats->miss_reads, 1);
+    stat_add(&X.stats->miss_bytes, n);
+    return -1;
+  }
+  stat_add(&X.stats->hit_reads, 1);
+  stat_add(&X.stats->hit_bytes, done);
+  return (ssize_t)done; /* short when a sample is missing: the caller reads the rest itself */
+}
+
+/* ---- the wrappers --------------------------------------------------------------------------- */
+
+#define MODE_ARG(flags, mode)                        \
+  mode_t mode = 0;                                   \
+  if (__OPEN_NEEDS_MODE(flags)) {                    \
+    va_list ap;                                      \
+    va_start(ap, flags);                             \
+    mode = va_arg(ap, mode_t);                       \
+    va_end(ap);                                      \
+  }
+
+#define CALL_OPEN(real, flags, mode, ...) \
+  (__OPEN_NEEDS_MODE(flags) ? real(__VA_ARGS__, flags, mode) : real(__VA_ARGS__, flags))
+
+EXPORT int open(const char *path, int flags, ...) {
+  MODE_ARG(flags, mode);
+  const int fd = real_open ? CALL_OPEN(real_open, flags, mode, path)
+                           : sys_openat(AT_FDCWD, path, flags, mode);
+  opened(fd, path, flags);
+  return fd;
+}
+
+EXPORT int open64(const char *path, int flags, ...) {
+  MODE_ARG(flags, mode);
+  const int fd = real_open64 ? CALL_OPEN(real_open64, flags, mode, path)
+                             : sys_openat(AT_FDCWD, path, flags, mode);
+  opened(fd, path, flags);
+  return fd;
+}
+
+EXPORT int openat(int dirfd, const char *path, int flags, ...) {
+  MODE_ARG(flags, mode);
+  const int fd = real_openat ? CALL_OPEN(real_openat, flags, mode, dirfd, path)
+                             : sys_openat(dirfd, path, flags, mode);
+  opened(fd, path, flags);
+  return fd;
+}
+
+EXPORT int openat64(int dirfd, const char *path, int flags, ...) {
+  MODE_ARG(flags, mode);
+  const int fd = real_openat64 ? CALL_OPEN(real_openat64, flags, mode, dirfd, path)
+                               : sys_openat(dirfd, path, flags, mode);
+  opened(fd, path, flags);
+  return fd;
+}
+
+EXPORT int __open_2(const char *path, int flags) {
+  const int fd = real___open_2 ? real___open_2(path, flags) : sys_openat(AT_FDCWD, path, flags, 0);
+  opened(fd, path, flags);
+  return fd;
+}
+
+EXPORT int __open64_2(const char *path, int flags) {
+  const int fd =
+      real___open64_2 ? real___open64_2(path, flags) : sys_openat(AT_FDCWD, path, flags, 0);
+  opened(fd, path, flags);
+  return fd;
+}
+
+EXPORT int __openat_2(int dirfd, const char *path, int flags) {
+  const int fd =
+      real___openat_2 ? real___openat_2(dirfd, path, flags) : sys_openat(dirfd, path, flags, 0);
+  opened(fd, path, flags);
+  return fd;
+}
+
+EXPORT int __openat64_2(int dirfd, const char *path, int flags) {
+  const int fd = real___openat64_2 ? real___openat64_2(dirfd, path, flags)
+                                   : sys_openat(dirfd, path, flags, 0);
+  opened(fd, path, flags);
+  return fd;
+}
+
+EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off) {
+  const ssize_t served = serve(fd, buf, n, off);
+  if (served >= 0) return served;
+  return real_pread ? real_pread(fd, buf, n, off) : sys_pread(fd, buf, n, off);
+}
+
+EXPORT ssize_t pread64(int fd, void *buf, size_t n, off64_t off) {
+  const ssize_t served = serve(fd, buf, n, off);
+  if (served >= 0) return served;
+  return real_pread64 ? real_pread64(fd, buf, n, off) : sys_pread(fd, buf, n, off);
+}
+
+EXPORT ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen) {
+  if (n <= buflen) { /* else the real one fails the check */
+    const ssize_t served = serve(fd, buf, n, off);
+    if (served >= 0) return served;
+  }
+  if (real___pread_chk) return real___pread_chk(fd, buf, n, off, buflen);
+  if (n > buflen) abort();
+  return sys_pread(fd, buf, n, off);
+}
+
+EXPORT ssize_t __pread64_chk(int fd, void *buf, size_t n, off64_t off, size_t buflen) {
+  if (n <= buflen) {
+    const ssize_t served = serve(fd, buf, n, off);
+    if (served >= 0) return served;
+  }
+  if (real___pread64_chk) return real___pread64_chk(fd, buf, n, off, buflen);
+  if (n > buflen) abort();
+  return sys_pread(fd, buf, n, off);
+}
+
+EXPORT int close(int fd) {
+  if (fd_mark(fd) != FD_NONE && same_process()) fd_mark_set(fd, FD_NONE); /* before: no reuse gap */
+  return close_fd(fd);
+}
+
+EXPORT int close_range(unsigned int first, unsigned int last, int flags) {
+  if (!(flags & (int)CLOSE_RANGE_CLOEXEC)) untrack_range(first, last);
+  return real_close_range ? real_close_range(first, last, flags)
+                          : sys_close_range(first, last, flags);
+}
+
+EXPORT void closefrom(int lowfd) {
+  if (lowfd >= 0) untrack_range((unsigned int)lowfd, UINT_MAX);
+  if (real_closefrom) real_closefrom(lowfd);
+  else if (lowfd >= 0) sys_close_range((unsigned int)lowfd, UINT_MAX, 0);
+}
+
+/* dup2/dup3: newfd is closed and becomes oldfd's file. */
+static int dup_common(int oldfd, int newfd, int flags, int three) {
+  const unsigned char mark = fd_mark(oldfd);
+  const int change = oldfd != newfd && newfd >= 0 && newfd < FD_MAX &&
+                     (mark != FD_NONE || fd_mark(newfd) != FD_NONE) && same_process();
+  if (change) fd_mark_set(newfd, FD_NONE);
+  int r;
+  if (three) r = real_dup3 ? real_dup3(oldfd, newfd, flags) : sys_dup3(oldfd, newfd, flags);
+  else r = real_dup2 ? real_dup2(oldfd, newfd) : sys_dup2(oldfd, newfd);
+  if (change && r >= 0 && mark != FD_NONE) fd_mark_set(newfd, mark);
+  return r;
+}
+
+EXPORT int dup2(int oldfd, int newfd) { return dup_common(oldfd, newfd, 0, 0); }
+EXPORT int dup3(int oldfd, int newfd, int flags) { return dup_common(oldfd, newfd, flags, 1); }
+
+/* ---- setup -------------------------------------------------------------------------------- */
+
+static void after_fork_child(void) {
+  my_pid = getpid();
+  /* A thread of the parent was attaching: it does not exist here; try again when needed. */
+  int expected = X_ATTACHING;
+  atomic_compare_exchange_strong(&xstate, &expected, X_UNTRIED);
+}
+
+#define RESOLVE(name)                            \
+  do {                                           \
+    void *sym = dlsym(RTLD_NEXT, #name);         \
+    memcpy(&real_##name, &sym, sizeof sym);      \
+  } while (0)
+
+__attribute__((constructor)) static void solar_preload_init(void) {
+  RESOLVE(open);
+  RESOLVE(open64);
+  RESOLVE(openat);
+  RESOLVE(openat64);
+  RESOLVE(__open_2);
+  RESOLVE(__open64_2);
+  RESOLVE(__openat_2);
+  RESOLVE(__openat64_2);
+  RESOLVE(pread);
+  RESOLVE(pread64);
+  RESOLVE(__pread_chk);
+  RESOLVE(__pread64_chk);
+  RESOLVE(close);
+  RESOLVE(close_range);
+  RESOLVE(closefrom);
+  RESOLVE(dup2);
+  RESOLVE(dup3);
+  my_pid = getpid();
+
+  /* $SOLAR_DATASET is FILE:/dataset; the file is everything before the last ":/". */
+  const char *ds = getenv("SOLAR_DATASET"), *sock = getenv("SOLAR_SOCKET");
+  if (!ds || !*ds || strncmp(ds, "fabric://", 9) == 0 || !sock || !*sock) return;
+  size_t len = strlen(ds);
+  for (const char *p = strstr(ds, ":/"); p; p = strstr(p + 1, ":/")) len = (size_t)(p - ds);
+  if (len == 0 || len >= sizeof ds_path || strlen(sock) >= sizeof sock_path) return;
+  memcpy(ds_path, ds, len);
+  ds_path[len] = '\0';
+  const char *slash = strrchr(ds_path, '/');
+  ds_base = slash ? slash + 1 : ds_path;
+  if (!*ds_base) return;
+  memcpy(sock_path, sock, strlen(sock) + 1);
+  const char *v = getenv("SOLAR_VERBOSE");
+  verbose = v && *v;
+  if (pthread_atfork(NULL, NULL, after_fork_child) != 0) return;
+  active = 1;
+}

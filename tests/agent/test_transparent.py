@@ -1,0 +1,167 @@
+"""Job-transparent mode with real processes: an unmodified h5py + DistributedSampler + DataLoader
+script (slurm_examples/train_h5py_ddp.py) under `solar run --transparent` (real agents, the real
+interposer preloaded into every rank and DataLoader worker) against the same script without
+solar: per-batch SHA-256 of inputs and labels and the losses identical bit for bit."""
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+
+from test_data_path import SOLAR, children, lines, run, wait_until
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "..", "..", "slurm_examples", "train_h5py_ddp.py")
+PY = "/usr/bin/python3"
+SERVED = re.compile(r"file reads served from the buffer (\d+) \(.*?\), fallen through (\d+)")
+
+
+def digests(tmp_path, tag, world):
+    out = {}
+    for r in range(world):
+        with open(tmp_path / f"{tag}-{r}.txt") as f:
+            out[r] = f.read().splitlines()
+        assert out[r], f"rank {r} wrote no batches"
+    return out
+
+
+def run_script(tmp_path, data, tag, *solar_args, workers=0, lazy=False, epochs=2, batch=4,
+               seed=3, script_seed=None, popen=False):
+    cmd = [SOLAR, "run", "-n", "2", "--nodes", "2", "--dataset", data, "--epochs", str(epochs),
+           "--batch", str(batch), "--seed", str(seed), *solar_args, "--", PY, SCRIPT, data,
+           "--epochs", str(epochs), "--batch", str(batch),
+           "--seed", str(seed if script_seed is None else script_seed),
+           "--workers", str(workers), "--digests", str(tmp_path / f"{tag}-%r.txt")]
+    if lazy:
+        cmd.append("--lazy")
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    if popen:
+        return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+    return run(*cmd, check=False, env=env, timeout=600)
+
+
+def served(stderr):
+    """(reads served from the buffer, reads fallen through), summed over the nodes."""
+    pairs = [tuple(map(int, m.groups())) for m in SERVED.finditer(stderr)]
+    assert len(pairs) == 2, stderr
+    return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    out = {}
+    for preset, n in (("tiny", 96), ("small", 48)):
+        path = d / f"{preset}.h5"
+        run(SOLAR, "gen", path, "--samples", str(n), "--preset", preset, "--seed", "4",
+            "--no-progress")
+        out[preset] = path
+    return out
+
+
+@pytest.mark.parametrize("preset,workers,lazy", [("small", 0, False), ("small", 2, True),
+                                                 ("tiny", 2, False), ("tiny", 0, True)])
+def test_unmodified_script_same_bytes_served_from_the_buffer(tmp_path, datasets, preset, workers,
+                                                             lazy):
+    data = datasets[preset]
+    plain = run_script(tmp_path, data, "plain", "--buffer", "100%", "--no-agent", workers=workers,
+                       lazy=lazy)
+    assert plain.returncode == 0, plain.stderr
+    solar = run_script(tmp_path, data, "solar", "--buffer", "100%", "--transparent",
+                       workers=workers, lazy=lazy)
+    assert solar.returncode == 0, solar.stdout + solar.stderr
+    assert digests(tmp_path, "solar", 4) == digests(tmp_path, "plain", 4)
+    hits, _ = served(solar.stderr)
+    assert hits > 0, solar.stderr
+
+
+def test_wrong_seed_same_bytes_and_the_mismatch_is_reported(tmp_path, datasets):
+    data = datasets["small"]
+    plain = run_script(tmp_path, data, "plain", "--buffer", "50%", "--no-agent", script_seed=9)
+    assert plain.returncode == 0, plain.stderr
+    solar = run_script(tmp_path, data, "solar", "--buffer", "50%", "--transparent", script_seed=9)
+    assert solar.returncode == 0, solar.stdout + solar.stderr
+    assert digests(tmp_path, "solar", 4) == digests(tmp_path, "plain", 4)
+    assert "the script's order differs from the plan" in solar.stderr, solar.stderr
+
+
+def test_agent_killed_mid_epoch_same_bytes(tmp_path, datasets):
+    data = datasets["small"]
+    plain = run_script(tmp_path, data, "plain", "--buffer", "50%", "--no-agent", epochs=3)
+    assert plain.returncode == 0, plain.stderr
+    p = run_script(tmp_path, data, "solar", "--buffer", "50%", "--transparent", epochs=3,
+                   popen=True)
+    try:
+        wait_until(lambda: len(children(p.pid, "solar-agent")) == 2, what="2 agents")
+        wait_until(lambda: lines(tmp_path / "solar-0.txt") >= 3, timeout=120, what="rank 0 at batch 3")
+        os.kill(children(p.pid, "solar-agent")[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, out + err
+    assert digests(tmp_path, "solar", 4) == digests(tmp_path, "plain", 4)
+
+
+def test_dataset_replaced_nothing_served_from_the_buffer(tmp_path, datasets):
+    """The file moved over before the ranks open it: the interposer sees another inode than the
+    agent's index and serves nothing; the script reads the new file, as it would without solar."""
+    data = tmp_path / "d.h5"
+    run(SOLAR, "gen", data, "--samples", "48", "--preset", "small", "--seed", "4", "--no-progress")
+    other = tmp_path / "other.h5"
+    run(SOLAR, "gen", other, "--samples", "48", "--preset", "small", "--seed", "5", "--no-progress")
+    # A wrapper that replaces the file once the agents hold it, then runs the script.
+    wrapper = tmp_path / "replace-then-train.sh"
+    wrapper.write_text(f'#!/bin/sh\n[ "$RANK" = 0 ] && mv -f {other} {data}\n'
+                       f'while [ -e {other} ]; do sleep 0.05; done\nexec "$@"\n')
+    wrapper.chmod(0o755)
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    p = run(SOLAR, "run", "-n", "2", "--nodes", "2", "--dataset", data, "--epochs", "2", "--batch",
+            "4", "--seed", "3", "--buffer", "100%", "--transparent", "--", wrapper, PY, SCRIPT,
+            data, "--epochs", "2", "--batch", "4", "--seed", "3", "--digests",
+            tmp_path / "solar-%r.txt", check=False, env=env, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    hits, _ = served(p.stderr)
+    assert hits == 0, p.stderr
+    # One warning per rank process; nothing from the buffer, the new file's bytes as without solar.
+    assert p.stderr.count("is not the file the node agent holds") == 4, p.stderr
+
+
+def test_processes_that_are_not_ranks_are_untouched(tmp_path, datasets):
+    data = datasets["tiny"]
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    for cmd in (["bash", "-c", "echo hi; ls / | head -3; exit 3"],
+                [PY, "-c", "import sys, h5py; print(h5py.File(sys.argv[1])['data'].shape)", data]):
+        alone = run(*cmd, check=False)
+        under = run(SOLAR, "run", "-n", "1", "--dataset", data, "--epochs", "1", "--batch", "4",
+                    "--buffer", "100%", "--transparent", "--", *cmd, check=False, env=env)
+        assert under.returncode == alone.returncode, under.stderr
+        assert under.stdout == alone.stdout, under.stderr
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_whole_dataset_resident_no_sample_byte_from_the_file(tmp_path, datasets, preset):
+    """One node holding the whole dataset (64M, several times its size: the plan's resident set is
+    what remains after the agent's staging slots, so 100% would evict a little): once the agent has read every sample (the script
+    waits for that, polling `solar stat`), every read of a sample is served from the buffer,
+    including HDF5's 64 KiB sieve reads over several 4 KiB rows; none falls through."""
+    data = datasets[preset]
+    wrapper = tmp_path / "wait-then-train.sh"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"until {SOLAR} stat \"$SOLAR_SOCKET\" --json | {PY} -c "
+        "'import json,sys; s=json.load(sys.stdin); sys.exit(s[\"ready_steps\"] < s[\"total_steps\"])'"
+        "; do sleep 0.05; done\nexec \"$@\"\n")
+    wrapper.chmod(0o755)
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    p = run(SOLAR, "run", "-n", "2", "--nodes", "1", "--dataset", data, "--epochs", "2", "--batch",
+            "4", "--seed", "3", "--buffer", "64M", "--transparent", "--", wrapper, PY, SCRIPT,
+            data, "--epochs", "2", "--batch", "4", "--seed", "3", "--workers", "2", "--digests",
+            tmp_path / "solar-%r.txt", check=False, env=env, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    m = SERVED.search(p.stderr)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) == 0, p.stderr
+    assert "fallen through 0 (0 B)" in p.stderr, p.stderr
