@@ -227,7 +227,7 @@ void run_plan(const PlanOptions& o) {
       auto p = parse_policy(o.policy);
       if (!p)
         throw ConfigError("--policy", fmt::format("'{}' is not one of none, lru, solar-paper, "
-                                                  "nopfs, solar, all",
+                                                  "nopfs, solar, sampler, all",
                                                   o.policy));
       policies = {*p};
     }
@@ -370,7 +370,7 @@ void add_plan_commands(CLI::App& app) {
   plan->add_flag("--peer-fetch", o->peer_fetch,
                  "Let a node take a sample from a peer node's buffer instead of remote storage");
   plan->add_option("--policy", o->policy,
-                   "none, lru, solar-paper, nopfs, solar, or all [solar]");
+                   "none, lru, solar-paper, nopfs, solar, sampler, or all [solar]");
   plan->add_flag("--compare", o->compare, "Same as --policy all");
   plan->add_option("--out", o->out, "Write the plan file here (one policy only)");
   plan->add_flag("--json", o->json, "Print machine-readable results");

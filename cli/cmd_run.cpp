@@ -95,7 +95,7 @@ void run_run(const RunOptions& o) {
     }
     c = plan_for_run(src->info(), buffer, c);
     // DistributedSampler's assignment and epochs in order: what an unmodified script does.
-    if (o.transparent) c.policy = Policy::lru;
+    if (o.transparent) c.policy = Policy::sampler;
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "solar run: %s\n", e.what());
     exit_code() = kExitUsage;

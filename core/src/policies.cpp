@@ -167,13 +167,15 @@ Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress) {
   std::uint64_t t = 0;
   for (std::uint32_t p = 0; p < c.epochs; ++p) {
     stream.load(p);
-    for (std::uint32_t m = 0; m < c.nodes && p > 0; ++m) {
-      auto on_m = [&](std::uint64_t q) { return (q % W) / R == m; };
-      stale.clear();
-      bufs[m].for_each_resident([&](std::uint32_t x, EvictKey key) {
-        if (key == kEvictFirst) stale.push_back(x);
-      });
-      for (std::uint32_t x : stale) bufs[m].rekey(x, key_of(stream.first_use(x, on_m)));
+    if (p > 0) {
+      for (std::uint32_t m = 0; m < c.nodes; ++m) {
+        auto on_m = [&](std::uint64_t q) { return (q % W) / R == m; };
+        stale.clear();
+        bufs[m].for_each_resident([&](std::uint32_t x, EvictKey key) {
+          if (key == kEvictFirst) stale.push_back(x);
+        });
+        for (std::uint32_t x : stale) bufs[m].rekey(x, key_of(stream.first_use(x, on_m)));
+      }
     }
     for (std::uint32_t j = 0; j < layout.steps; ++j, ++t) {
       const auto batch = stream.batch(j);

@@ -233,7 +233,7 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
     }
     c = config_for_agents(c, info.samples, info.sample_bytes, label, budget);
     // DistributedSampler's assignment with epochs in order: what an unmodified script reads.
-    if (o.is_transparent()) c.policy = Policy::lru;
+    if (o.is_transparent()) c.policy = Policy::sampler;
     return c;
   } catch (const ConfigError& e) {
     throw as_srun_error(e);
