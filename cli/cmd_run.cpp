@@ -209,7 +209,7 @@ void add_run_commands(CLI::App& app) {
                 "Run an UNMODIFIED script (h5py + DistributedSampler + DataLoader): its reads of "
                 "the dataset file are served from the node buffer by libsolar_preload.so when "
                 "resident, from the file otherwise. Give the script's own --seed, --batch and "
-                "--epochs; contiguous HDF5 datasets");
+                "--epochs; contiguous or unfiltered chunked HDF5 datasets");
   run->add_option("--plan-out", o->plan_out, "Also save the plan here (for plan-dump)");
   run->add_flag("--keep-run-dir", o->keep, "Keep the plan, sockets and agent logs");
   run->add_flag("-v,--verbose", o->verbose, "Say what is planned");

@@ -11,6 +11,7 @@
 
 #include <utility>  // before asio: g++ 12 + C++20 (see shared/notes/io.md)
 #include <boost/asio.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -262,9 +263,10 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   // Transparent mode: the sample index follows the slots, page-aligned.
   const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
   const std::uint64_t index_offset = (slots_ * slot_bytes_ + page - 1) / page * page;
+  const std::uint64_t N = header_.config.samples;
   const std::uint64_t bytes =
-      o.transparent ? index_offset + sizeof(solar_xindex) +
-                          header_.config.samples * (sizeof(std::uint64_t) + sizeof(std::uint32_t))
+      o.transparent ? index_offset + sizeof(solar_xindex) + N * 8 + (N * 4 + 7) / 8 * 8 +
+                          N * sizeof(solar_xextent)
                     : slots_ * slot_bytes_;
   map_bytes_ = bytes;
   const std::uint64_t avail = mem_available_bytes();
@@ -483,11 +485,12 @@ void Agent::Impl::prefetch_loop() {
 
 void Agent::Impl::setup_index(std::uint64_t index_offset) {
   const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(source_.get());
-  if (!h5 || !h5->raw_offset())
+  if (!h5 || !h5->sample_offset(0))
     throw AgentError(fmt::format(
-        "--transparent serves reads of a contiguous, unfiltered HDF5 dataset; {} is not one "
-        "(chunked and compressed datasets, and solar-stored, are not served transparently yet: "
-        "use solar's loader, or rewrite the dataset contiguous with `h5repack -l CONTI`)",
+        "--transparent serves reads of an HDF5 dataset whose samples lie in the file as raw "
+        "bytes (contiguous, or unfiltered chunks of whole samples); {} is not one (compressed "
+        "datasets and solar-stored are not served transparently: use solar's loader, or "
+        "rewrite the dataset with `h5repack -l CONTI`)",
         source_->describe()));
   struct stat st {};
   if (::stat(h5->path().c_str(), &st) != 0 || storage::file_identity(st) != h5->identity())
@@ -498,7 +501,7 @@ void Agent::Impl::setup_index(std::uint64_t index_offset) {
   x->samples = N;
   x->sample_bytes = sample_bytes_;
   x->slot_bytes = slot_bytes_;
-  x->data_offset = *h5->raw_offset();
+  x->data_offset = h5->raw_offset().value_or(0);
   x->file_dev = st.st_dev;
   x->file_ino = st.st_ino;
   x->file_size = static_cast<std::uint64_t>(st.st_size);
@@ -506,6 +509,16 @@ void Agent::Impl::setup_index(std::uint64_t index_offset) {
   x->file_mtime_nsec = st.st_mtim.tv_nsec;
   x->entries_offset = index_offset + sizeof(solar_xindex);
   x->consumed_offset = x->entries_offset + N * sizeof(std::uint64_t);
+  x->extents_offset = x->consumed_offset + (N * 4 + 7) / 8 * 8;
+  x->extents = 0;
+  if (!h5->raw_offset()) {  // chunked: where each sample is, sorted by file offset
+    auto* ext = reinterpret_cast<solar_xextent*>(base_ + x->extents_offset);
+    for (std::uint64_t i = 0; i < N; ++i) ext[i] = {*h5->sample_offset(i), i};
+    std::sort(ext, ext + N, [](const solar_xextent& a, const solar_xextent& b) {
+      return a.offset < b.offset;
+    });
+    x->extents = N;
+  }
   xentries_ = reinterpret_cast<std::uint64_t*>(base_ + x->entries_offset);
   xconsumed_ = reinterpret_cast<std::uint32_t*>(base_ + x->consumed_offset);
   std::atomic_ref<std::uint64_t>(x->magic).store(SOLAR_XINDEX_MAGIC, std::memory_order_release);

@@ -112,6 +112,8 @@ static struct {                           /* the attachment, written before xsta
   const _Atomic uint64_t *entries;        /* N entries */
   _Atomic uint32_t *consumed;             /* N counters */
   struct solar_xstats *stats;
+  const struct solar_xextent *ext;        /* chunked: n_ext extents sorted by offset; else NULL */
+  uint64_t n, n_ext;
   uint64_t s, slot_bytes, slots, data_begin, data_end;
 } X;
 
@@ -231,6 +233,16 @@ static int xhello(struct solar_xhello_ok *ok) {
   return memfd;
 }
 
+/* A chunked dataset's extent table: sorted, non-overlapping, inside the file, samples < n. */
+static int extents_sane(const struct solar_xextent *e, uint64_t n, uint64_t s, uint64_t size) {
+  for (uint64_t i = 0; i < n; ++i) {
+    if (e[i].sample >= n || e[i].offset > size || size - e[i].offset < s) return 0;
+    if (i > 0 && e[i].offset - e[i - 1].offset < s) return 0; /* also catches unsorted */
+    if (i > 0 && e[i].offset < e[i - 1].offset) return 0;
+  }
+  return 1;
+}
+
 /* Maps the agent's buffer and checks its index against the file behind the matching fd.
  * Returns 1 with X filled in, or 0. */
 static int attach_now(const struct stat *file) {
@@ -258,13 +270,20 @@ static int attach_now(const struct stat *file) {
   const char *why = NULL;
   if (ix->magic != SOLAR_XINDEX_MAGIC || n == 0 || s == 0 || ix->slot_bytes < s ||
       n > UINT64_MAX / 8 / s || eo % 8 != 0 || eo > len || (len - eo) / 8 < n || co % 4 != 0 ||
-      co > len || (len - co) / 4 < n || ix->data_offset > UINT64_MAX - n * s || s > len) {
+      co > len || (len - co) / 4 < n || ix->data_offset > UINT64_MAX - n * s || s > len ||
+      (ix->extents != 0 && (ix->extents != n || ix->extents_offset % 8 != 0 ||
+                            ix->extents_offset > len ||
+                            (len - ix->extents_offset) / sizeof(struct solar_xextent) < n))) {
     why = "solar: the node agent's index is malformed; reading the dataset directly";
+  } else if (ix->extents != 0 && !extents_sane((const struct solar_xextent *)(base +
+                                                                             ix->extents_offset),
+                                               n, s, (uint64_t)file->st_size)) {
+    why = "solar: the node agent's extent table is malformed; reading the dataset directly";
   } else if (ix->file_dev != (uint64_t)file->st_dev || ix->file_ino != (uint64_t)file->st_ino ||
              ix->file_size != (uint64_t)file->st_size ||
              ix->file_mtime_sec != (int64_t)file->st_mtim.tv_sec ||
              ix->file_mtime_nsec != (int64_t)file->st_mtim.tv_nsec ||
-             ix->data_offset + n * s > ix->file_size) {
+             (ix->extents == 0 && ix->data_offset + n * s > ix->file_size)) {
     say("solar: ", ds_path, " is not the file the node agent holds; reading it directly", -1);
   } else {
     /* The counters (consumed[], stats) are the only bytes we write: make just their pages
@@ -285,8 +304,16 @@ static int attach_now(const struct stat *file) {
       X.s = s;
       X.slot_bytes = ix->slot_bytes;
       X.slots = (len - s) / ix->slot_bytes + 1; /* slots whose S bytes lie inside the mapping */
-      X.data_begin = ix->data_offset;
-      X.data_end = ix->data_offset + n * s;
+      X.n = n;
+      if (ix->extents) {
+        X.ext = (const struct solar_xextent *)(base + ix->extents_offset);
+        X.n_ext = n;
+        X.data_begin = X.ext[0].offset;
+        X.data_end = X.ext[n - 1].offset + s;
+      } else {
+        X.data_begin = ix->data_offset;
+        X.data_end = ix->data_offset + n * s;
+      }
       stat_add(&X.stats->attached, 1);
       if (verbose) say("solar: serving ", ds_path, " from the node agent's buffer", -1);
       return 1;
@@ -366,12 +393,35 @@ static void opened(int fd, const char *path, int flags) {
 
 /* ---- serving a read ------------------------------------------------------------------------- */
 
+/* Which sample's bytes file offset `pos` is, and how far into it; 0: none (metadata, labels,
+ * chunk index nodes between chunks). O(1) for contiguous datasets, a binary search for
+ * chunked ones. */
+static int locate(uint64_t pos, uint64_t *k, uint64_t *in) {
+  if (pos < X.data_begin || pos >= X.data_end) return 0;
+  if (!X.ext) {
+    const uint64_t rel = pos - X.data_begin;
+    *k = rel / X.s;
+    *in = rel % X.s;
+    return 1;
+  }
+  uint64_t lo = 0, hi = X.n_ext; /* the last extent starting at or before pos */
+  while (hi - lo > 1) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (X.ext[mid].offset <= pos) lo = mid;
+    else hi = mid;
+  }
+  if (X.ext[lo].offset > pos || pos - X.ext[lo].offset >= X.s) return 0;
+  *k = X.ext[lo].sample;
+  *in = pos - X.ext[lo].offset;
+  return 1;
+}
+
 /* Copies the resident samples' bytes of [pos, pos+n) in order; stops at the first sample that
  * is not resident or changed during its copy. Returns the bytes copied. */
 static size_t copy_resident(unsigned char *dst, size_t n, uint64_t pos) {
   size_t done = 0;
-  while (done < n && pos < X.data_end) {
-    const uint64_t rel = pos - X.data_begin, k = rel / X.s, in = rel % X.s;
+  uint64_t k, in;
+  while (done < n && locate(pos, &k, &in)) {
     const size_t len = X.s - in < n - done ? (size_t)(X.s - in) : n - done;
     const uint64_t e1 = atomic_load_explicit(&X.entries[k], memory_order_acquire);
     const uint64_t slot = e1 & 0xffffffffu; /* slot + 1; 0: not resident */
@@ -395,9 +445,9 @@ static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
   if (mark == FD_NONE || n == 0 || off < 0 || n > SSIZE_MAX) return -1;
   if (atomic_load_explicit(&xstate, memory_order_acquire) != X_ATTACHED) return -1;
   const uint64_t pos = (uint64_t)off;
-  if (pos < X.data_begin || pos >= X.data_end) return -1; /* metadata, labels: not samples */
-  if ((pos - X.data_begin) % X.s == 0)
-    atomic_fetch_add_explicit(&X.consumed[(pos - X.data_begin) / X.s], 1, memory_order_relaxed);
+  uint64_t k, in;
+  if (!locate(pos, &k, &in)) return -1; /* metadata, labels: not samples */
+  if (in == 0) atomic_fetch_add_explicit(&X.consumed[k], 1, memory_order_relaxed);
   size_t done = copy_resident(buf, n, pos);
   if (done < n && mark == FD_DIRECT) done = 0; /* O_DIRECT: a follow-up read would be unaligned */
   if (done == 0) {

@@ -340,6 +340,10 @@ Hdf5Source::~Hdf5Source() = default;
 const DatasetInfo& Hdf5Source::info() const { return impl_->info; }
 const std::string& Hdf5Source::path() const { return impl_->path; }
 std::optional<std::uint64_t> Hdf5Source::raw_offset() const { return impl_->raw_offset; }
+std::optional<std::uint64_t> Hdf5Source::sample_offset(std::uint64_t i) const {
+  if (!impl_->raw() || i >= impl_->info.samples) return std::nullopt;
+  return impl_->file_offset(i);
+}
 std::string Hdf5Source::describe() const { return impl_->where(); }
 const std::string& Hdf5Source::identity() const { return impl_->identity; }
 void Hdf5Source::check_unchanged() const { impl_->check_unchanged(); }

@@ -53,16 +53,20 @@ def served(stderr):
 def datasets(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
     out = {}
-    for preset, n in (("tiny", 96), ("small", 48)):
-        path = d / f"{preset}.h5"
-        run(SOLAR, "gen", path, "--samples", str(n), "--preset", preset, "--seed", "4",
-            "--no-progress")
-        out[preset] = path
+    for name, preset, n, layout in (("tiny", "tiny", 96, "contiguous"),
+                                    ("small", "small", 48, "contiguous"),
+                                    ("chunked", "small", 48, "chunked"),
+                                    ("chunked-tiny", "tiny", 96, "chunked")):
+        path = d / f"{name}.h5"
+        run(SOLAR, "gen", path, "--samples", str(n), "--preset", preset, "--layout", layout,
+            "--seed", "4", "--no-progress")
+        out[name] = path
     return out
 
 
 @pytest.mark.parametrize("preset,workers,lazy", [("small", 0, False), ("small", 2, True),
-                                                 ("tiny", 2, False), ("tiny", 0, True)])
+                                                 ("tiny", 2, False), ("tiny", 0, True),
+                                                 ("chunked", 2, False), ("chunked-tiny", 0, True)])
 def test_unmodified_script_same_bytes_served_from_the_buffer(tmp_path, datasets, preset, workers,
                                                              lazy):
     data = datasets[preset]
@@ -142,7 +146,7 @@ def test_processes_that_are_not_ranks_are_untouched(tmp_path, datasets):
         assert under.stdout == alone.stdout, under.stderr
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
+@pytest.mark.parametrize("preset", ["tiny", "small", "chunked", "chunked-tiny"])
 def test_whole_dataset_resident_no_sample_byte_from_the_file(tmp_path, datasets, preset):
     """One node holding the whole dataset (64M, several times its size: the plan's resident set is
     what remains after the agent's staging slots, so 100% would evict a little): once the agent has read every sample (the script
@@ -165,3 +169,14 @@ def test_whole_dataset_resident_no_sample_byte_from_the_file(tmp_path, datasets,
     m = SERVED.search(p.stderr)
     assert m and int(m.group(1)) > 0 and int(m.group(2)) == 0, p.stderr
     assert "fallen through 0 (0 B)" in p.stderr, p.stderr
+
+
+def test_compressed_dataset_is_refused_with_the_reason(tmp_path):
+    data = tmp_path / "gz.h5"
+    run(SOLAR, "gen", data, "--samples", "48", "--preset", "tiny", "--layout", "gzip",
+        "--no-progress")
+    p = run(SOLAR, "run", "-n", "1", "--dataset", data, "--epochs", "1", "--batch", "4",
+            "--buffer", "100%", "--transparent", "--", "true", check=False,
+            env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert p.returncode != 0, p.stderr
+    assert "raw bytes" in p.stderr and "h5repack" in p.stderr, p.stderr

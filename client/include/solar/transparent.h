@@ -14,6 +14,11 @@
  *   atomic_thread_fence(acquire); e2 = load_relaxed(entry[i]); if e2 != e1: miss (use the file)
  * `gen` changes on every publication, so a slot recycled and re-filled during the copy is seen.
  *
+ * Where a sample's bytes are in the file: a contiguous dataset's sample i is at
+ * data_offset + i*S (extents == 0); a chunked one's (unfiltered, whole samples per chunk, e.g.
+ * one chunk per sample) is given by a table of `extents` {file offset, sample} pairs sorted by
+ * offset, at `extents_offset`: sample k's bytes are [offset, offset + S).
+ *
  * After the entries come one 32-bit counter per sample, `consumed[i]`, which readers increment
  * (relaxed fetch-add) when they read sample i from the start, hit or miss: the agent paces its
  * evictions on them. Then the statistics block (relaxed fetch-adds).
@@ -54,6 +59,11 @@ struct solar_xstats {     /* counters readers add to; the agent reports them */
   uint64_t reserved[10];
 };
 
+struct solar_xextent {
+  uint64_t offset; /* file offset of the sample's first byte */
+  uint64_t sample;
+};
+
 struct solar_xindex {
   uint64_t magic;           /* SOLAR_XINDEX_MAGIC */
   uint64_t samples;         /* N */
@@ -66,6 +76,8 @@ struct solar_xindex {
   int64_t file_mtime_sec, file_mtime_nsec;
   uint64_t entries_offset;  /* from the start of the buffer: N uint64 entries */
   uint64_t consumed_offset; /* from the start of the buffer: N uint32 counters */
+  uint64_t extents_offset;  /* chunked: from the start of the buffer, `extents` solar_xextent */
+  uint64_t extents;         /* 0: contiguous (data_offset applies); else N */
   struct solar_xstats stats;
 };
 

@@ -58,6 +58,9 @@ class Hdf5Source : public SampleSource {
   // unfiltered, native byte order); empty otherwise.
   std::uint64_t direct_reads() const;  // raw reads done with O_DIRECT (Hdf5Options::direct)
   std::optional<std::uint64_t> raw_offset() const;
+  // File offset of sample i's bytes when samples lie in the file as raw bytes (contiguous, or
+  // unfiltered chunks holding whole samples); empty otherwise.
+  std::optional<std::uint64_t> sample_offset(std::uint64_t i) const;
 
   struct Impl;
 
