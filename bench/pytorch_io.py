@@ -1,9 +1,20 @@
 #!/usr/bin/python3
 """I/O evaluation in the SOLAR artifact's format: the PyTorch DataLoader (h5py Dataset,
-DistributedSampler) against solar.torch.Loader, same HDF5 file, same ranks, same run.
+DistributedSampler) against solar.torch.Loader and against the same unmodified DataLoader
+under solar's transparent mode (libsolar_preload.so), same HDF5 file, same ranks, same run.
 
     /usr/bin/python3 bench/pytorch_io.py                 # 800 samples, 4 ranks, b=16, 3 epochs
     /usr/bin/python3 bench/pytorch_io.py --workers 0,2,4 --samples 800 --preset small
+    /usr/bin/python3 bench/pytorch_io.py --throttle 400M,2000      # emulated shared storage
+    /usr/bin/python3 bench/pytorch_io.py --nodes 4 --ranks 1 --buffer 26% --epochs 5 \
+        --throttle 400M,2000
+
+--throttle BPS[,IOPS] runs every mode inside one blkio cgroup capped at that read bandwidth
+(and IOPS) on the disk holding the dataset (root; cgroup v1, see shared/notes/io.md): the
+page cache is dropped at every epoch start, so every loader reads "remote" storage at the
+cap. Each solar mode's limit is the ratio the cap allows it: bytes the plain DataLoader reads
+/ bytes its plan fetches (solar's own assignment for solar.torch.Loader; the script's
+DistributedSampler assignment for the transparent mode).
 
 The defaults keep the artifact's ratios (800 samples, 4 ranks, batch 16, 3 epochs, buffer 64%
 of the dataset) with 256 KiB samples so it runs in minutes on 2 cores. Every rank runs under
@@ -50,25 +61,71 @@ _SRUN_RANK = ('RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NT
               'MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000)) exec "$@"')
 
 
+class Throttle:
+    """A blkio cgroup capping reads of the disk that holds `path` (cgroup v1; root)."""
+
+    def __init__(self, spec, path):
+        self.dir = None
+        if not spec:
+            return
+        bps, _, iops = spec.partition(",")
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}
+        bps = int(float(bps[:-1]) * mult[bps[-1].upper()]) if bps[-1].upper() in mult else int(bps)
+        dev = os.stat(path).st_dev
+        majmin = f"{os.major(dev)}:{os.minor(dev)}"
+        if os.path.exists(f"/sys/dev/block/{majmin}/partition"):  # throttle the whole disk
+            parent = os.path.realpath(f"/sys/dev/block/{majmin}/..")
+            with open(os.path.join(parent, "dev")) as f:
+                majmin = f.read().strip()
+        root = "/sys/fs/cgroup/blkio"
+        if os.geteuid() != 0 or not os.path.isdir(root):
+            sys.exit("pytorch bench: --throttle needs root and cgroup v1 blkio at " + root)
+        self.dir = tempfile.mkdtemp(prefix="solar-bench-", dir=root)
+        with open(os.path.join(self.dir, "blkio.throttle.read_bps_device"), "w") as f:
+            f.write(f"{majmin} {bps}")
+        if iops:
+            with open(os.path.join(self.dir, "blkio.throttle.read_iops_device"), "w") as f:
+                f.write(f"{majmin} {int(iops)}")
+        self.text = f"reads capped at {bps / 1e6:.0f} MB/s" + (f", {iops} IOPS" if iops else "") + \
+            f" on {majmin} (blkio cgroup)"
+
+    def enter(self):
+        """preexec_fn: the child (and all it starts) joins the cgroup."""
+        if self.dir:
+            with open(os.path.join(self.dir, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+
+    def close(self):
+        if self.dir:
+            os.rmdir(self.dir)  # empty again once its processes have exited
+            self.dir = None
+
+
+THROTTLE = Throttle(None, None)
+
+
 def solar_run(tool, dataset, a, rank_argv, extra=()):
     """Runs the rank program under `solar run`, or under `srun --solar-*` with --launcher srun
     (baseline: plain srun); returns its combined output."""
     no_agent = "--no-agent" in extra
+    transparent = "--transparent" in extra
     rank_argv = [*rank_argv, "--data", dataset]
     if a.launcher == "srun":
         solar = [] if no_agent else [
             f"--solar-dataset={dataset}", f"--solar-buffer={a.buffer}",
             f"--solar-epochs={a.epochs}", f"--solar-batch={a.batch}", f"--solar-seed={a.seed}",
-            "--solar-order=torch"]
+            "--solar-order=torch", "--solar-verbose",
+            *(["--solar-transparent"] if transparent else [])]
         cmd = ["srun", "-N", str(a.nodes), f"--ntasks-per-node={a.ranks}", *solar, "bash", "-c",
                _SRUN_RANK, "rank", sys.executable, *rank_argv]
     else:
         cmd = [tool, "run", "-n", str(a.ranks), "--nodes", str(a.nodes), "--dataset", dataset,
                "--buffer", a.buffer, "--epochs", str(a.epochs), "--batch", str(a.batch),
                "--seed", str(a.seed), "--order", "torch", *extra,
-               *(["--zero-copy"] if a.zero_copy and not no_agent else []), "--", sys.executable,
-               *rank_argv]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+               *([] if no_agent else ["-v"]),
+               *(["--zero-copy"] if a.zero_copy and not no_agent and not transparent else []),
+               "--", sys.executable, *rank_argv]
+    p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=THROTTLE.enter)
     if p.returncode != 0:
         sys.exit(f"pytorch bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     return p.stdout + p.stderr
@@ -88,6 +145,16 @@ def gather(outdir, ranks):
 def median_run(runs, total=sum):
     """The run of median total (the upper one of an even count) among repeated runs."""
     return sorted(runs, key=total)[len(runs) // 2]
+
+
+PLAN = None
+
+
+def planned(log):
+    """(remote fetches, accesses) of the plan a solar run or srun --solar-verbose reports."""
+    import re
+    m = re.search(r"(\d+) remote fetches for (\d+) accesses", log)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def fmt_list(xs):
@@ -110,6 +177,9 @@ def add_common_args(ap):
                          "--solar-*` on a Slurm cluster with solar's plugin (SLURM_CONF as "
                          "usual; the baseline runs under plain srun) [solar-run]")
     ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--throttle", metavar="BPS[,IOPS]",
+                    help="emulated shared storage: cap reads of the dataset's disk, e.g. "
+                         "400M,2000 (blkio cgroup; root)")
     ap.add_argument("--zero-copy", action="store_true",
                     help="solar run's agents hand out cache slots (no per-rank rings)")
     ap.add_argument("--rank", choices=["baseline", "solar"], help=argparse.SUPPRESS)
@@ -231,18 +301,23 @@ def main():
     if a.repeat < 1:
         sys.exit("pytorch_io: --repeat must be at least 1")
     tool, lib = find_build(a.build)
-    tmp = tempfile.mkdtemp(prefix="solar-bench-")
+    tmp = tempfile.mkdtemp(prefix="solar-bench-", dir=os.environ.get("SOLAR_BENCH_DIR"))
+    global THROTTLE
     try:
         path = make_dataset(tool, a, tmp)
+        THROTTLE = Throttle(a.throttle, path)
         nbytes = os.path.getsize(path)
         print(f"dataset {path}: {a.samples} samples, {nbytes / 2**20:.0f} MiB; {a.nodes}x{a.ranks} "
               f"ranks, batch {a.batch}, {a.epochs} epochs, solar buffer {a.buffer} per node, "
-              f"cold storage every epoch")
+              f"cold storage every epoch" +
+              (f"; {THROTTLE.text}" if THROTTLE.dir else ""))
         me = os.path.abspath(__file__)
         workers = [int(x) for x in a.workers.split(",")]
         runs = {w: [] for w in workers}
+        runs.update({("transparent", w): [] for w in workers})
         runs["solar"] = []
         agent_ranks = 0
+        plans = {}
         for k in range(a.repeat):  # in rotation, so that drifts in load hit every mode alike
             for w in workers:
                 out = os.path.join(tmp, f"baseline-{w}-{k}")
@@ -255,11 +330,27 @@ def main():
                 runs[w].append(gather(out, a.ranks * a.nodes)["load"])
                 print(f"baseline num_workers={w}: total {sum(runs[w][-1]):.4f} s "
                       f"{fmt_list(runs[w][-1])}")
+            for w in workers:  # the very same rank program, unmodified, served transparently
+                out = os.path.join(tmp, f"transparent-{w}-{k}")
+                os.makedirs(out)
+                drop_cache(path)
+                log = solar_run(tool, path, a, [me, "--rank", "baseline", "--workers", str(w),
+                                                "--out", out, "--library", lib, "--seed",
+                                                str(a.seed), "--batch", str(a.batch), "--epochs",
+                                                str(a.epochs)], extra=["--transparent"])
+                plans["transparent"] = planned(log)
+                runs[("transparent", w)].append(gather(out, a.ranks * a.nodes)["load"])
+                served = [l for l in log.splitlines() if "file reads served" in l]
+                print(f"transparent num_workers={w}: total {sum(runs[('transparent', w)][-1]):.4f} s "
+                      f"{fmt_list(runs[('transparent', w)][-1])}")
+                for line in served:
+                    print("  " + line.split(": ", 1)[1] if ": " in line else line)
             out = os.path.join(tmp, f"solar-{k}")
             os.makedirs(out)
             drop_cache(path)
             log = solar_run(tool, path, a, [me, "--rank", "solar", "--out", out, "--library",
                                             lib, "--workers", "0", "--epochs", str(a.epochs)])
+            plans["solar"] = planned(log)
             g = gather(out, a.ranks * a.nodes)
             runs["solar"].append(g["load"])
             agent_ranks = g["agent_ranks"]
@@ -270,7 +361,8 @@ def main():
         # Each mode's run of median total; the baseline's best num_workers by that median.
         median = {m: median_run(rs) for m, rs in runs.items()}
         best = min(workers, key=lambda w: sum(median[w]))
-        base, sol = median[best], median["solar"]
+        best_t = min(workers, key=lambda w: sum(median[("transparent", w)]))
+        base, sol, trans = median[best], median["solar"], median[("transparent", best_t)]
         print()
         if a.repeat > 1:
             print(f"(each mode run {a.repeat} times in rotation; the runs of median total shown)")
@@ -278,9 +370,23 @@ def main():
               f"(num_workers={best}, the best of {a.workers})")
         print(f"DataLoading time SOLAR each epoch: {fmt_list(sol)}  ({agent_ranks} of "
               f"{a.ranks * a.nodes} ranks served by a node agent, via {a.launcher})")
-        print(f"speedup: {sum(base) / max(sum(sol), 1e-9):.2f}x in total over "
-              f"{a.epochs} epochs ({sum(base):.4f} s vs {sum(sol):.4f} s)")
+        print(f"DataLoading time transparent each epoch: {fmt_list(trans)}  (the baseline's "
+              f"DataLoader unmodified under solar run --transparent, num_workers={best_t})")
+        speed = {"solar": sum(base) / max(sum(sol), 1e-9),
+                 "transparent": sum(base) / max(sum(trans), 1e-9)}
+        for m, t in (("solar", sol), ("transparent", trans)):
+            line = (f"speedup {m}: {speed[m]:.2f}x in total over {a.epochs} epochs "
+                    f"({sum(base):.4f} s vs {sum(t):.4f} s)")
+            if plans.get(m):
+                fetches, accesses = plans[m]
+                limit = accesses / max(fetches, 1)
+                line += (f"; limit {limit:.2f}x (plain bytes / planned bytes: {accesses} vs "
+                         f"{fetches} samples), achieved {speed[m] / limit:.2f} of it")
+            print(line)
+        print(f"transparent vs solar.torch.Loader: {sum(trans) / max(sum(sol), 1e-9):.2f}x the "
+              f"loading time")
     finally:
+        THROTTLE.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -153,6 +153,15 @@ void run_stat(const std::string& socket, bool json, bool watch) {
                  s["fetched_samples"].get<std::uint64_t>(),
                  format_bytes(s["bytes_read"].get<std::uint64_t>()),
                  s["storage_reads"].get<std::uint64_t>(), s["read_seconds"].get<double>());
+      if (const auto& t = s.value("transparent", nlohmann::json()); t.is_object())
+        fmt::print("  unmodified ranks: {} processes attached; file reads served from the buffer "
+                   "{} ({}), fallen through {} ({}), copies abandoned {}; {} of {} steps "
+                   "consumed as planned\n",
+                   t["attached"].get<std::uint64_t>(), t["hit_reads"].get<std::uint64_t>(),
+                   format_bytes(t["hit_bytes"].get<std::uint64_t>()),
+                   t["miss_reads"].get<std::uint64_t>(),
+                   format_bytes(t["miss_bytes"].get<std::uint64_t>()),
+                   t["torn"].get<std::uint64_t>(), t["consumed_steps"].get<std::uint64_t>(), total);
       for (const auto& r : s["ranks"]) {
         const std::uint64_t step = r["step"];
         const std::uint64_t e = std::min<std::uint64_t>(step / std::max<std::uint64_t>(spe, 1),

@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
                "Serve unmodified ranks: they read the dataset file themselves and "
                "libsolar_preload.so copies resident samples from this agent's buffer through a "
                "shared index; eviction follows the samples they consume (contiguous or "
-               "unfiltered chunked HDF5 datasets; the plan should be in torch order with the script's seed and batch)");
+               "unfiltered chunked HDF5 datasets; the plan should be in torch order with the "
+               "script's seed and batch)");
   app.add_flag("--direct-io", o.direct_io,
                "Read HDF5 files with O_DIRECT, bypassing the page cache: for datasets far larger "
                "than the node's memory (here it doubled cold random reads, but loses the page "

@@ -113,6 +113,7 @@ static struct {                           /* the attachment, written before xsta
   _Atomic uint32_t *consumed;             /* N counters */
   struct solar_xstats *stats;
   const struct solar_xextent *ext;        /* chunked: n_ext extents sorted by offset; else NULL */
+  const _Atomic uint64_t *withdrawn;      /* the agent saw the file change: serve nothing */
   uint64_t n, n_ext;
   uint64_t s, slot_bytes, slots, data_begin, data_end;
 } X;
@@ -305,6 +306,7 @@ static int attach_now(const struct stat *file) {
       X.slot_bytes = ix->slot_bytes;
       X.slots = (len - s) / ix->slot_bytes + 1; /* slots whose S bytes lie inside the mapping */
       X.n = n;
+      X.withdrawn = (const _Atomic uint64_t *)&ix->withdrawn;
       if (ix->extents) {
         X.ext = (const struct solar_xextent *)(base + ix->extents_offset);
         X.n_ext = n;
@@ -444,6 +446,12 @@ static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
   const unsigned char mark = fd_mark(fd);
   if (mark == FD_NONE || n == 0 || off < 0 || n > SSIZE_MAX) return -1;
   if (atomic_load_explicit(&xstate, memory_order_acquire) != X_ATTACHED) return -1;
+  if (atomic_load_explicit(X.withdrawn, memory_order_relaxed)) {
+    static atomic_int warned;
+    if (!atomic_exchange(&warned, 1))
+      say("solar: ", ds_path, " changed during the run; reading it directly", -1);
+    return -1;
+  }
   const uint64_t pos = (uint64_t)off;
   uint64_t k, in;
   if (!locate(pos, &k, &in)) return -1; /* metadata, labels: not samples */

@@ -1,27 +1,34 @@
-"""Shared pieces of the interposer's tests: the library, a dataset file, runners, and a stand-in
-for the node agent's side of the transparent-mode handshake (solar/transparent.h).
+"""Shared pieces of the interposer's tests: the library, a dataset file, runners, and the real
+node agent (solar-agent --transparent) with what the tests need to drive and observe it.
 
-The stand-in exists only because no agent implements SOLAR_OP_XHELLO yet: it serves a memfd laid
-out as transparent.h describes, so the tests can reach the interposer's attached path. It is the
-test's fixture, not the agent: what it checks is the reader side (libsolar_preload.so).
+The agent is the built solar-agent (SOLAR_AGENT, set by CTest; the build tree otherwise), fed a
+plan from the built CLI (SOLAR_BIN). It is started per test, checked ready by connecting to its
+socket, and stopped by its pid (SIGTERM, then SIGKILL after a timeout) in the fixture's teardown.
+What the tests observe of it: `solar stat SOCK --json`, its log, and its shared index, mapped
+read-only through the same handshake the interposer uses (`BufferIndex`).
 """
+import json
 import mmap
 import os
+import signal
 import socket
 import struct
 import subprocess
-import threading
+import time
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
+BUILD = HERE.parents[1] / "build"
 PYTHON = "/usr/bin/python3"
-LIB = os.environ.get("SOLAR_PRELOAD_LIB") or str(
-    HERE.parents[1] / "build-interpose" / "interpose" / "libsolar_preload.so")
+LIB = os.environ.get("SOLAR_PRELOAD_LIB") or str(BUILD / "interpose" / "libsolar_preload.so")
+AGENT = os.environ.get("SOLAR_AGENT") or str(BUILD / "agent" / "solar-agent")
+SOLAR = os.environ.get("SOLAR_BIN") or str(BUILD / "cli" / "solar")
 
 N, ROW = 64, (64, 1024)  # /data: 64 samples of 64 KiB, uint8
 S = ROW[0] * ROW[1]
+BATCH = 8  # the plans' per-rank batch (loader.py's too)
 
 
 @pytest.fixture(scope="session")
@@ -31,11 +38,11 @@ def lib():
     return LIB
 
 
-def make_h5(path):
+def make_h5(path, seed=1234):
     """A contiguous /data (N, 64, 1024) uint8 and /label int64 (N). Returns /data's offset."""
     import h5py
     import numpy as np
-    rng = np.random.default_rng(1234)
+    rng = np.random.default_rng(seed)
     # /data 4 KiB-aligned, so that O_DIRECT reads of whole samples are possible.
     with h5py.File(path, "w", alignment_threshold=4096, alignment_interval=4096) as f:
         f.create_dataset("data", data=rng.integers(0, 256, size=(N, *ROW), dtype=np.uint8))
@@ -74,95 +81,195 @@ def run(cmd, env, cwd=None, timeout=300):
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, timeout=timeout)
 
 
-# ---- the stand-in agent -------------------------------------------------------------------------
+def file_sample(path, data_offset, k, count=1):
+    """`count` samples of `path` from sample k of a dataset at data_offset."""
+    with open(path, "rb") as f:
+        f.seek(data_offset + k * S)
+        return f.read(count * S)
 
-MAGIC = 0x524C4F53
+
+def wait_until(pred, timeout=30, what="condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# ---- the real node agent ------------------------------------------------------------------------
+
+PROTO_MAGIC, OP_ERROR, OP_XHELLO, OP_XHELLO_OK = 0x524C4F53, 10, 11, 12
 XINDEX_MAGIC = 0x5844495852414C53
-XINDEX = struct.Struct("<QQQQQQQQqqQQ")  # solar_xindex up to stats
-XSTATS = struct.Struct("<6Q")            # hit_reads hit_bytes miss_reads miss_bytes torn attached
-XINDEX_SIZE = XINDEX.size + 16 * 8       # 224
+XINDEX = struct.Struct("<QQQQQQQQqqQQ")  # solar_xindex up to its stats
 
 
-class StandInAgent:
-    """Answers XHELLO with a memfd holding `content(k)` for every k where `resident(k)`."""
+class BufferIndex:
+    """The agent's shared index, as the interposer sees it: XHELLO on the agent's socket, the
+    memfd that comes back mapped read-only. Observes the real state (entries, consumed[]); it
+    adds to no counter (`attached` counts the interposer's attaches only)."""
 
-    def __init__(self, sock_path, h5path, data_offset, resident, content,
-                 file_size_delta=0, error_reply=False):
-        st = os.stat(h5path)
-        self.slot_bytes = S
-        slots = [k for k in range(N) if resident(k)]
-        index_at = -(-len(slots) * S // 4096) * 4096
-        entries_at = index_at + 256
-        consumed_at = entries_at + 8 * N
-        self.size = consumed_at + 4 * N
-        self.fd = os.memfd_create("solar-test-buffer", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.size)
-        self.map = mmap.mmap(self.fd, self.size)
-        for slot, k in enumerate(slots):
-            self.map[slot * S:(slot + 1) * S] = content(k)
-        XINDEX.pack_into(self.map, index_at, XINDEX_MAGIC, N, S, S, data_offset, st.st_dev,
-                         st.st_ino, st.st_size + file_size_delta, int(st.st_mtime_ns // 10**9),
-                         int(st.st_mtime_ns % 10**9), entries_at, consumed_at)
-        for slot, k in enumerate(slots):
-            struct.pack_into("<Q", self.map, entries_at + 8 * k, (1 << 32) | (slot + 1))
-        self.index_at, self.consumed_at = index_at, consumed_at
-        self.error_reply = error_reply
-        self.hellos = []
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(sock_path))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.stopping = False
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+    def __init__(self, sock):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(str(sock))
+            s.sendall(struct.pack("<IHHII", PROTO_MAGIC, 1, OP_XHELLO, 8, 0) +
+                      struct.pack("<II", os.getpid(), 0))
+            msg, fds, _, _ = socket.recv_fds(s, 4096, 4)
+            while len(msg) < 16:
+                more = s.recv(4096)
+                if not more:
+                    break
+                msg += more
+            magic, version, op, length, _ = struct.unpack_from("<IHHII", msg)
+            while len(msg) < 16 + length:
+                more = s.recv(4096)
+                if not more:
+                    break
+                msg += more
+        body = msg[16:16 + length]
+        if op != OP_XHELLO_OK or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise AssertionError(f"the agent refused XHELLO (op {op}): {body!r}")
+        map_bytes, index_offset = struct.unpack("<QQ", body)
+        try:
+            self.map = mmap.mmap(fds[0], map_bytes, prot=mmap.PROT_READ)
+        finally:
+            os.close(fds[0])
+        f = XINDEX.unpack_from(self.map, index_offset)
+        (magic, self.samples, self.sample_bytes, self.slot_bytes, self.data_offset, self.file_dev,
+         self.file_ino, self.file_size, _, _, self.entries_at, self.consumed_at) = f
+        assert magic == XINDEX_MAGIC
 
-    def _serve(self):
-        while not self.stopping:
-            try:
-                conn, _ = self.sock.accept()
-            except socket.timeout:
-                continue
-            with conn:
-                conn.settimeout(5)
-                req = b""
-                while len(req) < 24:
-                    chunk = conn.recv(24 - len(req))
-                    if not chunk:
-                        break
-                    req += chunk
-                if len(req) < 24:
-                    continue
-                magic, version, op, length, _ = struct.unpack_from("<IHHII", req)
-                pid, _ = struct.unpack_from("<II", req, 16)
-                self.hellos.append((magic, version, op, length, pid))
-                if self.error_reply:
-                    text = b"no"
-                    conn.sendall(struct.pack("<IHHII", MAGIC, 1, 10, len(text), 0) + text)
-                    continue
-                body = struct.pack("<QQ", self.size, self.index_at)
-                head = struct.pack("<IHHII", MAGIC, 1, 12, len(body), 0)
-                socket.send_fds(conn, [head + body], [self.fd])
-
-    def stats(self):
-        names = ("hit_reads", "hit_bytes", "miss_reads", "miss_bytes", "torn", "attached")
-        return dict(zip(names, XSTATS.unpack_from(self.map, self.index_at + XINDEX.size)))
+    def resident(self):
+        entries = struct.unpack_from(f"<{self.samples}Q", self.map, self.entries_at)
+        return {k for k, e in enumerate(entries) if e}
 
     def consumed(self):
-        return list(struct.unpack_from(f"<{N}I", self.map, self.consumed_at))
+        return list(struct.unpack_from(f"<{self.samples}I", self.map, self.consumed_at))
 
     def close(self):
-        self.stopping = True
-        self.thread.join()
-        self.sock.close()
         self.map.close()
-        os.close(self.fd)
 
 
-def file_sample(h5path, data_offset, k):
-    with open(h5path, "rb") as f:
-        f.seek(data_offset + k * S)
-        return f.read(S)
+class Agent:
+    """One real solar-agent for one node of a one-node plan over `dataset` (N samples of S)."""
+
+    def __init__(self, workdir, dataset, buffer="100%", epochs=2, seed=0, transparent=True):
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.plan = workdir / "plan"
+        self.sock = workdir / "agent.sock"
+        self.log = workdir / "agent.log"
+        p = run([SOLAR, "plan", "--samples", str(N), "--sample-bytes", str(S), "--epochs",
+                 str(epochs), "--batch", str(BATCH), "--ranks-per-node", "1", "--buffer", buffer,
+                 "--order", "torch", "--seed", str(seed), "--policy", "lru", "--out",
+                 str(self.plan), "--no-progress"], plain_env())
+        assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+        cmd = [AGENT, "--plan", str(self.plan), "--node", "0", "--dataset", f"{dataset}:/data",
+               "--labels", "/label", "--socket", str(self.sock)]
+        if transparent:
+            cmd.append("--transparent")
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, env=plain_env())
+        try:
+            wait_until(self._listening, timeout=30, what=f"solar-agent on {self.sock}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _listening(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"solar-agent exited ({self.proc.returncode}):\n"
+                                 f"{self.log.read_text()}")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            try:
+                s.connect(str(self.sock))
+                return True
+            except OSError:
+                return False
+
+    def stat(self):
+        p = run([SOLAR, "stat", str(self.sock), "--json"], plain_env(), timeout=30)
+        assert p.returncode == 0, p.stderr.decode()
+        return json.loads(p.stdout)
+
+    def xstats(self):
+        """The transparent block: hit_reads, hit_bytes, miss_reads, miss_bytes, torn, attached
+        (the interposers' counters), consumed_steps (the agent's pacing)."""
+        return self.stat()["transparent"]
+
+    def wait_all_resident(self):
+        """A buffer holding every sample: the agent has read them all, in plan order, and keeps
+        them (the plan evicts nothing)."""
+        def done():
+            s = self.stat()
+            return s["ready_steps"] == s["total_steps"]
+        wait_until(done, timeout=60, what="every step read")
+        with self.index() as ix:
+            assert ix.resident() == set(range(N))
+
+    def wait_stalled(self):
+        """A buffer smaller than the dataset and no reader yet: the agent fills every cache slot
+        with the plan's first steps, publishes them, and waits for a slot that only consumption
+        can free (the plan's evictions wait for the samples' uses). Returns the resident set,
+        which stays as it is until the readers complete one of those steps."""
+        def stalled():
+            s = self.stat()
+            return (s["free_slots"] == 0 and s["fetched_samples"] > 0 and
+                    s["bytes_read"] == s["fetched_samples"] * S and
+                    s["ready_steps"] < s["total_steps"]) and s
+        s = wait_until(stalled, timeout=60, what="the agent to fill its buffer")
+        with self.index() as ix:
+            resident = ix.resident()
+        assert len(resident) == s["fetched_samples"] < N, (len(resident), s)
+        self.stalled_steps = s["ready_steps"]
+        return resident
+
+    def index(self):
+        return _Closing(BufferIndex(self.sock))
+
+    def log_text(self):
+        return self.log.read_text(errors="replace")
+
+    def stop(self, timeout=10):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
 
 
-def poison_sample(k):
-    return bytes([(0xA5 + k) & 0xFF]) * S
+class _Closing:
+    def __init__(self, ix):
+        self.ix = ix
+
+    def __enter__(self):
+        return self.ix
+
+    def __exit__(self, *exc):
+        self.ix.close()
+
+
+@pytest.fixture
+def start_agent(tmp_path):
+    """start_agent(dataset, **Agent options) -> a running Agent; every one is stopped (by pid)
+    at the test's end, and must not have failed."""
+    if not os.path.exists(AGENT) or not os.path.exists(SOLAR):
+        pytest.fail(f"{AGENT} or {SOLAR} is not built (--target solar-agent solar_cli)")
+    started = []
+
+    def start(dataset, **kw):
+        a = Agent(tmp_path / f"agent{len(started)}", dataset, **kw)
+        started.append(a)
+        return a
+
+    yield start
+    for a in started:
+        rc = a.stop()
+        assert rc == 0, f"solar-agent exited {rc}:\n{a.log_text()}"

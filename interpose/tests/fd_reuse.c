@@ -1,9 +1,10 @@
 /* Opens the dataset, gets rid of its fd in the ways a program can (close_range, closefrom,
  * dup2/dup3 over it, a vfork child that closes/dups/opens), then reads other files through the
- * same fd numbers. Prints "<label> <fnv1a-64 of one sample read at data_offset + S>" per read;
- * the test checks which file each read's bytes came from.
+ * same fd numbers. Prints "<label> <fnv1a-64 of one sample read at READ_AT>" per read; the test
+ * checks which file each read's bytes came from.
  *
- * usage: fd_reuse DATASET OTHER SAME_NAME_OTHER DATA_OFFSET SAMPLE_BYTES
+ * usage: fd_reuse DATASET OTHER SAME_NAME_OTHER READ_AT SAMPLE_BYTES
+ *   READ_AT: the file offset of a sample of the dataset (data_offset + k * SAMPLE_BYTES)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -32,7 +33,7 @@ static int open_ro(const char *path) {
   return fd;
 }
 
-/* Reads `count` samples from sample 1 of the dataset's range through fd; prints their hash. */
+/* Reads `count` samples from READ_AT through fd; prints their hash. */
 static void show_n(const char *label, int fd, size_t count) {
   ssize_t got = pread(fd, buf, count * sample, at);
   if (got != (ssize_t)(count * sample)) {
@@ -77,7 +78,7 @@ static void child_open_dataset(void) {
 int main(int argc, char **argv) {
   if (argc != 6) return 2;
   dataset = argv[1], other = argv[2], same_name = argv[3];
-  at = (off_t)(strtoull(argv[4], NULL, 10) + strtoull(argv[5], NULL, 10));
+  at = (off_t)strtoull(argv[4], NULL, 10);
   sample = strtoull(argv[5], NULL, 10);
   if (posix_memalign((void **)&buf, 4096, 2 * sample)) die("posix_memalign");
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -152,7 +153,7 @@ int main(int argc, char **argv) {
   show("same_name", fd);
   close(fd);
 
-  /* Samples 1 and 2 in one read (the test's buffer holds 1, not 2): a plain fd gets the
+  /* Samples k and k+1 in one read (the test's agent holds k, not k+1): a plain fd gets the
    * resident prefix (a short count), an O_DIRECT fd never a short count. */
   fd = open_ro(dataset);
   show_n("span.plain", fd, 2);

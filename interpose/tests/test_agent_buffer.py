@@ -1,18 +1,30 @@
-"""The attached path, against the stand-in agent (conftest.StandInAgent; no real agent answers
-SOLAR_OP_XHELLO yet). Its buffer holds the file's true bytes for the even samples only, so an
-unmodified h5py + DataLoader job mixes served samples, file reads, and short reads (span 3),
-and must still see exactly the batches it sees without the preload."""
+"""The attached path against the real node agent (solar-agent --transparent, conftest.Agent): an
+unmodified h5py + DataLoader job (loader.py) must see exactly the batches it sees without the
+preload, whether the agent holds the whole dataset or part of it, and the counters the
+interposer keeps in the agent's index (`solar stat --json`, and consumed[] read from the index)
+must say what was served.
+
+- whole dataset resident (a buffer holding every sample, the agent waited on until it has read
+  them all): every read is served; exact counts.
+- part resident (a plan whose buffer is smaller than the dataset, in an order that is not the
+  loader's; the agent waited on until its slots are full): served samples, file reads and, with
+  3-row items, short reads, mixed. With one row per item the job completes the plan's steps and
+  the agent evicts and fetches at its own pace: bounds only. With three rows per item no step is
+  ever complete (see below), the buffer stays as it was: exact counts.
+"""
 import pytest
 
-from conftest import (HERE, N, PYTHON, S, StandInAgent, file_sample, plain_env, preload_env,
-                      run)
+from conftest import (BATCH, HERE, N, PYTHON, S, file_sample, make_h5, plain_env, preload_env,
+                      run, wait_until)
 
 LOADER = str(HERE / "loader.py")
 EPOCHS = 2
-
-
-def even(k):
-    return k % 2 == 0
+LOADER_SEED = 42  # loader.py's RandomSampler seed
+# The partly resident agent: a plan buffer of 16 samples (32 slots with the agent's 2 steps of
+# staging), so its first 4 steps (32 samples) are resident when the job starts. Plan seed 39 is
+# one whose first 4 steps hold neither sample the job's first two batches start with (checked
+# below), so the job's first read is a miss whatever its timing.
+PARTIAL, PARTIAL_SEED = "1M", 39
 
 
 @pytest.fixture(scope="module")
@@ -26,87 +38,213 @@ def baseline(h5file):
     return out
 
 
+def loader_first_epoch(span):
+    """The items loader.py reads in its first epoch, in order (its own sampler, its own seed)."""
+    import torch
+    from torch.utils.data import RandomSampler
+    g = torch.Generator()
+    g.manual_seed(LOADER_SEED)
+    return list(RandomSampler(range(N - span + 1), generator=g))
+
+
+def run_loader(lib, dataset, sock, workers, mode, span, **kw):
+    return run([PYTHON, LOADER, str(dataset), str(workers), mode, str(span), str(EPOCHS)],
+               preload_env(lib, dataset, sock, **kw))
+
+
+def attaching(workers, mode):
+    # Lazy opens happen in the workers only (new ones each epoch): each attaches. Otherwise the
+    # main process attaches and the workers inherit its mapping.
+    return workers * EPOCHS if mode == "lazy" else 1
+
+
+CASES = [(0, "init"), (2, "init"), (2, "lazy")]
+
+
 @pytest.mark.parametrize("span", [1, 3])
-@pytest.mark.parametrize("workers,mode", [(0, "init"), (2, "init"), (2, "lazy")])
-def test_served_batches_identical(lib, h5file, baseline, tmp_path, workers, mode, span):
+@pytest.mark.parametrize("workers,mode", CASES)
+def test_whole_dataset_resident_every_read_served(lib, h5file, baseline, start_agent, workers,
+                                                  mode, span):
     dataset, offset = h5file
-    sock = tmp_path / "agent.sock"
-    agent = StandInAgent(sock, dataset, offset, even,
-                         lambda k: file_sample(dataset, offset, k))
-    try:
-        r = run([PYTHON, LOADER, str(dataset), str(workers), mode, str(span), str(EPOCHS)],
-                preload_env(lib, dataset, sock))
-        stats, consumed, hellos = agent.stats(), agent.consumed(), list(agent.hellos)
-    finally:
-        agent.close()
+    agent = start_agent(dataset, buffer="100%", epochs=EPOCHS)
+    agent.wait_all_resident()
+    r = run_loader(lib, dataset, agent.sock, workers, mode, span)
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert r.stdout == baseline[span].stdout
     assert r.stderr == baseline[span].stderr
-    # Lazy opens happen in the workers only (new ones each epoch): each attaches. Otherwise
-    # the main process attaches and the workers inherit its mapping.
-    attaching = workers * EPOCHS if mode == "lazy" else 1
-    assert stats["attached"] == attaching == len(hellos)
-    assert all(h[:4] == (0x524C4F53, 1, 11, 8) and h[4] > 0 for h in hellos)
+    stats = agent.xstats()
+    with agent.index() as ix:
+        consumed = ix.consumed()
+        assert ix.resident() == set(range(N))  # the plan evicts nothing: still all there
+    assert stats["attached"] == attaching(workers, mode)
     assert stats["torn"] == 0
-    if span == 1:  # one pread per row at its start
-        reads = EPOCHS * N
-        assert stats["hit_reads"] == reads // 2 and stats["hit_bytes"] == reads // 2 * S
-        assert stats["miss_reads"] == reads // 2 and stats["miss_bytes"] == reads // 2 * S
-        assert consumed == [EPOCHS] * N
-    else:  # a 3-row read is served up to its first odd row, then HDF5 reads the rest
-        assert stats["hit_reads"] > 0 and stats["miss_reads"] > 0
-        assert stats["hit_bytes"] + stats["miss_bytes"] >= EPOCHS * (N - 2) * 3 * S
+    assert (stats["miss_reads"], stats["miss_bytes"]) == (0, 0)
+    items = EPOCHS * (N - span + 1)  # one pread of `span` rows per item, at the item's row
+    assert (stats["hit_reads"], stats["hit_bytes"]) == (items, items * span * S)
+    assert consumed == [EPOCHS if k <= N - span else 0 for k in range(N)]
+    if span == 1:
+        # Every sample consumed once per epoch: every step of the plan is done, although the
+        # job's order is not the plan's.
+        total = agent.stat()["total_steps"]
+        wait_until(lambda: agent.xstats()["consumed_steps"] == total, timeout=10,
+                   what=f"consumed_steps == {total}")
 
 
-def test_replaced_file_is_read_directly(lib, h5file, baseline, tmp_path):
+def part_resident_agent(start_agent, dataset):
+    agent = start_agent(dataset, buffer=PARTIAL, epochs=EPOCHS, seed=PARTIAL_SEED)
+    resident = agent.wait_stalled()
+    assert len(resident) == agent.stalled_steps * BATCH
+    return agent, resident
+
+
+@pytest.mark.parametrize("workers,mode", CASES)
+def test_part_resident_paced_by_the_job(lib, h5file, baseline, start_agent, workers, mode):
+    """One row per item: the job reads every sample once per epoch in its own order; as it
+    completes the plan's steps the agent evicts and fetches (at its own pace: what is resident
+    when depends on timing, so hits and misses are bounded, not counted exactly)."""
     dataset, offset = h5file
-    sock = tmp_path / "agent.sock"
-    agent = StandInAgent(sock, dataset, offset, even, lambda k: b"\0" * S, file_size_delta=1)
-    try:
-        r = run([PYTHON, LOADER, str(dataset), "0", "init", "1", str(EPOCHS)],
-                preload_env(lib, dataset, sock))
-        stats = agent.stats()
-    finally:
-        agent.close()
-    assert r.returncode == 0
+    agent, resident = part_resident_agent(start_agent, dataset)
+    steps = agent.stalled_steps
+    order = loader_first_epoch(1)
+    firsts = {order[0]} if workers == 0 else {order[0], order[BATCH]}  # each worker's first
+    assert not firsts & resident, "the scenario changed: pick another PARTIAL_SEED"
+    r = run_loader(lib, dataset, agent.sock, workers, mode, 1)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert r.stdout == baseline[1].stdout
-    warning = f"solar: {dataset} is not the file the node agent holds; reading it directly\n"
-    assert r.stderr == warning.encode() + baseline[1].stderr
-    assert stats == dict.fromkeys(stats, 0)
+    assert r.stderr == baseline[1].stderr
+    stats = agent.xstats()
+    with agent.index() as ix:
+        consumed = ix.consumed()
+    assert stats["attached"] == attaching(workers, mode)
+    # Every read is one whole sample, from its start: counted once, as a hit or a miss.
+    assert consumed == [EPOCHS] * N
+    assert stats["hit_reads"] + stats["miss_reads"] == EPOCHS * N
+    assert stats["hit_bytes"] == stats["hit_reads"] * S
+    assert stats["miss_bytes"] == stats["miss_reads"] * S
+    # Bounds that hold whatever the timing. The job's first read finds the agent as it was (a
+    # step is done only once all its samples have been read) and is of a sample not resident:
+    # a miss. A sample resident at the start stays so until its step is done, which needs it
+    # read: its first read is served, unless that read is the one that completes its step (then
+    # the copy may race the eviction: a miss, or a torn copy and a miss).
+    assert stats["miss_reads"] >= 1
+    assert stats["hit_reads"] >= len(resident) - steps
+    # Each sample consumed once per epoch: every step of the plan is done, although the job's
+    # order is not the plan's; the agent has paced through all of them.
+    total = agent.stat()["total_steps"]
+    wait_until(lambda: agent.xstats()["consumed_steps"] == total, timeout=10,
+               what=f"consumed_steps == {total}")
 
 
-def test_error_reply_is_read_directly_and_silently(lib, h5file, baseline, tmp_path):
+def span3_reads(resident):
+    """What loader.py's 3-row reads (items 0..N-3, one pread each) do against a buffer holding
+    `resident`, in one epoch: (hit_reads, hit_bytes, miss_reads, miss_bytes, consumed, short).
+    A read whose first rows are resident is served up to the first missing row (a short count);
+    HDF5 then reads the rest itself, from that row: a miss."""
+    hits = hit_bytes = misses = miss_bytes = short = 0
+    consumed = [0] * N
+    for i in range(N - 2):
+        p = 0
+        while p < 3 and i + p in resident:
+            p += 1
+        consumed[i] += 1
+        if p:
+            hits, hit_bytes = hits + 1, hit_bytes + p * S
+        if p < 3:
+            consumed[i + p] += p > 0
+            misses, miss_bytes = misses + 1, miss_bytes + (3 - p) * S
+            short += 0 < p
+    return hits, hit_bytes, misses, miss_bytes, consumed, short
+
+
+@pytest.mark.parametrize("workers,mode", CASES)
+def test_part_resident_short_reads_counted_exactly(lib, h5file, baseline, start_agent, workers,
+                                                   mode):
+    """Three rows per item: reads served whole, short (a resident prefix, the rest from the
+    file) and not at all. Here the buffer stays as the agent filled it: the plan's first step
+    holds sample 63, resident, which no 3-row read starts at (items start at 0..61, and HDF5
+    reads a short read's rest from its first missing row), so that step is never done and the
+    agent evicts nothing: every count is exact."""
     dataset, offset = h5file
-    sock = tmp_path / "agent.sock"
-    agent = StandInAgent(sock, dataset, offset, even, lambda k: b"\0" * S, error_reply=True)
-    try:
-        r = run([PYTHON, LOADER, str(dataset), "2", "lazy", "1", str(EPOCHS)],
-                preload_env(lib, dataset, sock))
-        stats, hellos = agent.stats(), len(agent.hellos)
-    finally:
-        agent.close()
-    assert r.returncode == 0
+    agent, resident = part_resident_agent(start_agent, dataset)
+    assert N - 1 in resident, "the scenario changed: pick another PARTIAL_SEED"
+    hits, hit_bytes, misses, miss_bytes, consumed_1, short = span3_reads(resident)
+    assert short > 0 and hits > short and misses > short  # all three kinds of read occur
+    r = run_loader(lib, dataset, agent.sock, workers, mode, 3)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert r.stdout == baseline[3].stdout
+    assert r.stderr == baseline[3].stderr
+    stats = agent.xstats()
+    with agent.index() as ix:
+        consumed, still = ix.consumed(), ix.resident()
+    assert still == resident and stats["consumed_steps"] == 0  # nothing evicted or fetched
+    assert stats["attached"] == attaching(workers, mode)
+    assert stats["torn"] == 0
+    assert (stats["hit_reads"], stats["hit_bytes"]) == (EPOCHS * hits, EPOCHS * hit_bytes)
+    assert (stats["miss_reads"], stats["miss_bytes"]) == (EPOCHS * misses, EPOCHS * miss_bytes)
+    assert consumed == [EPOCHS * c for c in consumed_1]
+
+
+def test_replaced_file_is_read_directly(lib, tmp_path, start_agent):
+    """The file is replaced (same layout, other bytes, another inode) after the agent read it:
+    one warning, nothing served, the new file's batches."""
+    path = tmp_path / "train.h5"
+    offset = make_h5(path, seed=1234)
+    agent = start_agent(path, buffer="100%", epochs=EPOCHS)
+    agent.wait_all_resident()
+    (tmp_path / "new").mkdir()
+    new = tmp_path / "new" / "train.h5"
+    assert make_h5(new, seed=4321) == offset
+    assert new.stat().st_size == path.stat().st_size
+    assert all(file_sample(new, offset, k) != file_sample(path, offset, k) for k in range(N))
+    new.replace(path)
+    base = run([PYTHON, LOADER, str(path), "0", "init", "1", str(EPOCHS)], plain_env())
+    assert base.returncode == 0, base.stderr.decode()[-2000:]
+    r = run_loader(lib, path, agent.sock, 0, "init", 1)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert r.stdout == base.stdout
+    warning = f"solar: {path} is not the file the node agent holds; reading it directly\n"
+    assert r.stderr == warning.encode() + base.stderr
+    assert agent.xstats() == dict.fromkeys(agent.xstats(), 0)
+    with agent.index() as ix:
+        assert ix.consumed() == [0] * N
+
+
+def test_agent_not_transparent_is_read_directly_and_silently(lib, h5file, baseline, start_agent):
+    """An agent started without --transparent answers XHELLO with an error: no message, every
+    read from the file."""
+    dataset, _ = h5file
+    agent = start_agent(dataset, buffer="100%", epochs=EPOCHS, transparent=False)
+    r = run_loader(lib, dataset, agent.sock, 2, "lazy", 1)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert r.stdout == baseline[1].stdout and r.stderr == baseline[1].stderr
-    assert hellos == 2 * EPOCHS and stats == dict.fromkeys(stats, 0)  # one per worker
+    assert agent.stat()["transparent"] is None
+    # One XHELLO per worker process (lazy opens: 2 workers, new ones each epoch), each refused.
+    refused = agent.log_text().count(
+        "interposer refused: this agent serves batches, not file reads")
+    assert refused == 2 * EPOCHS, agent.log_text()
 
 
 @pytest.mark.parametrize("dataset_var,socket_set",
-                         [("fabric://node1/train.h5:/data", True), (None, False), ("", True)])
-def test_inert_configurations_never_connect(lib, h5file, baseline, tmp_path, dataset_var,
-                                            socket_set):
-    dataset, offset = h5file
-    sock = tmp_path / "agent.sock"
-    agent = StandInAgent(sock, dataset, offset, even, lambda k: b"\0" * S)
-    env = preload_env(lib, dataset, sock, verbose=True)
-    if dataset_var is not None:
+                         [("fabric://node1/train.h5:/data", True), (None, True), ("", True),
+                          ("set", False)],
+                         ids=["fabric", "dataset-unset", "dataset-empty", "socket-unset"])
+def test_inert_configurations_never_attach(lib, h5file, baseline, start_agent, dataset_var,
+                                           socket_set):
+    """A transparent agent holding the whole dataset listens on SOLAR_SOCKET; the interposer,
+    inert, never attaches to it (verbose: it would say so on stderr) and serves nothing."""
+    dataset, _ = h5file
+    agent = start_agent(dataset, buffer="100%", epochs=EPOCHS)
+    agent.wait_all_resident()
+    env = preload_env(lib, dataset, agent.sock, verbose=True)
+    if dataset_var is None:
+        del env["SOLAR_DATASET"]
+    elif dataset_var != "set":
         env["SOLAR_DATASET"] = dataset_var
     if not socket_set:
         del env["SOLAR_SOCKET"]
-    try:
-        r = run([PYTHON, LOADER, str(dataset), "0", "init", "1", str(EPOCHS)], env)
-        hellos = len(agent.hellos)
-    finally:
-        agent.close()
+    r = run([PYTHON, LOADER, str(dataset), "0", "init", "1", str(EPOCHS)], env)
     assert r.returncode == 0
     assert r.stdout == baseline[1].stdout and r.stderr == baseline[1].stderr
-    assert hellos == 0
+    assert agent.xstats() == dict.fromkeys(agent.xstats(), 0)
+    with agent.index() as ix:
+        assert ix.consumed() == [0] * N

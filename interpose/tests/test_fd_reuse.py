@@ -1,15 +1,22 @@
 """c. fd numbers that held the dataset and were freed behind the interposer's back (close_range,
 closefrom, dup2/dup3 over them, vfork children) serve the files they hold now.
 
-Run with no agent and with the stand-in agent, whose buffer holds poison (bytes that are not the
-file's) for every sample but #2: a read served from the buffer is then visible in the output."""
+Run with no agent and with the real agent (solar-agent --transparent) holding half the dataset:
+its plan's buffer is smaller than the dataset and nothing reads in its order, so it fills its
+slots with the plan's first steps and stays so (the steps' other samples are never read, so no
+eviction is paced). The programs read sample k, resident, whose successor k+1 is not. The other
+files' bytes differ from the dataset's there: a read of another file served from the buffer shows
+as the dataset's bytes, and is counted as a hit."""
+import hashlib
 import os
 import subprocess
 
 import pytest
 
-from conftest import (N, PYTHON, S, StandInAgent, file_sample, poison_sample, preload_env,
-                      run)
+from conftest import N, PYTHON, S, file_sample, preload_env, run
+
+PARTIAL = "1M"  # the plan's buffer: 16 of the 64 samples (the agent adds 2 steps of slots: 32)
+
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -42,32 +49,38 @@ def others(h5file, tmp_path_factory):
     return other, same
 
 
-def sample_at(path, offset, count=1):
-    with open(path, "rb") as f:
-        f.seek(offset + S)
-        return f.read(count * S)
+def half_resident_agent(start_agent, dataset):
+    """The real agent, stalled with part of the dataset resident; returns it and a sample k that
+    is resident while k+1 is not."""
+    agent = start_agent(dataset, buffer=PARTIAL)
+    resident = agent.wait_stalled()
+    k = min(j for j in resident if j + 1 < N and j + 1 not in resident)
+    return agent, resident, k
 
 
-@pytest.mark.parametrize("agent", [False, True])
-def test_freed_fd_numbers_read_their_new_files(lib, h5file, others, prog, tmp_path, agent):
+def fnv_at(path, offset, k, count=1):
+    return fnv(file_sample(path, offset, k, count))
+
+
+@pytest.mark.parametrize("with_agent", [False, True], ids=["no-agent", "agent"])
+def test_freed_fd_numbers_read_their_new_files(lib, h5file, others, prog, tmp_path, start_agent,
+                                               with_agent):
     dataset, offset = h5file
     other, same = others
-    sock = tmp_path / "agent.sock"
-    stand_in = StandInAgent(sock, dataset, offset, lambda k: k != 2, poison_sample) if agent \
-        else None
-    try:
-        out = run([str(prog), str(dataset), str(other), str(same), str(offset), str(S)],
-                  preload_env(lib, dataset, sock))
-    finally:
-        stats = stand_in.stats() if stand_in else None
-        if stand_in:
-            stand_in.close()
+    if with_agent:
+        agent, resident, k = half_resident_agent(start_agent, dataset)
+        sock = agent.sock
+    else:
+        k, sock = 1, tmp_path / "nobody.sock"
+    ds = fnv_at(dataset, offset, k)
+    oth, same_h = fnv_at(other, offset, k), fnv_at(same, offset, k)
+    assert len({ds, oth, same_h}) == 3  # whose bytes a read returned is visible
+
+    out = run([str(prog), str(dataset), str(other), str(same), str(offset + k * S), str(S)],
+              preload_env(lib, dataset, sock))
     assert out.returncode == 0, out.stderr.decode()
     assert out.stderr == b""
     got = dict(line.split(" ", 1) for line in out.stdout.decode().splitlines())
-
-    ds = fnv(poison_sample(1) if agent else sample_at(dataset, offset))
-    oth, same_h = fnv(sample_at(other, offset)), fnv(sample_at(same, offset))
     expected = {
         "dataset": ds,
         "close_range.dup": oth,
@@ -84,16 +97,25 @@ def test_freed_fd_numbers_read_their_new_files(lib, h5file, others, prog, tmp_pa
         "vfork.dup2": oth,
         "vfork.open": oth,
         "same_name": same_h,
-        # Samples 1-2, #2 not in the buffer: served short (a prefix) on a plain fd, whole from
-        # the file on an O_DIRECT fd.
-        "span.plain": f"short {S}" if agent else fnv(sample_at(dataset, offset, 2)),
-        "span.o_direct": fnv(sample_at(dataset, offset, 2)),
+        # Samples k and k+1, k+1 not in the buffer: served short (the resident prefix) on a plain
+        # fd, whole from the file on an O_DIRECT fd.
+        "span.plain": f"short {S}" if with_agent else fnv_at(dataset, offset, k, 2),
+        "span.o_direct": fnv_at(dataset, offset, k, 2),
     }
     assert got == expected
-    if agent:
+    if with_agent:
+        stats = agent.xstats()
+        with agent.index() as ix:
+            consumed, still = ix.consumed(), ix.resident()
+        assert still == resident  # nothing was evicted or fetched meanwhile: the counts are exact
         assert stats["attached"] == 1
-        assert stats["hit_reads"] == 6  # dataset, cloexec, dup2.copy x2, vfork parent, span
-        assert stats["miss_reads"] == 1  # span.o_direct
+        # Served: dataset, close_range.cloexec, dup2.copy, dup2.copy.after_close,
+        # vfork.close_range.parent (one sample each), span.plain (its resident sample).
+        assert (stats["hit_reads"], stats["hit_bytes"]) == (6, 6 * S)
+        assert (stats["miss_reads"], stats["miss_bytes"]) == (1, 2 * S)  # span.o_direct
+        assert stats["torn"] == 0
+        # Every read of the dataset started at sample k; nothing else was counted.
+        assert consumed == [7 if j == k else 0 for j in range(N)]
 
 
 PY_SCRIPT = r'''
@@ -123,25 +145,29 @@ except OSError as e:
 '''
 
 
-def test_python_subprocess_and_closerange(lib, h5file, others, tmp_path):
+def test_python_subprocess_and_closerange(lib, h5file, others, start_agent):
     dataset, offset = h5file
     other, _ = others
-    sock = tmp_path / "agent.sock"
-    stand_in = StandInAgent(sock, dataset, offset, lambda k: True, poison_sample)
-    try:
-        out = subprocess.run([PYTHON, "-c", PY_SCRIPT, str(dataset), str(other), str(offset + S),
-                              str(S)], env=preload_env(lib, dataset, sock),
-                             stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
-    finally:
-        stand_in.close()
+    agent, resident, k = half_resident_agent(start_agent, dataset)
+    out = subprocess.run([PYTHON, "-c", PY_SCRIPT, str(dataset), str(other), str(offset + k * S),
+                          str(S)], env=preload_env(lib, dataset, agent.sock),
+                         stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()
-    import hashlib
     h = lambda b: hashlib.sha256(b).hexdigest()[:16]
+    ds, oth = h(file_sample(dataset, offset, k)), h(file_sample(other, offset, k))
+    assert ds != oth
     got = dict(line.split(" ", 1) for line in out.stdout.decode().splitlines())
     assert got == {
-        "dataset": h(poison_sample(1)),
-        "after_subprocess": h(poison_sample(1)),
+        "dataset": ds,
+        "after_subprocess": ds,
         "stdin": h(b""),  # /dev/null, not the dataset
-        "closerange.open": h(sample_at(other, offset)),
+        "closerange.open": oth,
         "pipe": "errno 29",  # ESPIPE: the pipe, not the buffer
     }
+    stats = agent.xstats()
+    with agent.index() as ix:
+        consumed = ix.consumed()
+    assert stats["attached"] == 1
+    # The two reads through the dataset's fd were served; the others were not the dataset's.
+    assert (stats["hit_reads"], stats["hit_bytes"], stats["miss_reads"]) == (2, 2 * S, 0)
+    assert consumed == [2 if j == k else 0 for j in range(N)]

@@ -25,8 +25,14 @@ def test_io_benchmark_prints_the_artifact_format():
     out = run(sys.executable, os.path.join(REPO, "bench", "pytorch_io.py"), *SMALL).stdout
     assert len(epochs(out, "DataLoading time baseline")) == 3
     assert len(epochs(out, "DataLoading time SOLAR")) == 3
+    assert len(epochs(out, "DataLoading time transparent")) == 3
     assert "4 of 4 ranks served by a node agent, via solar-run" in out, out
-    assert re.search(r"speedup: \d+\.\d+x in total over 3 epochs", out), out
+    for mode in ("solar", "transparent"):
+        assert re.search(rf"speedup {mode}: \d+\.\d+x in total over 3 epochs .*; limit "
+                         rf"\d+\.\d+x \(plain bytes / planned bytes", out), out
+    # The unmodified DataLoader under --transparent got reads served from the buffer.
+    served = [int(n) for n in re.findall(r"file reads served from the buffer (\d+)", out)]
+    assert served and sum(served) > 0, out
 
 
 def test_e2e_benchmark_trains_on_the_same_global_batches():

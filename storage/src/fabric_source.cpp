@@ -182,87 +182,98 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
     while (next < pieces.size() && done[next]) ++next;
   };
   advance();
-  while (next < pieces.size() || inflight > 0) {
-    // Issue reads while there is room.
-    for (auto& op : ops) {
-      if (op.busy) continue;
-      advance();
-      if (next >= pieces.size()) break;
-      const Piece& p = pieces[next];
-      double due = 0;
-      if (bandwidth > 0 || latency > 0) {
-        const double t = now();
-        bucket = std::max(bucket, t) + (bandwidth > 0 ? double(p.len) / bandwidth : 0);
-        due = std::max(bucket, t + latency);
+  // Reads in flight point at `ops` (their contexts) and at the caller's memory: on any error
+  // the endpoint is closed here, while both are still alive, before the error unwinds them
+  // (closing it later, with the contexts gone, crashed libfabric when the server had died).
+  try {
+    while (next < pieces.size() || inflight > 0) {
+      // Issue reads while there is room.
+      for (auto& op : ops) {
+        if (op.busy) continue;
+        advance();
+        if (next >= pieces.size()) break;
+        const Piece& p = pieces[next];
+        double due = 0;
+        if (bandwidth > 0 || latency > 0) {
+          const double t = now();
+          bucket = std::max(bucket, t) + (bandwidth > 0 ? double(p.len) / bandwidth : 0);
+          due = std::max(bucket, t + latency);
+        }
+        ssize_t rc;
+        while ((rc = fi_read(s.ep->ep(), p.dst, p.len, desc, s.server, p.addr, p.key, &op.ctx)) ==
+               -FI_EAGAIN) {
+          fi_cq_entry e[1];
+          const ssize_t n = fi_cq_read(s.ep->cq(), e, 0);  // drive progress
+          if (n == -FI_EAVAIL) break;
+        }
+        if (rc != 0 && rc != -FI_EAGAIN)
+          throw TransientError(fmt::format("{}: fi_read failed: {}", uri, fabric::error_text(rc)));
+        if (rc == -FI_EAGAIN) break;
+        op = Op{};
+        op.busy = true;
+        op.piece = next;
+        op.due = due;
+        ++inflight;
+        ++next;
       }
-      ssize_t rc;
-      while ((rc = fi_read(s.ep->ep(), p.dst, p.len, desc, s.server, p.addr, p.key, &op.ctx)) ==
-             -FI_EAGAIN) {
-        fi_cq_entry e[1];
-        const ssize_t n = fi_cq_read(s.ep->cq(), e, 0);  // drive progress
-        if (n == -FI_EAVAIL) break;
+      // Reap completions.
+      fi_cq_entry entries[16];
+      const ssize_t n = fi_cq_read(s.ep->cq(), entries, 16);
+      if (n > 0) {
+        for (ssize_t i = 0; i < n; ++i) static_cast<Op*>(entries[i].op_context)->completed = true;
+        last_progress = Clock::now();
+      } else if (n == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        fi_cq_readerr(s.ep->cq(), &err, 0);
+        throw TransientError(fmt::format("{}: a remote read failed: {} ({})", uri,
+                                         fabric::error_text(err.err),
+                                         fi_cq_strerror(s.ep->cq(), err.prov_errno, err.err_data,
+                                                        nullptr, 0)));
+      } else if (n != -FI_EAGAIN) {
+        throw TransientError(fmt::format("{}: fi_cq_read: {}", uri, fabric::error_text(n)));
       }
-      if (rc != 0 && rc != -FI_EAGAIN)
-        throw TransientError(fmt::format("{}: fi_read failed: {}", uri, fabric::error_text(rc)));
-      if (rc == -FI_EAGAIN) break;
-      op = Op{};
-      op.busy = true;
-      op.piece = next;
-      op.due = due;
-      ++inflight;
-      ++next;
-    }
-    // Reap completions.
-    fi_cq_entry entries[16];
-    const ssize_t n = fi_cq_read(s.ep->cq(), entries, 16);
-    if (n > 0) {
-      for (ssize_t i = 0; i < n; ++i) static_cast<Op*>(entries[i].op_context)->completed = true;
-      last_progress = Clock::now();
-    } else if (n == -FI_EAVAIL) {
-      fi_cq_err_entry err{};
-      fi_cq_readerr(s.ep->cq(), &err, 0);
-      throw TransientError(fmt::format("{}: a remote read failed: {} ({})", uri,
-                                       fabric::error_text(err.err),
-                                       fi_cq_strerror(s.ep->cq(), err.prov_errno, err.err_data,
-                                                      nullptr, 0)));
-    } else if (n != -FI_EAGAIN) {
-      throw TransientError(fmt::format("{}: fi_cq_read: {}", uri, fabric::error_text(n)));
-    }
-    // Retire completed reads whose emulated delay has passed.
-    const double t = (bandwidth > 0 || latency > 0) ? now() : 0;
-    double earliest = 0;
-    bool waiting = false;
-    for (auto& op : ops) {
-      if (!op.busy || !op.completed) continue;
-      if (op.due > t) {
-        earliest = waiting ? std::min(earliest, op.due) : op.due;
-        waiting = true;
-        continue;
+      // Retire completed reads whose emulated delay has passed.
+      const double t = (bandwidth > 0 || latency > 0) ? now() : 0;
+      double earliest = 0;
+      bool waiting = false;
+      for (auto& op : ops) {
+        if (!op.busy || !op.completed) continue;
+        if (op.due > t) {
+          earliest = waiting ? std::min(earliest, op.due) : op.due;
+          waiting = true;
+          continue;
+        }
+        done[op.piece] = 1;
+        bytes += pieces[op.piece].len;
+        op.busy = false;
+        --inflight;
+        last_progress = Clock::now();
       }
-      done[op.piece] = 1;
-      bytes += pieces[op.piece].len;
-      op.busy = false;
-      --inflight;
-      last_progress = Clock::now();
+      const auto tnow = Clock::now();
+      if (tnow - last_check > std::chrono::milliseconds(20)) {
+        last_check = tnow;
+        if (s.server_gone())
+          throw TransientError(fmt::format("{}: the server closed the connection mid-read", uri));
+      }
+      bool all_held = waiting;
+      for (auto& op : ops)
+        if (op.busy && !op.completed) all_held = false;
+      if (all_held) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(
+            std::min(0.005, std::max(0.0, earliest - now()))));
+        last_progress = Clock::now();
+      } else if (inflight > 0 && tnow - last_progress > timeout) {
+        throw TransientError(fmt::format("{}: no read completed for {:.1f} s (server hung or "
+                                         "unreachable)",
+                                         uri, opt.timeout_s));
+      }
     }
-    const auto tnow = Clock::now();
-    if (tnow - last_check > std::chrono::milliseconds(20)) {
-      last_check = tnow;
-      if (s.server_gone())
-        throw TransientError(fmt::format("{}: the server closed the connection mid-read", uri));
+  } catch (...) {
+    if (inflight > 0) {
+      local = fabric::Region();  // its domain goes with the endpoint
+      s.ep.reset();
     }
-    bool all_held = waiting;
-    for (auto& op : ops)
-      if (op.busy && !op.completed) all_held = false;
-    if (all_held) {
-      std::this_thread::sleep_for(std::chrono::duration<double>(
-          std::min(0.005, std::max(0.0, earliest - now()))));
-      last_progress = Clock::now();
-    } else if (inflight > 0 && tnow - last_progress > timeout) {
-      throw TransientError(fmt::format("{}: no read completed for {:.1f} s (server hung or "
-                                       "unreachable)",
-                                       uri, opt.timeout_s));
-    }
+    throw;
   }
 }
 
@@ -283,6 +294,9 @@ void FabricSource::Impl::with_retries(Work&& work) {
                                        attempt ? "s" : ""));
       std::this_thread::sleep_for(
           std::chrono::milliseconds(std::min<std::uint64_t>(2000, 100ULL << attempt)));
+    } catch (...) {
+      session.reset();  // its endpoint may be closed already (run_pieces); start afresh
+      throw;
     }
   }
 }

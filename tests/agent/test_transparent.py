@@ -180,3 +180,29 @@ def test_compressed_dataset_is_refused_with_the_reason(tmp_path):
             env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert p.returncode != 0, p.stderr
     assert "raw bytes" in p.stderr and "h5repack" in p.stderr, p.stderr
+
+
+def test_file_rewritten_in_place_mid_run_is_withdrawn(tmp_path):
+    """Another file's bytes copied over the dataset (same inode) while the script runs: the
+    agent notices within its watch period and withdraws the buffer; from then on every rank
+    reads the file itself, and each process says so once."""
+    data = tmp_path / "d.h5"
+    other = tmp_path / "other.h5"
+    for path, seed in ((data, "4"), (other, "5")):
+        run(SOLAR, "gen", path, "--samples", "48", "--preset", "small", "--seed", seed,
+            "--no-progress")
+    p = run_script(tmp_path, data, "solar", "--buffer", "64%", "--transparent", epochs=40,
+                   popen=True)
+    try:
+        wait_until(lambda: lines(tmp_path / "solar-0.txt") >= 3, timeout=120, what="batch 3")
+        with open(other, "rb") as src, open(data, "r+b") as dst:
+            dst.write(src.read())
+        out, err = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, out + err
+    assert "changed during the run; reading it directly" in err, err
+    assert err.count("changed during the run; reading it directly") <= 4, err  # once per rank
+    assert "the unmodified ranks read the file from now on" in err, err  # the agent withdrew it

@@ -78,6 +78,8 @@ struct solar_xindex {
   uint64_t consumed_offset; /* from the start of the buffer: N uint32 counters */
   uint64_t extents_offset;  /* chunked: from the start of the buffer, `extents` solar_xextent */
   uint64_t extents;         /* 0: contiguous (data_offset applies); else N */
+  uint64_t withdrawn;       /* set by the agent when the file changed under it: readers serve
+                               nothing more from the buffer (relaxed load per read) */
   struct solar_xstats stats;
 };
 

@@ -1,0 +1,184 @@
+// Agent::Impl: the agent's state and the methods of its parts, each part in its own file:
+//   agent.cpp        start-up (plan, source, buffer, socket), run, stop
+//   buffer_layout.*  slot counts, rings and the transparent index's place (a pure function)
+//   slot_table.*     free list, pins, evictions, zombies, index entries (no threads, no I/O)
+//   prefetcher.cpp   the plan → storage reads → slots, and copies of batches into the rings
+//   serving.cpp      batches handed to ranks (batch mode for libsolar)
+//   control.cpp      the Unix socket: sessions, hellos (libsolar and interposer), messages
+//   transparent.cpp  the shared sample index (extent mode for the interposer) and pacing
+//   stats.cpp        the stats reply
+// Internal to solar-agent.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <utility>  // before asio: g++ 12 + C++20 (see shared/notes/io.md)
+#include <boost/asio.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent.h"
+#include "buffer_layout.h"
+#include "slot_table.h"
+#include "solar/protocol.h"
+#include "solar/transparent.h"
+
+namespace solar::agent {
+
+namespace asio = boost::asio;
+using stream = asio::local::stream_protocol;
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+class Agent::Impl {
+ public:
+  explicit Impl(const AgentOptions& o);
+  ~Impl();
+  int run();
+  void stop() {
+    asio::post(io_, [this] { shutdown_io(); });
+  }
+
+ private:
+  struct Session;
+  struct RankState {
+    std::shared_ptr<Session> session;
+    bool attached = false;
+    bool gone = false;        // disconnected: its uses are no longer counted
+    bool waiting = false;     // a next request waits for its step
+    bool assembling = false;  // a job is copying its step `assembled` into its ring
+    std::uint64_t assembled = 0;  // steps < assembled are in its ring (its uses dropped)
+    std::uint64_t cursor = 0;    // next step to hand out
+    std::uint64_t released = 0;  // steps < released are released
+    double stall_seconds = 0;
+    Clock::time_point wait_since;
+  };
+
+  // Ring slot i of rank r's batch of step t (see the buffer layout, buffer_layout.cpp).
+  std::uint32_t ring_slot(std::uint32_t r, std::uint64_t t, std::size_t i) const {
+    return buf_.ring_slot(r, t, i);
+  }
+  std::byte* slot_ptr(std::uint64_t slot) const { return base_ + buf_.slot_offset(slot); }
+
+  // Plan access.
+  std::span<const std::uint32_t> accesses(std::uint64_t t, std::uint32_t r) const {
+    const std::uint64_t i = t * R_ + r;
+    return {plan_.accesses.data() + plan_.rank_offsets[i],
+            plan_.rank_offsets[i + 1] - plan_.rank_offsets[i]};
+  }
+
+  // Prefetch engine (its own thread).
+  void prefetch_loop();
+  void reader_loop();
+  void write_slot(std::uint32_t slot, struct iovec* iov, int n);
+  // on_io: called on the io thread (serve at once instead of posting).
+  void schedule_assembly_locked(bool on_io = false);
+  void assemble(std::uint64_t t, std::uint32_t r);
+  std::vector<std::uint32_t> batch_slots_locked(std::uint64_t t, std::uint32_t r) const;
+  void copy_batch(std::uint64_t t, std::uint32_t r, const std::vector<std::uint32_t>& from);
+  void finish_assembly_locked(std::uint64_t t, std::uint32_t r);
+  void complete_steps_locked();
+  void post_serve();
+  void fail(const std::string& what);
+  // The slot table's calls that may free a slot wake the prefetch engine waiting for one.
+  void free_slot_locked(std::uint32_t sample) {
+    if (table_.free_slot(sample)) slot_freed_.notify_all();
+  }
+  void drop_use_locked(std::uint32_t sample) {
+    if (table_.drop_use(sample)) slot_freed_.notify_all();
+  }
+
+  // Control server (the io thread).
+  void accept();
+  void on_message(const std::shared_ptr<Session>& s, protocol::Op op,
+                  const std::vector<std::uint8_t>& payload);
+  void on_hello(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& payload);
+  void on_xhello(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& payload);
+  bool send_with_buffer_fd(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& msg);
+
+  // Transparent mode (opt_.transparent): the shared index of resident samples (its entries are
+  // published and cleared by the slot table).
+  void setup_index();
+  void pace_loop();
+  bool withdraw_if_changed();
+  solar_xindex* xindex_ = nullptr;
+  std::uint32_t* xconsumed_ = nullptr;
+  std::vector<std::uint32_t> need_;   // per plan access: uses of its sample on this node so far
+  std::uint64_t paced_steps_ = 0;     // steps every rank has consumed
+  std::thread pace_;
+  void serve_waiting_locked();
+  void send_batch_locked(RankState& rs, std::uint32_t r);
+  void detach(const std::shared_ptr<Session>& s);
+  void read_more(const std::shared_ptr<Session>& s);
+  // Queues a message; writes go out in order, one at a time.
+  static void send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg);
+  std::string stats_json();
+  nlohmann::json transparent_json() const;
+  void shutdown_io();
+
+  AgentOptions opt_;
+  PlanHeader header_;
+  NodePlan plan_;
+  std::unique_ptr<storage::SampleSource> source_;
+  std::uint32_t R_ = 0;
+  std::uint64_t T_ = 0;
+  std::uint64_t sample_bytes_ = 0, label_bytes_ = 0;
+  BufferLayout buf_;  // slots, rings, and where the transparent index goes
+
+  int memfd_ = -1;
+  std::byte* base_ = nullptr;
+
+  std::mutex mu_;
+  std::condition_variable slot_freed_;
+  SlotTable table_;  // the cache slots: free, resident, pinned, zombie
+  std::uint64_t admitted_ = 0;  // steps < admitted_ have slots and count their uses
+  std::uint64_t ready_ = 0;     // steps < ready_ are read and servable
+  struct ReadJob {
+    std::uint64_t step = 0;
+    int assemble_rank = -1;                // >= 0: copy this rank's batch into its ring
+    std::vector<storage::SampleRun> runs;  // coalesced, ascending
+    std::vector<std::uint32_t> slots;      // the slot of each sample, in run order
+  };
+  std::deque<ReadJob> jobs_;
+  std::vector<std::uint32_t> outstanding_;  // per step: read jobs not finished
+  std::condition_variable job_ready_;
+  std::vector<std::thread> readers_;
+  std::vector<RankState> ranks_;
+  bool stopping_ = false;
+  std::string fatal_;  // set when prefetching failed
+
+  // Metrics.
+  std::uint64_t hits_ = 0, fetched_ = 0, bytes_read_ = 0, reads_ = 0;
+  double read_seconds_ = 0, slot_wait_seconds_ = 0;
+  Clock::time_point started_ = Clock::now();
+
+  asio::io_context io_;
+  stream::acceptor acceptor_;
+  std::thread prefetch_;
+  int exit_code_ = 0;
+};
+
+struct Agent::Impl::Session : std::enable_shared_from_this<Session> {
+  explicit Session(asio::io_context& io) : sock(io) {}
+  stream::socket sock;
+  std::vector<std::uint8_t> in;  // received, not yet handled: in[0, have)
+  std::size_t have = 0;
+  std::vector<std::uint8_t> payload;
+  std::deque<std::vector<std::uint8_t>> out;
+  int rank = -1;  // local rank once attached
+  bool closed = false;
+};
+
+}  // namespace solar::agent

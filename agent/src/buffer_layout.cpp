@@ -1,0 +1,46 @@
+#include "buffer_layout.h"
+
+#include <algorithm>
+
+#include "solar/transparent.h"
+
+namespace solar::agent {
+
+BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
+                           const BufferOptions& o) {
+  BufferLayout b;
+  const std::uint32_t R = c.ranks_per_node;
+  b.ranks = R;
+  b.slot_bytes = agent_slot_bytes(c.sample_bytes, label_bytes);
+
+  // Buffer: the plan's resident set (cache slots), then one ring per rank of `staging_steps`
+  // batches. A step's batch is copied into the rank's ring ahead of its request, and the rank
+  // reads only there: its page faults stay within its ring (a few batches, touched once)
+  // instead of spreading over the whole buffer, its batch is contiguous, and the cache slots
+  // it used are free for the plan's evictions as soon as the copy is done.
+  b.ring_batch = std::uint64_t{c.batch} + c.imbalance;
+  if (o.zero_copy || o.transparent) {
+    // No rings: ranks read the cache slots; the staging slots hold samples the plan evicted
+    // while ranks still use them.
+    b.ring_depth = 0;
+    b.cache_slots = c.buffer_samples() + std::uint64_t{o.staging_steps} * R * b.ring_batch;
+  } else {
+    b.ring_depth = o.staging_steps;
+    // A plan of policy `none` may hold less than a step; its samples still need slots.
+    b.cache_slots = std::max(c.buffer_samples(), std::uint64_t{R} * b.ring_batch);
+  }
+  b.slots = b.cache_slots + std::uint64_t{R} * b.ring_depth * b.ring_batch;
+  b.inline_copy = b.ring_batch * b.slot_bytes <= kInlineCopyBytes;
+  // Transparent mode: the sample index follows the slots, page-aligned.
+  const std::uint64_t page = o.page_bytes;
+  b.index_offset = (b.slots * b.slot_bytes + page - 1) / page * page;
+  const std::uint64_t N = c.samples;
+  b.entries_offset = b.index_offset + sizeof(solar_xindex);
+  b.consumed_offset = b.entries_offset + N * sizeof(std::uint64_t);
+  b.extents_offset = b.consumed_offset + (N * 4 + 7) / 8 * 8;
+  b.map_bytes = o.transparent ? b.extents_offset + N * sizeof(solar_xextent)
+                              : b.slots * b.slot_bytes;
+  return b;
+}
+
+}  // namespace solar::agent

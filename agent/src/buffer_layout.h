@@ -1,0 +1,56 @@
+// The agent's buffer layout: how many slots of what size, where each rank's ring lies, and (in
+// transparent mode) where the shared sample index goes. Pure arithmetic on the plan header and
+// the agent's options, so that it can be checked against core's budget rule
+// (fit_plan_to_agent_budget, solar/core/config.h): both count agent_slot_bytes per slot and the
+// plan's resident set plus `staging_steps` steps of the node's ranks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "solar/core/config.h"
+
+namespace solar::agent {
+
+// Batches up to this size are copied into a ring by whichever thread makes them ready.
+inline constexpr std::uint64_t kInlineCopyBytes = 512 * 1024;
+
+struct BufferLayout {
+  std::uint32_t ranks = 0;         // R: the node's ranks
+  std::uint64_t slot_bytes = 0;    // agent_slot_bytes: one sample and its label, 64-byte aligned
+  std::uint64_t slots = 0;         // all of them: cache slots, then the rings
+  std::uint64_t cache_slots = 0;   // the plan's resident set
+  std::uint64_t ring_depth = 0;    // batches per rank's ring
+  std::uint64_t ring_batch = 0;    // slots per ring batch (b + δ)
+  bool inline_copy = false;        // batches small enough to copy without a thread hop
+  // Transparent mode: the sample index follows the slots, page-aligned (solar/transparent.h):
+  // its header, N 64-bit entries, N 32-bit consumed counters (padded to 8 bytes), then N
+  // extents (chunked datasets).
+  std::uint64_t index_offset = 0;
+  std::uint64_t entries_offset = 0;
+  std::uint64_t consumed_offset = 0;
+  std::uint64_t extents_offset = 0;
+  std::uint64_t map_bytes = 0;     // the whole memfd: slots, then the index (transparent only)
+
+  // Ring slot i of rank r's batch of step t.
+  std::uint32_t ring_slot(std::uint32_t r, std::uint64_t t, std::size_t i) const {
+    const std::uint64_t entry = std::uint64_t{r} * ring_depth + t % ring_depth;
+    return static_cast<std::uint32_t>(cache_slots + entry * ring_batch + i);
+  }
+  std::uint64_t slot_offset(std::uint64_t slot) const { return slot * slot_bytes; }
+};
+
+struct BufferOptions {
+  std::uint32_t staging_steps = kAgentStagingSteps;  // batches in each rank's ring
+  bool zero_copy = false;    // no rings: ranks read the cache slots
+  bool transparent = false;  // no rings, and the sample index after the slots
+  std::uint64_t page_bytes = 4096;
+};
+
+// The layout of the buffer for plan config `c` (its samples, sample size, ranks, batch, δ and
+// resident set) with `label_bytes` per label. Checks nothing: the caller refuses staging_steps
+// 0 with rings, and a layout too large for memory or for 32-bit slot numbers.
+BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
+                           const BufferOptions& o);
+
+}  // namespace solar::agent

@@ -1,0 +1,274 @@
+// The control server (the io thread): the Unix socket, sessions, hellos and messages. See
+// agent_impl.h.
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fmt/format.h>
+#include <functional>
+
+#include "agent_impl.h"
+
+namespace solar::agent {
+
+// ---- control server ------------------------------------------------------------------------
+
+void Agent::Impl::accept() {
+  auto s = std::make_shared<Session>(io_);
+  acceptor_.async_accept(s->sock, [this, s](const boost::system::error_code& ec) {
+    if (ec) return;  // closed
+    struct ucred cred {};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(s->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        cred.uid != ::geteuid()) {
+      spdlog::warn("refused a connection from uid {} pid {} (only uid {} may attach)", cred.uid,
+                   cred.pid, ::geteuid());
+      boost::system::error_code ignored;
+      s->sock.close(ignored);
+    } else {
+      read_more(s);
+    }
+    accept();
+  });
+}
+
+// Reads whatever has arrived and handles every complete frame in it: a rank's release and next
+// requests, sent together, cost one read.
+void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
+  std::size_t need = s->have + 4096;
+  if (s->have >= sizeof(protocol::Header)) {
+    protocol::Header h;
+    std::memcpy(&h, s->in.data(), sizeof h);
+    if (protocol::acceptable(h)) need = std::max(need, sizeof h + h.length);
+  }
+  if (s->in.size() < need) s->in.resize(std::max(need, s->in.size() * 2));
+  s->sock.async_read_some(
+      asio::buffer(s->in.data() + s->have, s->in.size() - s->have),
+      [this, s](const boost::system::error_code& e, std::size_t n) {
+        if (e) return detach(s);
+        s->have += n;
+        std::size_t off = 0;
+        while (!s->closed && s->have - off >= sizeof(protocol::Header)) {
+          protocol::Header h;
+          std::memcpy(&h, s->in.data() + off, sizeof h);
+          if (!protocol::acceptable(h)) {
+            spdlog::warn("malformed message (magic {:#x}, version {}, length {}): closing",
+                         h.magic, h.version, h.length);
+            return detach(s);
+          }
+          if (s->have - off < sizeof h + h.length) break;
+          s->payload.assign(s->in.begin() + static_cast<std::ptrdiff_t>(off + sizeof h),
+                            s->in.begin() + static_cast<std::ptrdiff_t>(off + sizeof h + h.length));
+          off += sizeof h + h.length;
+          on_message(s, static_cast<protocol::Op>(h.op), s->payload);
+        }
+        if (s->closed) return;
+        std::memmove(s->in.data(), s->in.data() + off, s->have - off);
+        s->have -= off;
+        read_more(s);
+      });
+}
+
+namespace {
+std::vector<std::uint8_t> frame(protocol::Op op, const void* body, std::size_t n) {
+  std::vector<std::uint8_t> out(sizeof(protocol::Header) + n);
+  protocol::put_frame(out.data(), op, body, n);
+  return out;
+}
+
+template <class T>
+bool parse(const std::vector<std::uint8_t>& p, T& out) {
+  if (p.size() != sizeof(T)) return false;
+  std::memcpy(&out, p.data(), sizeof(T));
+  return true;
+}
+}  // namespace
+
+
+void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
+                             const std::vector<std::uint8_t>& payload) {
+  auto refuse = [&](const std::string& why) {
+    spdlog::warn("rank {}: {}", s->rank, why);
+    send(s, frame(protocol::Op::error, why.data(), why.size()));
+  };
+  switch (op) {
+    case protocol::Op::hello:
+      return on_hello(s, payload);
+    case protocol::Op::xhello:
+      return on_xhello(s, payload);
+    case protocol::Op::next: {
+      protocol::Next n;
+      if (!parse(payload, n) || s->rank < 0) return refuse("next before hello, or malformed");
+      std::lock_guard lk(mu_);
+      RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
+      if (n.step != rs.cursor)
+        return refuse(fmt::format("asked for step {} but its next step is {}", n.step, rs.cursor));
+      if (rs.cursor >= T_) {
+        send(s, frame(protocol::Op::end, nullptr, 0));
+        return;
+      }
+      rs.waiting = true;
+      rs.wait_since = Clock::now();
+      serve_waiting_locked();
+      return;
+    }
+    case protocol::Op::release: {
+      protocol::Release rl;
+      if (!parse(payload, rl) || s->rank < 0) return refuse("release before hello, or malformed");
+      std::lock_guard lk(mu_);
+      RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
+      if (rl.step != rs.released || rl.step >= rs.cursor)
+        return refuse(fmt::format("release of step {} out of order (next to release: {}, handed "
+                                  "out: {})",
+                                  rl.step, rs.released, rs.cursor));
+      if (buf_.ring_depth == 0)  // zero copy: the rank no longer reads those cache slots
+        for (std::uint32_t a : accesses(rl.step, static_cast<std::uint32_t>(s->rank)))
+          drop_use_locked(a & kSampleMask);
+      ++rs.released;  // its ring entry can take a later batch
+      schedule_assembly_locked(true);
+      return;
+    }
+    case protocol::Op::stats: {
+      const std::string j = stats_json();
+      send(s, frame(protocol::Op::stats_reply, j.data(), j.size()));
+      return;
+    }
+    case protocol::Op::shutdown:
+      spdlog::info("shutdown requested");
+      asio::post(io_, [this] { shutdown_io(); });
+      return;
+    default:
+      spdlog::warn("unknown op {}: closing the connection", static_cast<unsigned>(op));
+      detach(s);
+  }
+}
+
+void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
+                           const std::vector<std::uint8_t>& payload) {
+  protocol::Hello h;
+  auto refuse = [&](const std::string& why) {
+    spdlog::warn("hello refused: {}", why);
+    send(s, frame(protocol::Op::error, why.data(), why.size()));
+  };
+  if (!parse(payload, h)) return refuse("malformed hello");
+  if (s->rank >= 0) return refuse("already attached");
+  if (h.local_rank >= R_)
+    return refuse(fmt::format("local rank {} does not exist (this node has ranks 0..{})",
+                              h.local_rank, R_ - 1));
+  {
+    std::lock_guard lk(mu_);
+    RankState& rs = ranks_[h.local_rank];
+    if (rs.attached || rs.gone)
+      return refuse(fmt::format("local rank {} is already attached (or has left)", h.local_rank));
+    rs.attached = true;
+    rs.session = s;
+  }
+  s->rank = static_cast<int>(h.local_rank);
+  protocol::HelloOk ok;
+  ok.node = opt_.node;
+  ok.ranks_per_node = R_;
+  ok.samples = header_.config.samples;
+  ok.sample_bytes = sample_bytes_;
+  ok.label_bytes = label_bytes_;
+  ok.slot_bytes = buf_.slot_bytes;
+  ok.slots = buf_.slots;
+  ok.total_steps = T_;
+  ok.steps_per_epoch = header_.layout.steps;
+  if (!send_with_buffer_fd(s, frame(protocol::Op::hello_ok, &ok, sizeof ok))) {
+    spdlog::warn("rank {}: could not send the hello reply", h.local_rank);
+    return detach(s);
+  }
+  spdlog::info("local rank {} attached (pid {})", h.local_rank, h.pid);
+}
+
+// An unmodified rank's interposer (or one of its DataLoader workers): no batches, just the
+// buffer and where its index is. Any number of processes may attach this way.
+void Agent::Impl::on_xhello(const std::shared_ptr<Session>& s,
+                            const std::vector<std::uint8_t>& payload) {
+  solar_xhello h{};
+  auto refuse = [&](const std::string& why) {
+    spdlog::warn("interposer refused: {}", why);
+    send(s, frame(protocol::Op::error, why.data(), why.size()));
+  };
+  if (!parse(payload, h)) return refuse("malformed hello");
+  if (!xindex_)
+    return refuse("this agent serves batches, not file reads (start it with --transparent)");
+  static_assert(static_cast<int>(protocol::Op::xhello) == SOLAR_OP_XHELLO &&
+                static_cast<int>(protocol::Op::xhello_ok) == SOLAR_OP_XHELLO_OK);
+  const solar_xhello_ok ok{
+      buf_.map_bytes, static_cast<std::uint64_t>(reinterpret_cast<std::byte*>(xindex_) - base_)};
+  if (!send_with_buffer_fd(s, frame(protocol::Op::xhello_ok, &ok, sizeof ok)))
+    return detach(s);
+  spdlog::debug("interposer attached (pid {})", h.pid);
+}
+
+// The buffer's fd travels with the reply (SCM_RIGHTS); written synchronously, before any queued
+// message, since it is the session's first.
+bool Agent::Impl::send_with_buffer_fd(const std::shared_ptr<Session>& s,
+                                      const std::vector<std::uint8_t>& msg) {
+  struct iovec iov{const_cast<std::uint8_t*>(msg.data()), msg.size()};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  struct msghdr mh {};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  struct cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &memfd_, sizeof(int));
+  s->sock.non_blocking(false);
+  const ssize_t n = ::sendmsg(s->sock.native_handle(), &mh, MSG_NOSIGNAL);
+  s->sock.non_blocking(true);
+  return n == static_cast<ssize_t>(msg.size());
+}
+
+void Agent::Impl::detach(const std::shared_ptr<Session>& s) {
+  if (s->closed) return;
+  s->closed = true;
+  boost::system::error_code ec;
+  s->sock.close(ec);
+  if (s->rank < 0) return;
+  std::lock_guard lk(mu_);
+  RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
+  // Its cache slots are reclaimed: every admitted use not yet copied to its ring is dropped
+  // (a copy in flight drops its own).
+  const std::uint64_t from =
+      buf_.ring_depth ? rs.assembled + (rs.assembling ? 1 : 0) : rs.released;
+  for (std::uint64_t t = from; t < admitted_; ++t)
+    for (std::uint32_t a : accesses(t, static_cast<std::uint32_t>(s->rank)))
+      drop_use_locked(a & kSampleMask);
+  rs.gone = true;
+  rs.session.reset();
+  rs.waiting = false;
+  if (rs.cursor < T_)
+    spdlog::warn("local rank {} left at step {} of {}; its slots are reclaimed", s->rank,
+                 rs.cursor, T_);
+  else
+    spdlog::info("local rank {} finished", s->rank);
+}
+
+void Agent::Impl::send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg) {
+  const bool idle = s->out.empty();
+  s->out.push_back(std::move(msg));
+  if (!idle || s->closed) return;
+  auto pump = std::make_shared<std::function<void()>>();
+  *pump = [s, pump] {
+    asio::async_write(s->sock, asio::buffer(s->out.front()),
+                      [s, pump](const boost::system::error_code& ec, std::size_t) {
+                        if (ec) {
+                          s->out.clear();
+                          return;
+                        }
+                        s->out.pop_front();
+                        if (!s->out.empty()) (*pump)();
+                      });
+  };
+  (*pump)();
+}
+
+}  // namespace solar::agent

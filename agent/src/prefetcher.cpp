@@ -1,0 +1,269 @@
+// The prefetch engine (plan → storage reads → slots) and the copies of batches into the
+// ranks' rings. See agent_impl.h.
+#include <spdlog/spdlog.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+#include <stdexcept>
+
+#include "agent_impl.h"
+
+namespace solar::agent {
+
+// ---- prefetch engine -------------------------------------------------------------------
+
+// The prefetch engine: one thread walks the plan in step order — evictions, slot allocation
+// (waiting for free slots), admission of the step's uses — and queues the step's reads; a pool
+// of reader threads executes them, several steps in flight. A step becomes servable once its
+// reads and all earlier steps' are done.
+void Agent::Impl::prefetch_loop() {
+  std::vector<std::uint32_t> incoming, slots;
+  try {
+    for (std::uint64_t t = 0; t < T_; ++t) {
+      incoming.clear();
+      std::unique_lock lk(mu_);
+      if (stopping_ || !fatal_.empty()) return;
+      // The plan's evictions: free now, or once the ranks still using them release them.
+      for (std::uint32_t y : plan_.schedule.evicts_at(t))
+        if (table_.evict(y)) slot_freed_.notify_all();
+      auto want = [&](std::uint32_t x) {
+        if (table_.resurrect(x)) return;  // still here: resurrect instead of re-reading
+        incoming.push_back(x);
+      };
+      for (const FetchRun& run : plan_.schedule.fetches_at(t))
+        for (std::uint32_t x = run.first; x < run.first + run.count; ++x) want(x);
+      // Peer transfers between agents are not implemented yet: read those from storage.
+      for (const PeerFetch& pf : plan_.schedule.peers_at(t)) want(pf.sample);
+      slots.clear();
+      const auto wait_from = Clock::now();
+      for (std::size_t i = 0; i < incoming.size(); ++i) {
+        slot_freed_.wait(lk, [&] { return stopping_ || !fatal_.empty() || table_.has_free(); });
+        if (stopping_ || !fatal_.empty()) return;
+        slots.push_back(table_.take_free());
+      }
+      slot_wait_seconds_ += seconds_since(wait_from);
+      // A sample being read is pinned like a use: were it evicted before its read lands (its
+      // only user may be a rank that has left), its slot must not be handed to another sample
+      // whose read could then be overwritten by this one.
+      for (std::size_t i = 0; i < incoming.size(); ++i) table_.place(incoming[i], slots[i]);
+      fetched_ += incoming.size();
+      // Admit the step's uses now, before later steps' evictions are looked at.
+      for (std::uint32_t r = 0; r < R_; ++r) {
+        if (ranks_[r].gone) continue;
+        for (std::uint32_t a : accesses(t, r)) {
+          table_.add_use(a & kSampleMask);
+          if (a & kHitBit) ++hits_;
+        }
+      }
+      admitted_ = t + 1;
+      // The step's reads: one request list of coalesced runs (a source keeps many of them in
+      // flight), executed by a reader thread while this one goes on to the next steps.
+      std::vector<std::size_t> idx(incoming.size());
+      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      std::sort(idx.begin(), idx.end(), [&](auto a, auto b) { return incoming[a] < incoming[b]; });
+      // Split into about one job per reader thread, whole runs each, so that a step's reads
+      // run in parallel too (sources also parallelise within a job).
+      const std::size_t per_job =
+          std::max<std::size_t>(1, (idx.size() + opt_.readers - 1) / std::max(1U, opt_.readers));
+      std::uint32_t jobs = 0;
+      ReadJob job;
+      job.step = t;
+      for (std::size_t i = 0; i < idx.size();) {
+        std::size_t j = i + 1;
+        while (j < idx.size() && incoming[idx[j]] == incoming[idx[j - 1]] + 1) ++j;
+        job.runs.push_back({incoming[idx[i]], j - i});
+        for (std::size_t k = i; k < j; ++k) job.slots.push_back(slots[idx[k]]);
+        i = j;
+        if (job.slots.size() >= per_job || i == idx.size()) {
+          jobs_.push_back(std::move(job));
+          job = ReadJob{};
+          job.step = t;
+          ++jobs;
+        }
+      }
+      outstanding_[t] = jobs;
+      if (jobs) job_ready_.notify_all();
+      else complete_steps_locked();
+    }
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+}
+
+void Agent::Impl::fail(const std::string& what) {
+  spdlog::error("prefetch failed: {}", what);
+  withdraw_if_changed();  // a changed file: its old bytes must not be served any longer
+  {
+    std::lock_guard lk(mu_);
+    if (!fatal_.empty()) return;
+    fatal_ = what;
+    exit_code_ = 1;
+  }
+  slot_freed_.notify_all();
+  job_ready_.notify_all();
+  asio::post(io_, [this] { shutdown_io(); });
+}
+
+void Agent::Impl::complete_steps_locked() {
+  const std::uint64_t before = ready_;
+  while (ready_ < admitted_ && outstanding_[ready_] == 0) ++ready_;
+  if (ready_ != before) schedule_assembly_locked();
+}
+
+// A rank's next batch is copied into its ring once its step is read and the ring entry it
+// reuses (step − depth) has been released; one copy per rank in flight, by the reader pool.
+void Agent::Impl::schedule_assembly_locked(bool on_io) {
+  if (buf_.ring_depth == 0) {  // zero copy: a ready step is servable as it is
+    if (!on_io) post_serve();
+    return;
+  }
+  bool queued = false, copied = false;
+  for (bool again = true; again;) {
+    again = false;
+    for (std::uint32_t r = 0; r < R_; ++r) {
+      RankState& rs = ranks_[r];
+      if (rs.gone || rs.assembling || rs.assembled >= T_ || rs.assembled >= ready_ ||
+          rs.assembled >= rs.released + buf_.ring_depth)
+        continue;
+      if (buf_.inline_copy) {  // small batches: a thread hop would cost more than the copy
+        copy_batch(rs.assembled, r, batch_slots_locked(rs.assembled, r));
+        finish_assembly_locked(rs.assembled, r);
+        copied = again = true;
+        continue;
+      }
+      rs.assembling = true;
+      ReadJob job;
+      job.step = rs.assembled;
+      job.assemble_rank = static_cast<int>(r);
+      jobs_.push_front(std::move(job));  // before reads of later steps: ranks wait on it
+      queued = true;
+    }
+  }
+  if (queued) job_ready_.notify_all();
+  if (copied && on_io) serve_waiting_locked();
+  else if (copied) post_serve();
+}
+
+// Where rank r's batch of step t is in the cache (the step's uses pin those slots).
+std::vector<std::uint32_t> Agent::Impl::batch_slots_locked(std::uint64_t t,
+                                                            std::uint32_t r) const {
+  const auto acc = accesses(t, r);
+  std::vector<std::uint32_t> from(acc.size());
+  for (std::size_t i = 0; i < acc.size(); ++i) from[i] = table_.slot_of(acc[i] & kSampleMask);
+  return from;
+}
+
+void Agent::Impl::copy_batch(std::uint64_t t, std::uint32_t r,
+                             const std::vector<std::uint32_t>& from) {
+  for (std::size_t i = 0; i < from.size(); ++i)
+    std::memcpy(slot_ptr(ring_slot(r, t, i)), slot_ptr(from[i]), buf_.slot_bytes);
+}
+
+void Agent::Impl::finish_assembly_locked(std::uint64_t t, std::uint32_t r) {
+  RankState& rs = ranks_[r];
+  for (std::uint32_t a : accesses(t, r)) drop_use_locked(a & kSampleMask);
+  rs.assembling = false;
+  if (!rs.gone) rs.assembled = t + 1;
+}
+
+void Agent::Impl::assemble(std::uint64_t t, std::uint32_t r) {
+  std::vector<std::uint32_t> from;
+  {
+    std::lock_guard lk(mu_);
+    from = batch_slots_locked(t, r);
+  }
+  copy_batch(t, r, from);  // unlocked: neither the cache slots nor the ring entry can change
+  std::lock_guard lk(mu_);
+  finish_assembly_locked(t, r);
+  schedule_assembly_locked();
+  post_serve();
+}
+
+void Agent::Impl::write_slot(std::uint32_t slot, struct iovec* iov, int n) {
+  off_t at = static_cast<off_t>(buf_.slot_offset(slot));
+  while (n > 0) {
+    const ssize_t w = ::pwritev(memfd_, iov, n, at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw std::runtime_error(fmt::format("writing slot {} of the buffer: {}", slot,
+                                                     std::strerror(w < 0 ? errno : ENOSPC)));
+    at += w;
+    auto left = static_cast<std::size_t>(w);
+    while (n > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --n;
+    }
+    if (n > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+}
+
+void Agent::Impl::reader_loop() {
+  // Grown, never zero-filled: a std::vector would clear every byte it grows by.
+  struct Scratch {
+    std::unique_ptr<std::byte[]> p;
+    std::size_t cap = 0;
+    std::byte* get(std::size_t n) {
+      if (n > cap) {
+        p = std::make_unique_for_overwrite<std::byte[]>(n);
+        cap = n;
+      }
+      return p.get();
+    }
+  } staging_buf, label_buf;
+  for (;;) {
+    ReadJob job;
+    {
+      std::unique_lock lk(mu_);
+      job_ready_.wait(lk, [&] { return stopping_ || !fatal_.empty() || !jobs_.empty(); });
+      if (stopping_ || !fatal_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    try {
+      if (job.assemble_rank >= 0) {
+        assemble(job.step, static_cast<std::uint32_t>(job.assemble_rank));
+        continue;
+      }
+      const std::size_t n = job.slots.size();
+      const auto t0 = Clock::now();
+      std::byte* staging = staging_buf.get(n * sample_bytes_);
+      std::byte* label_staging = label_buf.get(n * label_bytes_);
+      source_->read(job.runs, staging);
+      if (label_bytes_) source_->read_labels(job.runs, label_staging);
+      // Into the slots through the memfd: the kernel fills its pages directly, without a page
+      // fault per 4 KiB of a mapping touched for the first time.
+      for (std::size_t i = 0; i < n; ++i) {
+        struct iovec iov[2] = {{staging + i * sample_bytes_, sample_bytes_},
+                               {label_staging + i * label_bytes_, label_bytes_}};
+        write_slot(job.slots[i], iov, label_bytes_ ? 2 : 1);
+      }
+      const double secs = seconds_since(t0);
+      std::lock_guard lk(mu_);
+      if (xindex_) {  // the bytes are in place: readers may copy them from now on
+        std::size_t i = 0;
+        for (const auto& run : job.runs)
+          for (std::uint64_t x = run.first; x < run.first + run.count; ++x, ++i)
+            table_.publish(static_cast<std::uint32_t>(x), job.slots[i]);
+      }
+      read_seconds_ += secs;
+      reads_ += job.runs.size();
+      bytes_read_ += job.slots.size() * sample_bytes_;
+      for (const auto& run : job.runs)  // read: the read pins go (see prefetch_loop)
+        for (std::uint64_t x = run.first; x < run.first + run.count; ++x)
+          drop_use_locked(static_cast<std::uint32_t>(x));
+      if (--outstanding_[job.step] == 0) complete_steps_locked();
+    } catch (const std::exception& e) {
+      fail(e.what());
+      return;
+    }
+  }
+}
+
+}  // namespace solar::agent

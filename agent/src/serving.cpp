@@ -1,0 +1,47 @@
+// Batch mode: the batches handed to libsolar's ranks. See agent_impl.h.
+#include <cstring>
+
+#include "agent_impl.h"
+
+namespace solar::agent {
+
+// Serves waiting ranks from the io thread (sessions are only touched there).
+void Agent::Impl::post_serve() {
+  asio::post(io_, [this] {
+    std::lock_guard lk(mu_);
+    serve_waiting_locked();
+  });
+}
+
+void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
+  const std::uint64_t t = rs.cursor;
+  const auto acc = accesses(t, r);
+  // The reply: header, BatchHead, then one BatchEntry per sample, built in place.
+  constexpr std::size_t kHead = sizeof(protocol::Header) + sizeof(protocol::BatchHead);
+  std::vector<std::uint8_t> msg(kHead + acc.size() * sizeof(protocol::BatchEntry));
+  protocol::BatchHead bh;
+  bh.step = t;
+  bh.count = static_cast<std::uint32_t>(acc.size());
+  const std::size_t at =
+      protocol::put_header(msg.data(), protocol::Op::batch, msg.size() - sizeof(protocol::Header));
+  std::memcpy(msg.data() + at, &bh, sizeof bh);
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    const std::uint32_t x = acc[i] & kSampleMask;
+    const protocol::BatchEntry e{x, buf_.ring_depth ? ring_slot(r, t, i) : table_.slot_of(x)};
+    std::memcpy(msg.data() + kHead + i * sizeof e, &e, sizeof e);
+  }
+  send(rs.session, std::move(msg));
+  rs.stall_seconds += seconds_since(rs.wait_since);
+  rs.waiting = false;
+  ++rs.cursor;
+}
+
+void Agent::Impl::serve_waiting_locked() {
+  for (std::uint32_t r = 0; r < R_; ++r) {
+    RankState& rs = ranks_[r];
+    if (rs.waiting && rs.session && rs.cursor < (buf_.ring_depth ? rs.assembled : ready_))
+      send_batch_locked(rs, r);
+  }
+}
+
+}  // namespace solar::agent

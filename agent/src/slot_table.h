@@ -1,0 +1,74 @@
+// The agent's cache slots and the samples in them: the free list, which slot holds which
+// sample, the uses pinning each sample (admitted uses of ranks, and reads in flight), the
+// zombies (evicted by the plan while still in use) and, in transparent mode, the shared index
+// entries of resident samples (solar/transparent.h). No threads and no I/O: the agent calls it
+// with its mutex held, and wakes whoever waits for a free slot when a call says one was freed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace solar::agent {
+
+class SlotTable {
+ public:
+  SlotTable() = default;
+  // Slots 0..cache_slots-1, all free; take_free() hands them out in ascending order.
+  explicit SlotTable(std::uint64_t cache_slots);
+
+  // Transparent mode: the index's entries (one per sample of the dataset), written by
+  // publish() and free_slot(). Without them, publish() and unpublish() do nothing.
+  void attach_index(std::uint64_t* entries) { entries_ = entries; }
+
+  bool has_free() const { return !free_.empty(); }
+  std::size_t free_slots() const { return free_.size(); }
+  // A free slot, taken off the free list; there must be one (has_free()).
+  std::uint32_t take_free();
+
+  // `sample` is being read into `slot`: it is resident there, and its read pins it like a use
+  // until the read lands (drop_use; see prefetch_loop for why).
+  void place(std::uint32_t sample, std::uint32_t slot);
+  // An admitted use of a resident sample (a rank's access): pins it until drop_use().
+  void add_use(std::uint32_t sample);
+  // Drops one use (or read pin); frees the slot of a zombie whose last use this was. Returns
+  // whether a slot was freed. A sample without uses is left alone.
+  bool drop_use(std::uint32_t sample);
+  // The plan evicts `sample`: its slot is freed now, or once the ranks still using it release
+  // it (it is a zombie until then). Returns whether a slot was freed.
+  bool evict(std::uint32_t sample);
+  // The plan wants `sample` again: a zombie is still here, so it stays in its slot instead of
+  // being re-read. Returns whether it was a zombie.
+  bool resurrect(std::uint32_t sample);
+  // Frees the sample's slot (unpublished first); a sample without a slot is left alone.
+  // Returns whether a slot was freed.
+  bool free_slot(std::uint32_t sample);
+
+  // The slot of a resident (or zombie) sample; throws std::out_of_range for any other.
+  std::uint32_t slot_of(std::uint32_t sample) const { return slot_of_.at(sample); }
+  bool resident(std::uint32_t sample) const { return slot_of_.count(sample) != 0; }
+  bool zombie(std::uint32_t sample) const { return zombie_.count(sample) != 0; }
+  std::uint32_t uses(std::uint32_t sample) const {
+    const auto it = pending_.find(sample);
+    return it == pending_.end() ? 0 : it->second;
+  }
+
+  // Transparent mode: the sample's bytes are in `slot`: readers may copy them from now on. Each
+  // publication takes a new generation, so a reader sees a slot recycled during its copy.
+  void publish(std::uint32_t sample, std::uint32_t slot);
+  // The sample is no longer served (its entry is 0).
+  void unpublish(std::uint32_t sample);
+  std::uint64_t generation() const { return gen_; }
+
+ private:
+  std::vector<std::uint32_t> free_;
+  std::unordered_map<std::uint32_t, std::uint32_t> slot_of_;  // resident or zombie
+  std::unordered_map<std::uint32_t, std::uint32_t> pending_;  // admitted uses + reads in flight
+  std::unordered_set<std::uint32_t> zombie_;                  // evicted by plan, still in use
+  std::uint64_t* entries_ = nullptr;
+  std::uint64_t gen_ = 0;
+};
+
+}  // namespace solar::agent

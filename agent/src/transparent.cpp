@@ -1,0 +1,122 @@
+// Transparent mode: the shared sample index the interposer serves reads from (extent mode),
+// and eviction paced on the samples unmodified ranks consume. See agent_impl.h.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <thread>
+
+#include "agent_impl.h"
+#include "solar/storage/hdf5_source.h"
+
+namespace solar::agent {
+
+// ---- transparent mode ---------------------------------------------------------------------
+
+void Agent::Impl::setup_index() {
+  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(source_.get());
+  if (!h5 || !h5->sample_offset(0))
+    throw AgentError(fmt::format(
+        "--transparent serves reads of an HDF5 dataset whose samples lie in the file as raw "
+        "bytes (contiguous, or unfiltered chunks of whole samples); {} is not one (compressed "
+        "datasets and solar-stored are not served transparently: use solar's loader, or "
+        "rewrite the dataset with `h5repack -l CONTI`)",
+        source_->describe()));
+  struct stat st {};
+  if (::stat(h5->path().c_str(), &st) != 0 || storage::file_identity(st) != h5->identity())
+    throw AgentError(fmt::format("{}: the file changed while the agent opened it; start again",
+                                 h5->path()));
+  auto* x = reinterpret_cast<solar_xindex*>(base_ + buf_.index_offset);
+  const std::uint64_t N = header_.config.samples;
+  x->samples = N;
+  x->sample_bytes = sample_bytes_;
+  x->slot_bytes = buf_.slot_bytes;
+  x->data_offset = h5->raw_offset().value_or(0);
+  x->file_dev = st.st_dev;
+  x->file_ino = st.st_ino;
+  x->file_size = static_cast<std::uint64_t>(st.st_size);
+  x->file_mtime_sec = st.st_mtim.tv_sec;
+  x->file_mtime_nsec = st.st_mtim.tv_nsec;
+  x->entries_offset = buf_.entries_offset;
+  x->consumed_offset = buf_.consumed_offset;
+  x->extents_offset = buf_.extents_offset;
+  x->extents = 0;
+  if (!h5->raw_offset()) {  // chunked: where each sample is, sorted by file offset
+    auto* ext = reinterpret_cast<solar_xextent*>(base_ + x->extents_offset);
+    for (std::uint64_t i = 0; i < N; ++i) ext[i] = {*h5->sample_offset(i), i};
+    std::sort(ext, ext + N, [](const solar_xextent& a, const solar_xextent& b) {
+      return a.offset < b.offset;
+    });
+    x->extents = N;
+  }
+  table_.attach_index(reinterpret_cast<std::uint64_t*>(base_ + x->entries_offset));
+  xconsumed_ = reinterpret_cast<std::uint32_t*>(base_ + x->consumed_offset);
+  std::atomic_ref<std::uint64_t>(x->magic).store(SOLAR_XINDEX_MAGIC, std::memory_order_release);
+  xindex_ = x;
+  // need_[i]: how many times access i's sample has been used on this node up to and including
+  // access i, in plan order; once its consumed counter reaches that, access i has happened.
+  std::vector<std::uint32_t> count(N, 0);
+  need_.resize(plan_.accesses.size());
+  for (std::size_t i = 0; i < plan_.accesses.size(); ++i)
+    need_[i] = ++count[plan_.accesses[i] & kSampleMask];
+}
+
+// Transparent mode: when the dataset file has changed since the agent opened it, tells every
+// interposer to serve nothing more from the buffer (they read the file instead) and says so.
+bool Agent::Impl::withdraw_if_changed() {
+  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(source_.get());
+  if (!xindex_ || !h5) return false;
+  if (std::atomic_ref<std::uint64_t>(xindex_->withdrawn).load(std::memory_order_acquire))
+    return true;
+  try {
+    h5->check_unchanged();
+    return false;
+  } catch (const storage::StorageError& e) {
+    std::atomic_ref<std::uint64_t>(xindex_->withdrawn).store(1, std::memory_order_release);
+    spdlog::error("{}; the unmodified ranks read the file from now on", e.what());
+    return true;
+  }
+}
+
+// Unmodified ranks send no requests: a rank's step counts as done (its uses are dropped, so
+// the plan's evictions may proceed) once every sample of its batch has been read as often as
+// the plan says it will have been by then. A script that reads another order never completes
+// a step: the agent then keeps what it has and the reads it misses go to the file.
+void Agent::Impl::pace_loop() {
+  auto next_check = Clock::now();
+  for (;;) {
+    if (Clock::now() >= next_check) {  // the file rewritten in place: stop serving its old bytes
+      if (withdraw_if_changed()) {
+        fail("the dataset file changed during the run; the buffer no longer serves it");
+        return;
+      }
+      next_check = Clock::now() + std::chrono::milliseconds(500);
+    }
+    {
+      std::lock_guard lk(mu_);
+      if (stopping_ || !fatal_.empty()) return;
+      std::uint64_t least = T_;
+      for (std::uint32_t r = 0; r < R_; ++r) {
+        RankState& rs = ranks_[r];
+        while (rs.released < admitted_) {
+          const std::uint64_t at = plan_.rank_offsets[rs.released * R_ + r];
+          const auto acc = accesses(rs.released, r);
+          bool done = true;
+          for (std::size_t k = 0; k < acc.size() && done; ++k)
+            done = std::atomic_ref<std::uint32_t>(xconsumed_[acc[k] & kSampleMask])
+                       .load(std::memory_order_relaxed) >= need_[at + k];
+          if (!done) break;
+          for (std::uint32_t a : acc) drop_use_locked(a & kSampleMask);
+          rs.cursor = ++rs.released;
+        }
+        least = std::min(least, rs.released);
+      }
+      paced_steps_ = least;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace solar::agent

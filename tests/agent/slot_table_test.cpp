@@ -1,0 +1,400 @@
+// The agent's slot table (free list, pins, evictions, zombies, index entries) and its buffer
+// layout, without threads or I/O (agent/src/slot_table.h, agent/src/buffer_layout.h).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "buffer_layout.h"
+#include "slot_table.h"
+#include "solar/core/config.h"
+#include "solar/transparent.h"
+
+namespace solar::agent {
+namespace {
+
+std::uint64_t entry(std::uint64_t gen, std::uint32_t slot) {
+  return (gen << 32) | (std::uint64_t{slot} + 1);
+}
+
+// Takes every free slot; the table is full afterwards.
+std::vector<std::uint32_t> take_all(SlotTable& t) {
+  std::vector<std::uint32_t> out;
+  while (t.has_free()) out.push_back(t.take_free());
+  return out;
+}
+
+// A sample read into a fresh slot whose read has landed: resident, no uses.
+std::uint32_t load(SlotTable& t, std::uint32_t sample) {
+  const std::uint32_t slot = t.take_free();
+  t.place(sample, slot);
+  t.drop_use(sample);
+  return slot;
+}
+
+TEST(SlotTable, HandsOutEverySlotOnceInAscendingOrderUntilFull) {
+  SlotTable t(5);
+  EXPECT_TRUE(t.has_free());
+  EXPECT_EQ(t.free_slots(), 5U);
+  EXPECT_EQ(take_all(t), (std::vector<std::uint32_t>{0, 1, 2, 3, 4}));
+  EXPECT_FALSE(t.has_free());
+  EXPECT_EQ(t.free_slots(), 0U);
+  EXPECT_THROW(t.take_free(), std::logic_error);
+}
+
+TEST(SlotTable, EmptyTableHasNoSlots) {
+  SlotTable t;
+  EXPECT_FALSE(t.has_free());
+  EXPECT_THROW(t.take_free(), std::logic_error);
+}
+
+TEST(SlotTable, PlacedSampleIsResidentAndPinnedUntilItsReadLands) {
+  SlotTable t(2);
+  const std::uint32_t s = t.take_free();
+  t.place(7, s);
+  EXPECT_TRUE(t.resident(7));
+  EXPECT_EQ(t.slot_of(7), s);
+  EXPECT_EQ(t.uses(7), 1U);  // the read pin
+  // Evicted while its read is in flight: the slot must not go back to the free list.
+  EXPECT_FALSE(t.evict(7));
+  EXPECT_TRUE(t.zombie(7));
+  EXPECT_EQ(t.free_slots(), 1U);
+  // The read lands: its pin was the last use, the slot is freed.
+  EXPECT_TRUE(t.drop_use(7));
+  EXPECT_FALSE(t.resident(7));
+  EXPECT_FALSE(t.zombie(7));
+  EXPECT_EQ(t.free_slots(), 2U);
+}
+
+TEST(SlotTable, ReadLandingDoesNotFreeAResidentSample) {
+  SlotTable t(2);
+  const std::uint32_t s = t.take_free();
+  t.place(7, s);
+  EXPECT_FALSE(t.drop_use(7));
+  EXPECT_TRUE(t.resident(7));
+  EXPECT_EQ(t.slot_of(7), s);
+  EXPECT_EQ(t.uses(7), 0U);
+  EXPECT_EQ(t.free_slots(), 1U);
+}
+
+TEST(SlotTable, EvictionWithoutUsesFreesAtOnceAndTheSlotIsReused) {
+  SlotTable t(3);
+  const std::uint32_t s = load(t, 4);
+  load(t, 5);
+  EXPECT_EQ(t.free_slots(), 1U);
+  EXPECT_TRUE(t.evict(4));
+  EXPECT_FALSE(t.resident(4));
+  EXPECT_FALSE(t.zombie(4));
+  EXPECT_THROW((void)t.slot_of(4), std::out_of_range);
+  EXPECT_EQ(t.free_slots(), 2U);
+  EXPECT_EQ(t.take_free(), s);  // the slot just freed comes back first
+  EXPECT_TRUE(t.resident(5));
+}
+
+TEST(SlotTable, EvictedSampleWithUsesIsAZombieFreedOnlyWhenTheLastUseDrops) {
+  SlotTable t(2);
+  const std::uint32_t s = load(t, 9);
+  t.add_use(9);
+  t.add_use(9);
+  t.add_use(9);
+  EXPECT_EQ(t.uses(9), 3U);
+  EXPECT_FALSE(t.evict(9));
+  EXPECT_TRUE(t.zombie(9));
+  EXPECT_TRUE(t.resident(9));
+  EXPECT_EQ(t.slot_of(9), s);
+  EXPECT_EQ(t.free_slots(), 1U);
+  EXPECT_FALSE(t.drop_use(9));
+  EXPECT_FALSE(t.drop_use(9));
+  EXPECT_TRUE(t.zombie(9));
+  EXPECT_EQ(t.free_slots(), 1U);
+  EXPECT_TRUE(t.drop_use(9));  // the last one
+  EXPECT_FALSE(t.zombie(9));
+  EXPECT_FALSE(t.resident(9));
+  EXPECT_EQ(t.uses(9), 0U);
+  EXPECT_EQ(t.free_slots(), 2U);
+}
+
+TEST(SlotTable, ResurrectedZombieKeepsItsSlotAndIsNotFreedByItsLastUse) {
+  SlotTable t(2);
+  const std::uint32_t s = load(t, 3);
+  t.add_use(3);
+  EXPECT_FALSE(t.evict(3));
+  ASSERT_TRUE(t.zombie(3));
+  EXPECT_TRUE(t.resurrect(3));  // wanted again before its uses were done
+  EXPECT_FALSE(t.zombie(3));
+  EXPECT_EQ(t.slot_of(3), s);
+  EXPECT_FALSE(t.drop_use(3));
+  EXPECT_TRUE(t.resident(3));
+  EXPECT_EQ(t.slot_of(3), s);
+  EXPECT_EQ(t.free_slots(), 1U);
+  // Only a zombie is resurrected.
+  EXPECT_FALSE(t.resurrect(3));
+  EXPECT_FALSE(t.resurrect(42));
+  EXPECT_TRUE(t.resident(3));
+}
+
+TEST(SlotTable, ZombieEvictedAgainAfterResurrectionIsFreedOnItsLastUse) {
+  SlotTable t(1);
+  load(t, 3);
+  t.add_use(3);
+  EXPECT_FALSE(t.evict(3));
+  EXPECT_TRUE(t.resurrect(3));
+  t.add_use(3);
+  EXPECT_FALSE(t.evict(3));
+  EXPECT_FALSE(t.drop_use(3));
+  EXPECT_TRUE(t.drop_use(3));
+  EXPECT_FALSE(t.resident(3));
+  EXPECT_EQ(t.free_slots(), 1U);
+}
+
+TEST(SlotTable, DoubleFreeAndUnknownSamplesAreNoOps) {
+  SlotTable t(3);
+  load(t, 1);
+  const std::uint32_t s2 = load(t, 2);
+  EXPECT_EQ(t.free_slots(), 1U);
+  EXPECT_FALSE(t.free_slot(77));
+  EXPECT_FALSE(t.evict(77));
+  EXPECT_FALSE(t.zombie(77));
+  EXPECT_FALSE(t.drop_use(77));
+  EXPECT_EQ(t.uses(77), 0U);
+  EXPECT_EQ(t.free_slots(), 1U);
+  EXPECT_TRUE(t.free_slot(2));
+  EXPECT_FALSE(t.free_slot(2));
+  EXPECT_FALSE(t.evict(2));
+  EXPECT_EQ(t.free_slots(), 2U);
+  // The slot was returned once: no slot is handed out twice.
+  const std::vector<std::uint32_t> all = take_all(t);
+  EXPECT_EQ(all.size(), 2U);
+  EXPECT_EQ(std::set<std::uint32_t>(all.begin(), all.end()).size(), all.size());
+  EXPECT_NE(std::find(all.begin(), all.end(), s2), all.end());
+  EXPECT_TRUE(t.resident(1));
+}
+
+TEST(SlotTable, DroppingMoreUsesThanAddedDoesNotUnderflow) {
+  SlotTable t(2);
+  load(t, 6);
+  EXPECT_FALSE(t.drop_use(6));  // no uses left
+  EXPECT_EQ(t.uses(6), 0U);
+  t.add_use(6);
+  EXPECT_EQ(t.uses(6), 1U);
+  EXPECT_FALSE(t.drop_use(6));
+  // Not pinned: evicted at once rather than left a zombie.
+  EXPECT_TRUE(t.evict(6));
+  EXPECT_FALSE(t.zombie(6));
+}
+
+TEST(SlotTable, ExplicitFreeOfAZombieReturnsItsSlotOnce) {
+  SlotTable t(1);
+  load(t, 8);
+  t.add_use(8);
+  EXPECT_FALSE(t.evict(8));
+  EXPECT_TRUE(t.free_slot(8));
+  EXPECT_FALSE(t.zombie(8));
+  EXPECT_EQ(t.free_slots(), 1U);
+  EXPECT_FALSE(t.drop_use(8));  // its last use: nothing left to free
+  EXPECT_EQ(t.free_slots(), 1U);
+}
+
+// ---- the transparent index ----------------------------------------------------------------
+
+TEST(SlotTableIndex, PublishedOnlyAfterTheWriteWithANewGenerationEachTime) {
+  std::vector<std::uint64_t> entries(16, 0);
+  SlotTable t(4);
+  t.attach_index(entries.data());
+  EXPECT_EQ(t.generation(), 0U);
+  const std::uint32_t a = t.take_free();
+  t.place(3, a);
+  EXPECT_EQ(entries[3], 0U);  // being read: not served yet
+  t.publish(3, a);            // the reader, once the bytes are in place
+  EXPECT_EQ(entries[3], entry(1, a));
+  EXPECT_EQ(t.generation(), 1U);
+  const std::uint32_t b = t.take_free();
+  t.place(5, b);
+  t.publish(5, b);
+  EXPECT_EQ(entries[5], entry(2, b));
+  EXPECT_EQ(entries[3], entry(1, a));
+  t.drop_use(3);
+  t.drop_use(5);
+  EXPECT_EQ(std::count(entries.begin(), entries.end(), 0U), 14);
+}
+
+TEST(SlotTableIndex, FreedSlotIsUnpublishedBeforeItCanBeReused) {
+  std::vector<std::uint64_t> entries(16, 0);
+  SlotTable t(1);
+  t.attach_index(entries.data());
+  const std::uint32_t s = t.take_free();
+  t.place(3, s);
+  t.publish(3, s);
+  t.drop_use(3);
+  const std::uint64_t first = entries[3];
+  ASSERT_NE(first, 0U);
+  EXPECT_FALSE(t.has_free());
+  EXPECT_TRUE(t.evict(3));
+  EXPECT_EQ(entries[3], 0U);  // cleared as the slot went back, before anyone can take it
+  ASSERT_EQ(t.take_free(), s);
+  t.place(11, s);
+  EXPECT_EQ(entries[11], 0U);
+  EXPECT_EQ(entries[3], 0U);
+  t.publish(11, s);
+  // Same slot, another generation: a reader that saw the old entry sees the change.
+  EXPECT_EQ(entries[11], entry(2, s));
+  EXPECT_NE(entries[11] >> 32, first >> 32);
+  EXPECT_EQ(entries[3], 0U);
+}
+
+TEST(SlotTableIndex, ZombieStaysServedUntilItsLastUseDrops) {
+  std::vector<std::uint64_t> entries(8, 0);
+  SlotTable t(2);
+  t.attach_index(entries.data());
+  const std::uint32_t s = t.take_free();
+  t.place(2, s);
+  t.publish(2, s);
+  t.drop_use(2);
+  t.add_use(2);
+  EXPECT_FALSE(t.evict(2));
+  EXPECT_EQ(entries[2], entry(1, s));  // still in its slot, still in use
+  EXPECT_TRUE(t.drop_use(2));
+  EXPECT_EQ(entries[2], 0U);
+}
+
+TEST(SlotTableIndex, FreeingAnUnknownSampleLeavesEntriesAlone) {
+  std::vector<std::uint64_t> entries(8, 0);
+  SlotTable t(2);
+  t.attach_index(entries.data());
+  const std::uint32_t s = load(t, 1);
+  t.publish(1, s);
+  const std::vector<std::uint64_t> before = entries;
+  EXPECT_FALSE(t.free_slot(4));
+  EXPECT_FALSE(t.evict(4));
+  EXPECT_FALSE(t.drop_use(4));
+  EXPECT_EQ(entries, before);
+  t.unpublish(1);
+  EXPECT_EQ(entries[1], 0U);
+  EXPECT_TRUE(t.resident(1));  // unpublishing alone frees nothing
+}
+
+TEST(SlotTableIndex, WithoutAnIndexPublishingDoesNothing) {
+  SlotTable t(2);
+  const std::uint32_t s = load(t, 1);
+  t.publish(1, s);
+  t.unpublish(1);
+  EXPECT_EQ(t.generation(), 0U);
+  EXPECT_TRUE(t.evict(1));
+}
+
+// ---- buffer layout --------------------------------------------------------------------------
+
+PlanConfig small_config() {
+  PlanConfig c;
+  c.samples = 10001;
+  c.sample_bytes = 1000;
+  c.ranks_per_node = 4;
+  c.batch = 16;
+  c.imbalance = 2;
+  return c;
+}
+
+TEST(BufferLayout, RingsFillTheBudgetCoreFittedThePlanTo) {
+  for (const std::uint32_t staging : {1U, 2U, 3U}) {
+    for (const std::uint64_t label : {0ULL, 4ULL}) {
+      PlanConfig c = small_config();
+      const std::uint64_t budget = 8ULL << 20;
+      fit_plan_to_agent_budget(c, budget, label, staging);
+      BufferOptions o;
+      o.staging_steps = staging;
+      const BufferLayout b = buffer_layout(c, label, o);
+      SCOPED_TRACE(testing::Message() << "staging " << staging << ", label " << label);
+      EXPECT_EQ(b.slot_bytes, agent_slot_bytes(c.sample_bytes, label));
+      EXPECT_EQ(b.slot_bytes, 1024U);
+      EXPECT_EQ(b.ring_batch, 18U);
+      EXPECT_EQ(b.ring_depth, staging);
+      EXPECT_EQ(b.cache_slots, c.buffer_samples());
+      EXPECT_EQ(b.slots, b.cache_slots + 4U * staging * 18U);
+      EXPECT_EQ(b.slots, budget / b.slot_bytes);  // the whole budget, no more
+      EXPECT_EQ(b.map_bytes, b.slots * b.slot_bytes);
+      EXPECT_LE(b.map_bytes, budget);
+    }
+  }
+}
+
+TEST(BufferLayout, ZeroCopyAndTransparentKeepTheStagingSlotsInTheCache) {
+  PlanConfig c = small_config();
+  const std::uint64_t budget = 8ULL << 20;
+  fit_plan_to_agent_budget(c, budget, 0);
+  BufferOptions rings;
+  const BufferLayout r = buffer_layout(c, 0, rings);
+  for (const bool transparent : {false, true}) {
+    BufferOptions o;
+    o.zero_copy = !transparent;
+    o.transparent = transparent;
+    const BufferLayout b = buffer_layout(c, 0, o);
+    EXPECT_EQ(b.ring_depth, 0U);
+    EXPECT_EQ(b.slots, r.slots);  // the same slots, all of them cache slots
+    EXPECT_EQ(b.cache_slots, b.slots);
+    EXPECT_EQ(b.cache_slots, c.buffer_samples() + kAgentStagingSteps * 4U * 18U);
+  }
+}
+
+TEST(BufferLayout, APlanHoldingLessThanAStepStillGetsAStepOfCacheSlots) {
+  PlanConfig c = small_config();
+  c.buffer_bytes = 10 * c.sample_bytes;  // policy none: under R·(b+δ) = 72
+  const BufferLayout b = buffer_layout(c, 0, BufferOptions{});
+  EXPECT_EQ(b.cache_slots, 72U);
+  EXPECT_EQ(b.slots, 72U + 4U * kAgentStagingSteps * 18U);
+}
+
+TEST(BufferLayout, RingSlotsTileTheSpaceAfterTheCacheSlots) {
+  PlanConfig c = small_config();
+  c.buffer_bytes = 500 * c.sample_bytes;
+  BufferOptions o;
+  o.staging_steps = 3;
+  const BufferLayout b = buffer_layout(c, 0, o);
+  std::set<std::uint32_t> seen;
+  for (std::uint32_t r = 0; r < 4; ++r)
+    for (std::uint64_t t = 0; t < 3; ++t)
+      for (std::size_t i = 0; i < b.ring_batch; ++i) {
+        const std::uint32_t s = b.ring_slot(r, t, i);
+        EXPECT_GE(s, b.cache_slots);
+        EXPECT_LT(s, b.slots);
+        EXPECT_TRUE(seen.insert(s).second) << "rank " << r << " step " << t << " slot " << i;
+        EXPECT_EQ(b.ring_slot(r, t + 3, i), s);  // step t + depth reuses step t's entry
+      }
+  EXPECT_EQ(seen.size(), b.slots - b.cache_slots);
+  EXPECT_EQ(b.slot_offset(b.ring_slot(1, 0, 0)), (500U + 3U * 18U) * b.slot_bytes);
+}
+
+TEST(BufferLayout, TransparentIndexFollowsTheSlotsPageAligned) {
+  PlanConfig c = small_config();  // N = 10001: the consumed counters need padding
+  c.buffer_bytes = 333 * c.sample_bytes;
+  BufferOptions o;
+  o.transparent = true;
+  o.page_bytes = 4096;
+  const BufferLayout b = buffer_layout(c, 4, o);
+  const std::uint64_t N = c.samples;
+  const std::uint64_t slots_end = b.slots * b.slot_bytes;
+  EXPECT_EQ(b.index_offset % 4096, 0U);
+  EXPECT_GE(b.index_offset, slots_end);
+  EXPECT_LT(b.index_offset, slots_end + 4096);
+  EXPECT_EQ(b.entries_offset, b.index_offset + sizeof(solar_xindex));
+  EXPECT_EQ(b.consumed_offset, b.entries_offset + N * 8);
+  EXPECT_EQ(b.extents_offset, b.consumed_offset + 40008U);  // 4·N rounded up to 8
+  EXPECT_EQ(b.extents_offset % 8, 0U);
+  EXPECT_EQ(b.map_bytes, b.extents_offset + N * sizeof(solar_xextent));
+  o.page_bytes = 65536;
+  EXPECT_EQ(buffer_layout(c, 4, o).index_offset % 65536, 0U);
+}
+
+TEST(BufferLayout, SmallBatchesAreCopiedInline) {
+  PlanConfig c = small_config();  // 18 slots of 1 KiB
+  c.buffer_bytes = 100 * c.sample_bytes;
+  EXPECT_TRUE(buffer_layout(c, 0, BufferOptions{}).inline_copy);
+  c.sample_bytes = 64 * 1024;  // 18 × 64 KiB > 512 KiB
+  c.buffer_bytes = 100 * c.sample_bytes;
+  EXPECT_FALSE(buffer_layout(c, 0, BufferOptions{}).inline_copy);
+}
+
+}  // namespace
+}  // namespace solar::agent
