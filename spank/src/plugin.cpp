@@ -2,6 +2,7 @@
 // in (srun_side.cpp: srun, sbatch, salloc; stepd_side.cpp: a node's slurmstepd and slurmd's
 // job epilog). No exception leaves this file.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <vector>
@@ -37,9 +38,23 @@ int guarded(const char* where, F&& f) {
   return -1;
 }
 
+// A refusal on the submitting side (srun, sbatch, salloc) must stop the job whatever
+// plugstack.conf says: with an `optional` line Slurm reports a failing plugin and goes on.
+// Nothing is allocated or launched yet where this is called (option parsing, init_post_opt,
+// srun's local_user_init before the launch), so the process exits after our one line.
+int stop_if_refused(int rc) {
+  if (rc == 0) return 0;
+  const spank_context_t ctx = spank_context();
+  if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR) {
+    std::fflush(nullptr);
+    std::exit(1);
+  }
+  return rc;
+}
+
 // One callback for the whole option table: `val` is the JobOptions field.
 int on_option(int val, const char* optarg, int /*remote*/) {
-  return guarded("option", [&] {
+  return stop_if_refused(guarded("option", [&] {
     try {
       g_state.options.set(val, optarg ? optarg : "");
     } catch (const ConfigError& e) {
@@ -47,7 +62,7 @@ int on_option(int val, const char* optarg, int /*remote*/) {
       return -1;
     }
     return 0;
-  });
+  }));
 }
 
 int load_config(int argc, char** argv) {
@@ -98,17 +113,17 @@ int slurm_spank_init(spank_t sp, int argc, char** argv) {
 }
 
 int slurm_spank_init_post_opt(spank_t sp, int, char**) {
-  return guarded("init_post_opt", [&] {
+  return stop_if_refused(guarded("init_post_opt", [&] {
     switch (spank_context()) {
       case S_CTX_LOCAL:
       case S_CTX_ALLOCATOR: return validate_options(sp, g_state);
       default: return 0;
     }
-  });
+  }));
 }
 
 int slurm_spank_local_user_init(spank_t sp, int, char**) {
-  return guarded("local_user_init", [&] { return plan_step(sp, g_state); });
+  return stop_if_refused(guarded("local_user_init", [&] { return plan_step(sp, g_state); }));
 }
 
 int slurm_spank_user_init(spank_t sp, int, char**) {

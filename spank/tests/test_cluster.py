@@ -56,10 +56,10 @@ class Cluster:
         return subprocess.run([CLUSTER, *args], env=self.env, capture_output=True, text=True,
                               timeout=120, check=check)
 
-    def plugstack(self, extra=""):
+    def plugstack(self, extra="", line="required"):
         """Rewrites plugstack.conf (srun and slurmstepd read it at every step)."""
         with open(os.path.join(self.dir, "plugstack.conf"), "w") as f:
-            f.write(f"required {SPANK} agent={AGENT} plan_dir={self.plans} "
+            f.write(f"{line} {SPANK} agent={AGENT} plan_dir={self.plans} "
                     f"runtime_dir={self.run_dir} preload={PRELOAD} {extra}\n")
 
     def run(self, *args, user=None, timeout=180, cwd=None):
@@ -358,3 +358,42 @@ def test_site_can_forbid_transparent(cluster, dataset):
     lines = [l for l in p.stderr.splitlines() if "error: solar: " in l]
     assert len(lines) == 1 and "--solar-transparent" in lines[0] and "transparent=no" in lines[0], \
         p.stderr
+
+
+@pytest.mark.parametrize("line", ["optional", "required"])
+@pytest.mark.parametrize("command", ["srun", "sbatch", "salloc"])
+@pytest.mark.parametrize("bad,named", [
+    (["--solar-buffer=lots"], "--solar-buffer"),
+    (["--solar-dataset=/nonexistent/x.h5"], "--solar-dataset"),
+    (["--solar-buffer="], "--solar-buffer"),  # dropped below: a missing --solar-buffer
+])
+def test_bad_settings_stop_the_job_under_either_plugstack_line(cluster, dataset, line, command,
+                                                               bad, named):
+    """With `optional` Slurm itself would report the plugin's failure and go on: solar stops
+    srun, sbatch and salloc anyway, before anything is allocated, with one line naming the
+    option."""
+    cluster.plugstack(line=line)
+    key = bad[0].split("=")[0]
+    args = [a for a in solar_args(dataset) if not a.startswith(key + "=")]
+    if bad[0] != "--solar-buffer=":
+        args += bad
+    if command == "srun":
+        p = cluster.run("srun", "-N1", *args, "echo", "RAN")
+    elif command == "sbatch":
+        p = cluster.run("sbatch", "-N1", *args, "--wrap", "echo RAN")
+    else:
+        p = cluster.run("salloc", "-N1", *args, "echo", "RAN")
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "RAN" not in p.stdout and "Submitted batch job" not in p.stdout, p.stdout
+    assert "Granted job allocation" not in p.stderr, p.stderr
+    lines = [l for l in p.stderr.splitlines() if "error: solar: " in l]
+    assert len(lines) == 1 and named in lines[0], p.stderr
+    assert not cluster.jobs()
+
+
+@pytest.mark.parametrize("line", ["optional", "required"])
+def test_step_shape_error_stops_the_step_under_either_line(cluster, dataset, line):
+    cluster.plugstack(line=line)
+    p = cluster.run("srun", "-N2", "-n3", *solar_args(dataset), "echo", "RAN")
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "RAN" not in p.stdout and "--ntasks-per-node" in p.stderr, p.stdout + p.stderr
