@@ -23,7 +23,11 @@ class Batch {
   Batch(solar_loader* l, solar_batch* b) : loader_(l), batch_(b) {}
   Batch(Batch&& o) noexcept : loader_(o.loader_), batch_(std::exchange(o.batch_, nullptr)) {}
   Batch& operator=(Batch&&) = delete;
-  ~Batch() { release(); }
+  // Releases the batch; never throws (a destructor that throws ends in std::terminate). A
+  // release that fails here leaves the step held, so the loader's next() reports it.
+  ~Batch() {
+    if (batch_) solar_release(loader_, std::exchange(batch_, nullptr));
+  }
 
   std::size_t size() const { return solar_batch_size(batch_); }
   std::uint64_t step() const { return solar_batch_step(batch_); }
@@ -44,6 +48,7 @@ class Batch {
   }
   // Loss weight that keeps gradients unbiased when batch sizes differ (δ > 0).
   double weight() const { return double(size()) / solar_batch_mean_size(batch_); }
+  // Releases now, reporting a failure (Error); the destructor then does nothing.
   void release() {
     if (batch_ && solar_release(loader_, std::exchange(batch_, nullptr)) != 0)
       throw Error(solar_last_error());
