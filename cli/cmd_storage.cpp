@@ -554,6 +554,42 @@ void add_storage_commands(CLI::App& app) {
   v->flags.add(verify);
   verify->callback([v] { run_verify(*v); });
 
+  // What the SPANK plugin needs from a dataset, read in this separate process so that the
+  // plugin itself never loads HDF5, MPI or libfabric into srun or slurmstepd.
+  struct InfoOptions {
+    std::string source, labels = "/label", provider;
+  };
+  auto in = std::make_shared<InfoOptions>();
+  CLI::App* info = app.add_subcommand(
+      "dataset-info",
+      "Print a dataset's shape and identity as one JSON line: samples, sample_bytes, "
+      "label_bytes (0: no labels), shape, dtype, layout, identity. Exit code 2 with one line "
+      "naming the problem when it cannot be read. Used by the Slurm plugin.");
+  info->add_option("source", in->source, "FILE.h5:/dataset (default /data) or fabric://HOST:PORT/NAME")
+      ->required();
+  info->add_option("--labels", in->labels, "Labels dataset ('' for none) [/label]");
+  info->add_option("--provider", in->provider, "libfabric provider for fabric:// sources");
+  info->callback([in] {
+    storage::SourceOptions so;
+    so.label_dataset = in->labels;
+    so.provider = in->provider;
+    try {
+      const auto src = storage::open_source(in->source, so);
+      const auto& i = src->info();
+      fmt::print("{}\n", nlohmann::json{{"samples", i.samples},
+                                         {"sample_bytes", i.sample_bytes},
+                                         {"label_bytes", i.has_labels ? i.label_bytes : 0},
+                                         {"shape", i.shape_string()},
+                                         {"dtype", std::string(storage::to_string(i.dtype))},
+                                         {"layout", i.layout},
+                                         {"identity", src->identity()}}
+                                  .dump());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      exit_code() = kExitUsage;
+    }
+  });
+
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks.");
   bench->require_subcommand(1);
   auto b = std::make_shared<BenchOptions>();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 namespace solar::spank {
 namespace {
@@ -44,11 +45,13 @@ PluginConfig PluginConfig::parse(const std::vector<std::string>& args) {
     const auto eq = arg.find('=');
     if (eq == std::string::npos)
       throw ConfigError(arg, "plugstack.conf arguments are key=value; known keys: agent, "
-                             "plan_dir, runtime_dir, max_buffer, provider, on_error, timeout, "
-                             "zero_copy, transparent, preload");
+                             "solar, plan_dir, runtime_dir, max_buffer, provider, on_error, "
+                             "timeout, zero_copy, transparent, preload");
     const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
     if (key == "agent") {
       c.agent = absolute_path(key, value);
+    } else if (key == "solar") {
+      c.solar = absolute_path(key, value);
     } else if (key == "plan_dir") {
       c.plan_dir = absolute_path(key, value);
     } else if (key == "runtime_dir") {
@@ -74,9 +77,9 @@ PluginConfig PluginConfig::parse(const std::vector<std::string>& args) {
     } else if (key == "timeout") {
       c.timeout_s = static_cast<double>(parse_count(value, key, 1, 3600));
     } else {
-      throw ConfigError(key, "unknown plugstack.conf argument; known keys: agent, plan_dir, "
-                             "runtime_dir, max_buffer, provider, on_error, timeout, zero_copy, "
-                             "transparent, preload");
+      throw ConfigError(key, "unknown plugstack.conf argument; known keys: agent, solar, "
+                             "plan_dir, runtime_dir, max_buffer, provider, on_error, timeout, "
+                             "zero_copy, transparent, preload");
     }
   }
   return c;
@@ -204,7 +207,7 @@ BufferSpec JobOptions::buffer_spec() const {
 }
 
 PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
-                                const storage::DatasetInfo& info, std::uint32_t nodes,
+                                const DatasetShape& info, std::uint32_t nodes,
                                 std::uint32_t ranks_per_node, std::uint64_t node_memory,
                                 std::string* notes) {
   try {
@@ -216,7 +219,7 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
     PlanConfig c = o.partial_config();
     c.nodes = nodes;
     c.ranks_per_node = ranks_per_node;
-    const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
+    const std::uint64_t label = info.label_bytes;
     std::uint64_t budget =
         o.buffer_spec().resolve(info.samples, agent_slot_bytes(info.sample_bytes, label));
     if (pc.max_buffer) {
@@ -237,6 +240,23 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
     return c;
   } catch (const ConfigError& e) {
     throw as_srun_error(e);
+  }
+}
+
+DatasetShape DatasetShape::parse(const std::string& line) {
+  try {
+    const auto j = nlohmann::json::parse(line);
+    DatasetShape d;
+    d.samples = j.at("samples").get<std::uint64_t>();
+    d.sample_bytes = j.at("sample_bytes").get<std::uint64_t>();
+    d.label_bytes = j.at("label_bytes").get<std::uint64_t>();
+    d.identity = j.at("identity").get<std::string>();
+    return d;
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError("--solar-dataset",
+                      fmt::format("unreadable reply from `solar dataset-info` ({}); is the "
+                                  "plugstack.conf solar= tool from the same release?",
+                                  e.what()));
   }
 }
 

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "solar/core/config.h"
-#include "solar/storage/sample_source.h"
 
 namespace solar::spank {
 
@@ -20,6 +19,7 @@ enum class OnError : std::uint8_t { fallback, fail };
 // plugstack.conf: `required /usr/lib/solar/solar_spank.so agent=... plan_dir=... ...`
 struct PluginConfig {
   std::string agent = SOLAR_SPANK_DEFAULT_AGENT;  // the solar-agent binary
+  std::string solar = SOLAR_SPANK_DEFAULT_SOLAR;  // the solar tool (reads datasets for srun)
   std::string plan_dir = "/tmp";                   // where srun writes plans; shared by nodes
   std::string runtime_dir = "/run/solar";          // node-local: one private folder per step
   std::optional<BufferSpec> max_buffer;            // clamp per node; % = of the node's memory
@@ -33,6 +33,16 @@ struct PluginConfig {
   // Parses `key=value` arguments; throws ConfigError naming the argument on an unknown key, a
   // bad value or a relative path.
   static PluginConfig parse(const std::vector<std::string>& args);
+};
+
+// What srun needs of the dataset, read by the `solar dataset-info` child process (the plugin
+// itself loads no HDF5, MPI or libfabric).
+struct DatasetShape {
+  std::uint64_t samples = 0, sample_bytes = 0;
+  std::uint64_t label_bytes = 0;  // 0: no labels
+  std::string identity;           // for the plan (Plan::dataset_identity)
+  // `solar dataset-info`'s JSON line; throws ConfigError("--solar-dataset") when malformed.
+  static DatasetShape parse(const std::string& json_line);
 };
 
 // One user setting: its option name (without --solar-), its SOLAR_* variable, and whether it
@@ -83,7 +93,7 @@ struct JobOptions {
 // cli/cmd_run.cpp). Throws ConfigError naming the option at fault. `notes` gets what a
 // verbose user should hear (the clamp).
 PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
-                                const storage::DatasetInfo& info, std::uint32_t nodes,
+                                const DatasetShape& info, std::uint32_t nodes,
                                 std::uint32_t ranks_per_node, std::uint64_t node_memory_bytes,
                                 std::string* notes = nullptr);
 

@@ -2,8 +2,12 @@
 // user's options and the dataset before anything is allocated or launched, computes the step's
 // plan once the step's shape is known, writes it where every node reads it, and exports what
 // slurmstepd and the ranks need.
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,17 +24,92 @@
 namespace solar::spank {
 namespace {
 
-storage::DatasetInfo read_dataset(State& s) {
-  storage::SourceOptions so;
-  so.label_dataset = s.options.labels_dataset();
-  so.provider = s.config.provider;
-  try {
-    const auto src = storage::open_source(s.options.dataset_spec(), so);
-    s.dataset_identity = src->identity();
-    return src->info();
-  } catch (const std::exception& e) {
-    throw ConfigError("--solar-dataset", e.what());
+// Runs argv (no shell) with stdin on /dev/null; its stdout and stderr are captured. Killed
+// after `timeout_s`. Returns the wait status (-1 if it could not start: `err` says why).
+int run_child(const std::vector<std::string>& argv, double timeout_s, std::string& out,
+              std::string& err) {
+  int po[2], pe[2];
+  if (::pipe2(po, O_CLOEXEC) != 0) return err = std::strerror(errno), -1;
+  if (::pipe2(pe, O_CLOEXEC) != 0) {
+    ::close(po[0]);
+    ::close(po[1]);
+    return err = std::strerror(errno), -1;
   }
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_RDONLY);
+    ::dup2(null, 0);
+    ::dup2(po[1], 1);
+    ::dup2(pe[1], 2);
+    ::execv(args[0], args.data());
+    const std::string why = fmt::format("cannot run {}: {}\n", argv[0], std::strerror(errno));
+    (void)!::write(2, why.data(), why.size());
+    ::_exit(127);
+  }
+  ::close(po[1]);
+  ::close(pe[1]);
+  if (pid < 0) {
+    ::close(po[0]);
+    ::close(pe[0]);
+    return err = std::strerror(errno), -1;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  pollfd fds[2] = {{po[0], POLLIN, 0}, {pe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&out, &err};
+  int open_fds = 2;
+  bool killed = false;
+  while (open_fds > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) {
+      ::kill(pid, SIGKILL);
+      killed = true;
+      break;
+    }
+    if (::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000))) < 0 && errno != EINTR)
+      break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[4096];
+      const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        sinks[i]->append(buf, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  for (auto& f : fds)
+    if (f.fd >= 0) ::close(f.fd);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (killed) err += fmt::format("(stopped after {:.0f} s)", timeout_s);
+  return status;
+}
+
+// The dataset's shape and identity, from the `solar dataset-info` child process: HDF5 (with
+// MPI) and libfabric stay out of srun and slurmstepd.
+DatasetShape read_dataset(const State& s) {
+  std::vector<std::string> argv = {s.config.solar, "dataset-info", s.options.dataset_spec(),
+                                   "--labels", s.options.labels_dataset()};
+  if (!s.config.provider.empty()) argv.insert(argv.end(), {"--provider", s.config.provider});
+  std::string out, err;
+  const int status = run_child(argv, s.config.timeout_s, out, err);
+  while (!err.empty() && (err.back() == '\n' || err.back() == '\r')) err.pop_back();
+  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) == 127)
+    throw ConfigError("--solar-dataset",
+                      fmt::format("cannot read the dataset: the solar tool {} did not run ({}); "
+                                  "the admin sets solar= in plugstack.conf",
+                                  s.config.solar, err.empty() ? "no reason given" : err));
+  if (WEXITSTATUS(status) != 0)
+    throw ConfigError("--solar-dataset", err.empty() ? "cannot be read" : err);
+  return DatasetShape::parse(out);
 }
 
 // Each node's final stats, from the "stopped: {json}" line its agent logs on exit.
@@ -119,7 +198,7 @@ int plan_step(spank_t sp, State& s) {
     return -1;
   }
   Plan plan = make_plan(c);
-  plan.dataset_identity = s.dataset_identity;
+  plan.dataset_identity = s.dataset->identity;
   const std::string path = plan_path(s.config, job, step);
   try {
     write_plan_file(plan, path);

@@ -8,6 +8,7 @@ extern "C" {
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "agent_process.h"
@@ -20,8 +21,7 @@ struct State {
   JobOptions options;
 
   // srun / sbatch / salloc
-  std::optional<storage::DatasetInfo> dataset;  // read in init_post_opt
-  std::string dataset_identity;                 // its SampleSource::identity(), for the plan
+  std::optional<DatasetShape> dataset;  // read in init_post_opt (solar dataset-info)
   std::string plan_written;                     // removed in exit
   std::uint32_t nodes = 0;
 

@@ -9,11 +9,10 @@
 namespace solar::spank {
 namespace {
 
-storage::DatasetInfo tiny() {
-  storage::DatasetInfo i;
+DatasetShape tiny() {
+  DatasetShape i;
   i.samples = 256;
   i.sample_bytes = 4096;
-  i.has_labels = true;
   i.label_bytes = 4;
   return i;
 }
@@ -177,6 +176,36 @@ TEST(Paths, PerJobStepAndNode) {
   EXPECT_EQ(agent_log_path("/p/solar-12.3.plan", 1), "/p/solar-12.3.plan.node1.log");
   EXPECT_EQ(step_runtime_dir(pc, 12, 3, 1), "/r/solar-12.3.1");
   EXPECT_EQ(job_prefix(12), "solar-12.");
+}
+
+}  // namespace
+}  // namespace solar::spank
+
+namespace solar::spank {
+namespace {
+
+TEST(DatasetShape, ParsesTheSolarToolsReplyAndRejectsGarbage) {
+  const auto d = DatasetShape::parse(
+      R"({"samples":48,"sample_bytes":262144,"label_bytes":4,"identity":"file inode 1 size 2 )"
+      R"(mtime 3.000000004","shape":"4x32x32x32","dtype":"int16","layout":"contiguous"})");
+  EXPECT_EQ(d.samples, 48U);
+  EXPECT_EQ(d.sample_bytes, 262144U);
+  EXPECT_EQ(d.label_bytes, 4U);
+  EXPECT_EQ(d.identity, "file inode 1 size 2 mtime 3.000000004");
+  for (const char* bad : {"", "not json", R"({"samples":48})", R"({"samples":"x"})"}) {
+    try {
+      DatasetShape::parse(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.flag(), "--solar-dataset");
+      EXPECT_NE(std::string(e.what()).find("solar dataset-info"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(PluginConfig, SolarToolPathIsAbsolute) {
+  EXPECT_EQ(PluginConfig::parse({"solar=/opt/solar/bin/solar"}).solar, "/opt/solar/bin/solar");
+  EXPECT_THROW(PluginConfig::parse({"solar=bin/solar"}), ConfigError);
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ class Cluster:
         self.root = root
         self.dir = os.path.join(root, "cluster")
         self.env = dict(os.environ, SOLAR_CLUSTER_DIR=self.dir, SOLAR_SPANK=SPANK,
-                        SOLAR_AGENT=AGENT, SLURM_CONF=os.path.join(self.dir, "slurm.conf"))
+                        SOLAR_AGENT=AGENT, SOLAR_BIN=SOLAR, SOLAR_PRELOAD=PRELOAD, SLURM_CONF=os.path.join(self.dir, "slurm.conf"))
         for k in list(self.env):
             if k.startswith(("SOLAR_DATASET", "SOLAR_BUFFER", "SOLAR_EPOCHS", "SOLAR_BATCH",
                              "SOLAR_STEP", "SOLAR_PLAN", "SLURM_JOB", "SLURM_STEP")):
@@ -59,7 +59,7 @@ class Cluster:
     def plugstack(self, extra="", line="required"):
         """Rewrites plugstack.conf (srun and slurmstepd read it at every step)."""
         with open(os.path.join(self.dir, "plugstack.conf"), "w") as f:
-            f.write(f"{line} {SPANK} agent={AGENT} plan_dir={self.plans} "
+            f.write(f"{line} {SPANK} agent={AGENT} solar={SOLAR} plan_dir={self.plans} "
                     f"runtime_dir={self.run_dir} preload={PRELOAD} {extra}\n")
 
     def run(self, *args, user=None, timeout=180, cwd=None):
