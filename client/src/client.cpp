@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "solar/core/plan_file.h"
@@ -23,7 +24,7 @@
 #include "solar/storage/sample_source.h"
 
 #ifdef SOLAR_WITH_CUDA
-#include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #endif
 
 namespace {
@@ -81,6 +82,58 @@ bool read_all(int fd, void* p, std::size_t n) {
   }
   return true;
 }
+
+#ifdef SOLAR_WITH_CUDA
+// The CUDA runtime, opened on first use (dlopen): a rank without a GPU, or with its own CUDA
+// (PyTorch's), loads nothing of ours. The few calls used are declared here, with the runtime
+// API's values, so building needs no CUDA toolkit either. $SOLAR_CUDART names the library to
+// use; otherwise one already loaded in the process (e.g. by PyTorch) or the system's.
+struct Cuda {
+  using Err = int;                               // cudaError_t; 0 = cudaSuccess
+  static constexpr unsigned kRegisterPortable = 1, kRegisterReadOnly = 8;
+  static constexpr int kHostToDevice = 1;        // cudaMemcpyHostToDevice
+  Err (*GetDeviceCount)(int*) = nullptr;
+  const char* (*GetErrorString)(Err) = nullptr;
+  Err (*HostRegister)(void*, std::size_t, unsigned) = nullptr;
+  Err (*HostUnregister)(void*) = nullptr;
+  Err (*GetLastError)() = nullptr;
+  Err (*MemcpyAsync)(void*, const void*, std::size_t, int, void*) = nullptr;
+  std::string missing;  // why it could not be loaded ("" = loaded)
+
+  Cuda() {
+    std::vector<std::string> names;
+    if (const char* e = std::getenv("SOLAR_CUDART"); e && *e) names.emplace_back(e);
+    for (const char* n : {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
+                          "libcudart.so.11.0"})
+      names.emplace_back(n);
+    void* h = nullptr;
+    for (const auto& n : names)  // one the process already has first
+      if ((h = ::dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD))) break;
+    for (std::size_t i = 0; !h && i < names.size(); ++i)
+      h = ::dlopen(names[i].c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      missing = "the CUDA runtime (libcudart) is not installed or not on the library path "
+                "(set SOLAR_CUDART to it)";
+      return;
+    }
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
+      if (!fn && missing.empty()) missing = fmt::format("libcudart has no {}", name);
+    };
+    get(GetDeviceCount, "cudaGetDeviceCount");
+    get(GetErrorString, "cudaGetErrorString");
+    get(HostRegister, "cudaHostRegister");
+    get(HostUnregister, "cudaHostUnregister");
+    get(GetLastError, "cudaGetLastError");
+    get(MemcpyAsync, "cudaMemcpyAsync");
+  }
+};
+
+const Cuda& cuda() {
+  static const Cuda c;
+  return c;
+}
+#endif
 
 }  // namespace
 
@@ -308,7 +361,7 @@ struct solar_loader {
 
   ~solar_loader() {
 #ifdef SOLAR_WITH_CUDA
-    if (pinned) cudaHostUnregister(base);
+    if (pinned) cuda().HostUnregister(base);
 #endif
     if (sock >= 0 && release_pending) {
       char out[sizeof(solar::protocol::Header) + 8];
@@ -322,6 +375,7 @@ struct solar_loader {
 extern "C" {
 
 const char* solar_last_error(void) { return g_last_error.c_str(); }
+const char* solar_version(void) { return SOLAR_VERSION_STRING; }
 
 solar_loader* solar_open_env(void) {
   try {
@@ -454,11 +508,16 @@ int solar_batch_gather(const solar_batch* b, void* data, size_t data_bytes, void
 
 int solar_cuda_available(void) {
 #ifdef SOLAR_WITH_CUDA
+  const Cuda& cu = cuda();
+  if (!cu.missing.empty()) {
+    g_last_error = "no GPU: " + cu.missing;
+    return 0;
+  }
   int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
+  const int e = cu.GetDeviceCount(&n);
   // Without a driver this is cudaErrorInsufficientDriver (35), not cudaErrorNoDevice (100).
-  if (e != cudaSuccess || n == 0) {
-    g_last_error = fmt::format("no GPU: {}", e == cudaSuccess ? "no device" : cudaGetErrorString(e));
+  if (e != 0 || n == 0) {
+    g_last_error = fmt::format("no GPU: {}", e == 0 ? "no device" : cu.GetErrorString(e));
     return 0;
   }
   return 1;
@@ -476,24 +535,24 @@ int solar_batch_copy_to_device(const solar_batch* b, void* dst, void* stream) {
   }
   if (!solar_cuda_available()) return -1;
   solar_loader* l = b->loader;
+  const Cuda& cu = cuda();
   if (!l->pinned && !l->base_pin_failed && l->base) {
-    const cudaError_t e = cudaHostRegister(l->base, l->map_bytes,
-                                           cudaHostRegisterPortable | cudaHostRegisterReadOnly);
-    l->pinned = e == cudaSuccess;
+    const int e = cu.HostRegister(l->base, l->map_bytes,
+                                  Cuda::kRegisterPortable | Cuda::kRegisterReadOnly);
+    l->pinned = e == 0;
     if (!l->pinned) {
       std::fprintf(stderr, "solar: pinning the shared buffer failed (%s); copies are staged\n",
-                   cudaGetErrorString(e));
-      cudaGetLastError();
+                   cu.GetErrorString(e));
+      cu.GetLastError();
       l->base_pin_failed = true;
     }
   }
   const std::uint64_t sb = l->sample_bytes;
   auto* out = static_cast<std::byte*>(dst);
   for (std::size_t i = 0; i < b->data.size(); ++i) {
-    const cudaError_t e = cudaMemcpyAsync(out + i * sb, b->data[i], sb, cudaMemcpyHostToDevice,
-                                          static_cast<cudaStream_t>(stream));
-    if (e != cudaSuccess) {
-      g_last_error = fmt::format("solar_batch_copy_to_device: {}", cudaGetErrorString(e));
+    const int e = cu.MemcpyAsync(out + i * sb, b->data[i], sb, Cuda::kHostToDevice, stream);
+    if (e != 0) {
+      g_last_error = fmt::format("solar_batch_copy_to_device: {}", cu.GetErrorString(e));
       return -1;
     }
   }

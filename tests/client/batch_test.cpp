@@ -24,3 +24,11 @@ TEST(Batch, DestructorNeverThrows) {
 }
 
 }  // namespace
+
+namespace {
+TEST(Version, HeaderAndLibraryAgree) {
+  EXPECT_STREQ(solar_version(), SOLAR_VERSION_STRING);
+  EXPECT_EQ(SOLAR_VERSION, SOLAR_VERSION_MAJOR * 10000 + SOLAR_VERSION_MINOR * 100 +
+                               SOLAR_VERSION_PATCH);
+}
+}  // namespace

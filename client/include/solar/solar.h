@@ -31,8 +31,20 @@ extern "C" {
 #define SOLAR_API
 #endif
 
+/* The release these headers belong to (checked against the project version at build time). The
+ * library's SONAME changes with SOLAR_VERSION_MAJOR; solar_version() says which library a
+ * program actually loaded. */
+#define SOLAR_VERSION_MAJOR 0
+#define SOLAR_VERSION_MINOR 1
+#define SOLAR_VERSION_PATCH 0
+#define SOLAR_VERSION_STRING "0.1.0"
+#define SOLAR_VERSION (SOLAR_VERSION_MAJOR * 10000 + SOLAR_VERSION_MINOR * 100 + SOLAR_VERSION_PATCH)
+
 typedef struct solar_loader solar_loader;
 typedef struct solar_batch solar_batch;
+
+/* "0.1.0": the loaded library's version. */
+SOLAR_API const char* solar_version(void);
 
 /* Opens this rank's loader from the environment. NULL on error. */
 SOLAR_API solar_loader* solar_open_env(void);
