@@ -1,7 +1,10 @@
 #include "solar/storage/hdf5_source.h"
 
 #include <fcntl.h>
+#include <hdf5.h>
+#ifdef H5_HAVE_PARALLEL  // the parallel HDF5 build (libsolar uses the serial one: no MPI)
 #include <mpi.h>
+#endif
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -165,12 +168,18 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
   std::lock_guard g(h5::lock());
   h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   if (options.mpio) {
+#ifdef H5_HAVE_PARALLEL
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited)
       throw StorageError(fmt::format("{}: MPI-IO mode needs MPI_Init (run under mpirun)", path));
     h5::check(H5Pset_fapl_mpio(fapl.get(), MPI_COMM_WORLD, MPI_INFO_NULL),
               fmt::format("{}: cannot set up MPI-IO", path));
+#else
+    throw StorageError(fmt::format("{}: MPI-IO mode is not in this build (serial HDF5); use "
+                                   "libsolar_storage built with parallel HDF5",
+                                   path));
+#endif
   }
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
@@ -290,9 +299,11 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
   }
 
   im->dxpl = h5::Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+#ifdef H5_HAVE_PARALLEL
   if (options.mpio)
     H5Pset_dxpl_mpio(im->dxpl.get(),
                      options.collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
+#endif
 
   if (auto gen = string_attribute(im->dset.get(), "solar_generator");
       gen && *gen == content::kGenerator)
