@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
       "solar"};
   app.require_subcommand(1);
   app.allow_extras(false);
-  app.set_version_flag("--version", "solar 0.1.0");
+  app.set_version_flag("--version", "solar " SOLAR_PROJECT_VERSION);
   solar::cli::add_plan_commands(app);
 #ifdef SOLAR_HAVE_STORAGE
   solar::cli::add_storage_commands(app);
@@ -35,6 +35,20 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // `solar frobnicate`: say that the command is unknown and which ones exist, rather than
+    // CLI11's "A subcommand is required".
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+      known = known || (argc > 1 && sub->get_name() == argv[1]);
+    }
+    if (argc > 1 && argv[1][0] != '-' && !known) {
+      std::fprintf(stderr, "solar: unknown command '%s'; the commands are: %s\n"
+                           "Run `solar --help` or `solar <command> --help`.\n",
+                   argv[1], names.c_str());
+      return solar::cli::kExitUsage;
+    }
     std::fprintf(stderr, "solar: %s\nRun `solar --help` or `solar <command> --help`.\n",
                  e.what());
     return solar::cli::kExitUsage;

@@ -158,6 +158,7 @@ int main(int argc, char** argv) {
   CLI::App app{"solar-example-train: a rank program that reads its batches through libsolar.\n"
                "Run it under `solar run` or `srun --solar-*` (it reads SOLAR_* variables).",
                "solar-example-train"};
+  app.set_version_flag("--version", "solar-example-train " SOLAR_PROJECT_VERSION);
   app.add_flag("--verify", verify, "Check every sample's content (datasets made by solar gen)");
   app.add_option("--compute-ms", compute_ms, "Milliseconds of compute per batch [0]");
   app.add_option("--record", record, "Write each step's samples to this file (%r: the rank)");

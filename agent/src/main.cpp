@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
       "storage ahead of the ranks and serves their batches over a Unix socket. Normally started\n"
       "by `solar run` or the Slurm plugin, not by hand.",
       "solar-agent"};
+  app.set_version_flag("--version", "solar-agent " SOLAR_PROJECT_VERSION);
   app.add_option("--plan", o.plan, "Plan file (solar plan --out)")->required();
   app.add_option("--node", o.node, "This node's id in the plan")->required();
   app.add_option("--dataset", o.dataset, "FILE.h5[:/dataset] or fabric://HOST:PORT/NAME")

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
       "Clients read fabric://HOST:PORT/NAME; contiguous datasets are read with one-sided RDMA\n"
       "from the mapped file, chunked/compressed ones through a registered staging buffer.",
       "solar-stored"};
+  app.set_version_flag("--version", "solar-stored " SOLAR_PROJECT_VERSION);
   solar::storage::ServerOptions o;
   std::string listen = "127.0.0.1:0";
   std::vector<std::string> exports;

@@ -483,3 +483,13 @@ def test_solar_stored_restarted_with_another_file_no_rank_reads_it(tmp_path, dat
     assert p.returncode != 0, both
     assert all(n == 0 for n in wrong_counts(both)), both
     assert "different file" in both or NOT_THE_PLANS in both, both
+
+
+def test_every_program_has_version_and_solar_names_unknown_commands():
+    for prog, name in ((SOLAR, "solar"), (AGENT, "solar-agent"), (STORED, "solar-stored"),
+                       (TRAIN, "solar-example-train")):
+        p = run(prog, "--version")
+        assert p.stdout.strip().startswith(name + " ") and p.stdout.strip()[len(name) + 1].isdigit(), p.stdout
+    p = run(SOLAR, "frobnicate", check=False)
+    assert p.returncode == 2
+    assert "unknown command 'frobnicate'" in p.stderr and "plan, plan-dump" in p.stderr, p.stderr
