@@ -175,6 +175,12 @@ int Agent::Impl::run() {
   for (auto& r : readers_) r.join();
   readers_.clear();
   if (pace_.joinable()) pace_.join();
+  // Nobody watches the file from now on: ranks still running read it themselves.
+  if (xindex_) {
+    std::uint64_t none = 0;  // keep a FILE_CHANGED already there
+    std::atomic_ref<std::uint64_t>(xindex_->withdrawn)
+        .compare_exchange_strong(none, SOLAR_XINDEX_AGENT_STOPPED);
+  }
   spdlog::info("stopped: {}", stats_json());
   return exit_code_;
 }

@@ -154,6 +154,9 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
     send(s, frame(protocol::Op::error, why.data(), why.size()));
   };
   if (!parse(payload, h)) return refuse("malformed hello");
+  if (xindex_)  // the unmodified ranks' reads pace this agent; batches would pace it twice
+    return refuse("this agent serves an unmodified script's file reads (--transparent); solar's "
+                  "loader reads directly in this step");
   if (s->rank >= 0) return refuse("already attached");
   if (h.local_rank >= R_)
     return refuse(fmt::format("local rank {} does not exist (this node has ranks 0..{})",

@@ -96,7 +96,10 @@ void Agent::Impl::prefetch_loop() {
 
 void Agent::Impl::fail(const std::string& what) {
   spdlog::error("prefetch failed: {}", what);
-  withdraw_if_changed();  // a changed file: its old bytes must not be served any longer
+  // Nobody watches the file once this agent is gone: the interposers stop serving its buffer.
+  if (!withdraw_if_changed() && xindex_)
+    std::atomic_ref<std::uint64_t>(xindex_->withdrawn)
+        .store(SOLAR_XINDEX_AGENT_STOPPED, std::memory_order_release);
   {
     std::lock_guard lk(mu_);
     if (!fatal_.empty()) return;

@@ -68,13 +68,15 @@ void Agent::Impl::setup_index() {
 bool Agent::Impl::withdraw_if_changed() {
   const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(source_.get());
   if (!xindex_ || !h5) return false;
-  if (std::atomic_ref<std::uint64_t>(xindex_->withdrawn).load(std::memory_order_acquire))
+  if (std::atomic_ref<std::uint64_t>(xindex_->withdrawn).load(std::memory_order_acquire) ==
+      SOLAR_XINDEX_FILE_CHANGED)
     return true;
   try {
     h5->check_unchanged();
     return false;
   } catch (const storage::StorageError& e) {
-    std::atomic_ref<std::uint64_t>(xindex_->withdrawn).store(1, std::memory_order_release);
+    std::atomic_ref<std::uint64_t>(xindex_->withdrawn)
+        .store(SOLAR_XINDEX_FILE_CHANGED, std::memory_order_release);
     spdlog::error("{}; the unmodified ranks read the file from now on", e.what());
     return true;
   }

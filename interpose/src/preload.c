@@ -259,13 +259,26 @@ static int attach_now(const struct stat *file) {
                      NULL, NULL, -1);
     return 0;
   }
+  /* The agent seals the buffer against shrinking: a shrunk mapping would SIGBUS our reads. */
+  const int seals = fcntl(memfd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+    close_fd(memfd);
+    if (verbose) say("solar: the node agent's buffer is not sealed; reading the dataset directly",
+                     NULL, NULL, -1);
+    return 0;
+  }
   unsigned char *base = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, memfd, 0);
   close_fd(memfd);
   if (base == MAP_FAILED) {
     if (verbose) say("solar: cannot map the node agent's buffer", NULL, NULL, errno);
     return 0;
   }
-  const struct solar_xindex *ix = (const struct solar_xindex *)(base + at);
+  /* One private copy of the header (and below of the extent table): what is checked is what is
+   * used, whatever the shared memory says later. */
+  struct solar_xindex hdr;
+  memcpy(&hdr, base + at, sizeof hdr);
+  const struct solar_xindex *ix = &hdr;
+  struct solar_xextent *ext = NULL;
   const uint64_t n = ix->samples, s = ix->sample_bytes, eo = ix->entries_offset,
                  co = ix->consumed_offset;
   const char *why = NULL;
@@ -276,9 +289,10 @@ static int attach_now(const struct stat *file) {
                             ix->extents_offset > len ||
                             (len - ix->extents_offset) / sizeof(struct solar_xextent) < n))) {
     why = "solar: the node agent's index is malformed; reading the dataset directly";
-  } else if (ix->extents != 0 && !extents_sane((const struct solar_xextent *)(base +
-                                                                             ix->extents_offset),
-                                               n, s, (uint64_t)file->st_size)) {
+  } else if (ix->extents != 0 &&
+             (!(ext = malloc((size_t)n * sizeof *ext)) ||
+              !memcpy(ext, base + ix->extents_offset, (size_t)n * sizeof *ext) ||
+              !extents_sane(ext, n, s, (uint64_t)file->st_size))) {
     why = "solar: the node agent's extent table is malformed; reading the dataset directly";
   } else if (ix->file_dev != (uint64_t)file->st_dev || ix->file_ino != (uint64_t)file->st_ino ||
              ix->file_size != (uint64_t)file->st_size ||
@@ -306,9 +320,9 @@ static int attach_now(const struct stat *file) {
       X.slot_bytes = ix->slot_bytes;
       X.slots = (len - s) / ix->slot_bytes + 1; /* slots whose S bytes lie inside the mapping */
       X.n = n;
-      X.withdrawn = (const _Atomic uint64_t *)&ix->withdrawn;
+      X.withdrawn = (const _Atomic uint64_t *)&((const struct solar_xindex *)(base + at))->withdrawn;
       if (ix->extents) {
-        X.ext = (const struct solar_xextent *)(base + ix->extents_offset);
+        X.ext = ext; /* the private copy: kept for the process's life */
         X.n_ext = n;
         X.data_begin = X.ext[0].offset;
         X.data_end = X.ext[n - 1].offset + s;
@@ -322,6 +336,7 @@ static int attach_now(const struct stat *file) {
     }
   }
   if (why && verbose) say(why, NULL, NULL, -1);
+  free(ext);
   munmap(base, (size_t)len);
   return 0;
 }
@@ -440,24 +455,42 @@ static size_t copy_resident(unsigned char *dst, size_t n, uint64_t pos) {
   return done;
 }
 
+/* Every sample whose first byte lies in [pos, pos + span) has been read by this process: one
+ * pread can bring several (HDF5's 64 KiB sieve over small rows, a chunk of several samples),
+ * and HDF5 then serves them from its own cache without another pread. A short count's rest
+ * is counted by the follow-up read that fetches it. */
+static void count_consumed(uint64_t pos, uint64_t span) {
+  const uint64_t end = pos + span;
+  uint64_t k, in;
+  while (pos < end && locate(pos, &k, &in)) {
+    if (in == 0) atomic_fetch_add_explicit(&X.consumed[k], 1, memory_order_relaxed);
+    pos += X.s - in;
+  }
+}
+
 /* Serves a pread from the buffer when it can. Returns the bytes served, or -1: call the real
  * function unchanged. */
 static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
   const unsigned char mark = fd_mark(fd);
   if (mark == FD_NONE || n == 0 || off < 0 || n > SSIZE_MAX) return -1;
   if (atomic_load_explicit(&xstate, memory_order_acquire) != X_ATTACHED) return -1;
-  if (atomic_load_explicit(X.withdrawn, memory_order_relaxed)) {
+  const uint64_t withdrawn = atomic_load_explicit(X.withdrawn, memory_order_relaxed);
+  if (withdrawn) {
     static atomic_int warned;
-    if (!atomic_exchange(&warned, 1))
+    if (withdrawn == SOLAR_XINDEX_FILE_CHANGED && !atomic_exchange(&warned, 1))
       say("solar: ", ds_path, " changed during the run; reading it directly", -1);
+    else if (verbose && !atomic_exchange(&warned, 1))
+      say("solar: the node agent stopped; reading ", ds_path, " directly", -1);
     return -1;
   }
   const uint64_t pos = (uint64_t)off;
   uint64_t k, in;
   if (!locate(pos, &k, &in)) return -1; /* metadata, labels: not samples */
-  if (in == 0) atomic_fetch_add_explicit(&X.consumed[k], 1, memory_order_relaxed);
   size_t done = copy_resident(buf, n, pos);
   if (done < n && mark == FD_DIRECT) done = 0; /* O_DIRECT: a follow-up read would be unaligned */
+  /* After the copy (an eviction paced on it cannot start during it): what this read brought
+   * in, served or from the file, counts as consumed. */
+  count_consumed(pos, done ? done : n);
   if (done == 0) {
     stat_add(&X.stats->miss_reads, 1);
     stat_add(&X.stats->miss_bytes, n);

@@ -81,7 +81,10 @@ def test_whole_dataset_resident_every_read_served(lib, h5file, baseline, start_a
     assert (stats["miss_reads"], stats["miss_bytes"]) == (0, 0)
     items = EPOCHS * (N - span + 1)  # one pread of `span` rows per item, at the item's row
     assert (stats["hit_reads"], stats["hit_bytes"]) == (items, items * span * S)
-    assert consumed == [EPOCHS if k <= N - span else 0 for k in range(N)]
+    # A sample counts as consumed when a read brings its first byte: each item's read brings
+    # `span` rows.
+    assert consumed == [EPOCHS * sum(1 for i in range(N - span + 1) if i <= k < i + span)
+                        for k in range(N)]
     if span == 1:
         # Every sample consumed once per epoch: every step of the plan is done, although the
         # job's order is not the plan's.
@@ -146,11 +149,11 @@ def span3_reads(resident):
         p = 0
         while p < 3 and i + p in resident:
             p += 1
-        consumed[i] += 1
+        for j in range(i, i + 3):  # served or from the file, each row's first byte is read once
+            consumed[j] += 1
         if p:
             hits, hit_bytes = hits + 1, hit_bytes + p * S
         if p < 3:
-            consumed[i + p] += p > 0
             misses, miss_bytes = misses + 1, miss_bytes + (3 - p) * S
             short += 0 < p
     return hits, hit_bytes, misses, miss_bytes, consumed, short
@@ -160,28 +163,29 @@ def span3_reads(resident):
 def test_part_resident_short_reads_counted_exactly(lib, h5file, baseline, start_agent, workers,
                                                    mode):
     """Three rows per item: reads served whole, short (a resident prefix, the rest from the
-    file) and not at all. Here the buffer stays as the agent filled it: the plan's first step
-    holds sample 63, resident, which no 3-row read starts at (items start at 0..61, and HDF5
-    reads a short read's rest from its first missing row), so that step is never done and the
-    agent evicts nothing: every count is exact."""
+    file) and not at all, while the agent paces its evictions on what the job consumes (a
+    sample counts as consumed when a read brings its first byte, so every row is consumed and
+    steps complete). Exact whatever the timing: the bytes, every read's bytes accounted for once
+    (served or from the file), and the consumed counters."""
     dataset, offset = h5file
     agent, resident = part_resident_agent(start_agent, dataset)
-    assert N - 1 in resident, "the scenario changed: pick another PARTIAL_SEED"
     hits, hit_bytes, misses, miss_bytes, consumed_1, short = span3_reads(resident)
-    assert short > 0 and hits > short and misses > short  # all three kinds of read occur
+    assert short > 0 and hits > short and misses > short  # all three kinds of read can occur
     r = run_loader(lib, dataset, agent.sock, workers, mode, 3)
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert r.stdout == baseline[3].stdout
     assert r.stderr == baseline[3].stderr
     stats = agent.xstats()
     with agent.index() as ix:
-        consumed, still = ix.consumed(), ix.resident()
-    assert still == resident and stats["consumed_steps"] == 0  # nothing evicted or fetched
+        consumed = ix.consumed()
     assert stats["attached"] == attaching(workers, mode)
-    assert stats["torn"] == 0
-    assert (stats["hit_reads"], stats["hit_bytes"]) == (EPOCHS * hits, EPOCHS * hit_bytes)
-    assert (stats["miss_reads"], stats["miss_bytes"]) == (EPOCHS * misses, EPOCHS * miss_bytes)
+    assert stats["hit_reads"] > 0 and stats["miss_reads"] > 0
+    assert stats["hit_bytes"] + stats["miss_bytes"] == EPOCHS * (N - 2) * 3 * S
     assert consumed == [EPOCHS * c for c in consumed_1]
+    # Every row consumed as often as the plan needs: every step done, every eviction made.
+    total = agent.stat()["total_steps"]
+    wait_until(lambda: agent.xstats()["consumed_steps"] == total, timeout=10,
+               what=f"consumed_steps == {total}")
 
 
 def test_replaced_file_is_read_directly(lib, tmp_path, start_agent):

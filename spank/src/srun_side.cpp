@@ -10,12 +10,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
@@ -56,7 +58,10 @@ int run_child(const std::vector<std::string>& argv, double timeout_s, std::strin
     ::close(pe[0]);
     return err = std::strerror(errno), -1;
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  const std::chrono::steady_clock::time_point deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(timeout_s));
   pollfd fds[2] = {{po[0], POLLIN, 0}, {pe[0], POLLIN, 0}};
   std::string* sinks[2] = {&out, &err};
   int open_fds = 2;
@@ -69,8 +74,11 @@ int run_child(const std::vector<std::string>& argv, double timeout_s, std::strin
       killed = true;
       break;
     }
-    if (::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000))) < 0 && errno != EINTR)
+    if (::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000))) < 0 && errno != EINTR) {
+      ::kill(pid, SIGKILL);
+      killed = true;
       break;
+    }
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       char buf[4096];
@@ -86,10 +94,26 @@ int run_child(const std::vector<std::string>& argv, double timeout_s, std::strin
   }
   for (auto& f : fds)
     if (f.fd >= 0) ::close(f.fd);
+  // Reaped within the deadline (plus a grace period after a kill): a child stuck in the kernel
+  // (a hung file system) must not hang srun.
+  const auto reap_until = std::max(deadline, std::chrono::steady_clock::now()) +
+                          std::chrono::seconds(5);
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) return err += "(lost track of it)", -1;
+    if (std::chrono::steady_clock::now() >= reap_until) {
+      ::kill(pid, SIGKILL);
+      return err += fmt::format("(did not finish within {:.0f} s)", timeout_s), -1;
+    }
+    if (r == 0 && !killed && std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (killed) err += fmt::format("(stopped after {:.0f} s)", timeout_s);
+  if (killed) return err += fmt::format("(stopped after {:.0f} s)", timeout_s), -1;
   return status;
 }
 

@@ -414,6 +414,13 @@ void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) {
       staged_run = r;
       staged_skip = skip;
     }
+    // The staged runs are here: the server may hand the staging buffer to another client.
+    try {
+      wire::send(s.sock, {{"op", "done"}});
+    } catch (const boost::system::system_error& e) {
+      throw TransientError(fmt::format("{}: lost the connection to the server ({})", im.uri,
+                                       e.code().message()));
+    }
   });
 }
 

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <spdlog/spdlog.h>
 #include <thread>
+#include <utility>
 
 #include "fabric.h"
 #include "solar/storage/hdf5_source.h"
@@ -79,10 +80,14 @@ struct Grant {
   fabric::Region data, labels;
 };
 
+// A registered buffer a connection stages runs into. Held from a stage request until that
+// connection's next message (the client has fetched the runs by then), so any number of
+// connections share the few slots; it is re-keyed whenever another connection takes it.
 struct StagingSlot {
   std::unique_ptr<std::byte[]> buf;
   fabric::Region region;
   bool busy = false;
+  const void* owner = nullptr;  // the connection its current key was handed to
 };
 
 }  // namespace
@@ -117,7 +122,7 @@ struct StorageServer::Impl {
   void watch_exports();
   json hello_reply(const json& hello, Exported*& ex);
   Grant grant(const Exported& ex, json& reply);
-  StagingSlot* acquire_slot();
+  StagingSlot* acquire_slot(const void* who);
   void release_slot(StagingSlot* s);
   void reap(bool all);
 };
@@ -255,26 +260,33 @@ void StorageServer::stop() {
   });
 }
 
-StagingSlot* StorageServer::Impl::acquire_slot() {
-  std::lock_guard g(slots_mu);
-  for (auto& s : slots)
-    if (!s.busy) {
-      s.busy = true;
-      return &s;
+StagingSlot* StorageServer::Impl::acquire_slot(const void* who) {
+  StagingSlot* got = nullptr;
+  {
+    std::lock_guard g(slots_mu);
+    for (auto& s : slots)  // the one this connection had last: its key is this client's already
+      if (!s.busy && s.owner == who) got = &s;
+    for (auto& s : slots)
+      if (!got && !s.busy) got = &s;
+    if (!got) return nullptr;
+    got->busy = true;
+  }
+  if (got->owner != who) {
+    // New key: the client that had the slot can no longer read what this one stages there.
+    try {
+      got->region = fabric::Region();
+      got->region = ep->register_memory(got->buf.get(), staging_bytes, FI_REMOTE_READ);
+      got->owner = who;
+    } catch (const StorageError& e) {
+      spdlog::error("staging buffer taken out of use: {}", e.what());
+      return nullptr;  // stays busy: never handed out again with a key someone else had
     }
-  return nullptr;
+  }
+  return got;
 }
 
 void StorageServer::Impl::release_slot(StagingSlot* s) {
   if (!s) return;
-  // New key: the client that held the slot can no longer read what the next one stages there.
-  try {
-    s->region = fabric::Region();
-    s->region = ep->register_memory(s->buf.get(), staging_bytes, FI_REMOTE_READ);
-  } catch (const StorageError& e) {
-    spdlog::error("staging buffer taken out of use: {}", e.what());
-    return;  // stays busy: never handed out again with a key someone else had
-  }
   std::lock_guard g(slots_mu);
   s->busy = false;
 }
@@ -368,8 +380,10 @@ void StorageServer::Impl::serve(Connection& c, const std::string& peer) {
     spdlog::info("{}: reading {}", peer, ex->spec.name);
     for (;;) {
       const json msg = wire::receive(s);
+      release_slot(std::exchange(slot, nullptr));  // its runs were fetched before this message
       const std::string op = msg.value("op", "");
       if (op == "bye") return;
+      if (op == "done") continue;  // staged runs fetched: the slot was released above
       if (op == "drop_cache") {
         if (ex->map) ::madvise(ex->map, ex->map_len, MADV_DONTNEED);
         ex->source->drop_cache();
@@ -391,7 +405,7 @@ void StorageServer::Impl::serve(Connection& c, const std::string& peer) {
             throw StorageError(fmt::format("stage request of {} bytes refused (staging buffer "
                                            "{} bytes; contiguous exports are read directly)",
                                            bytes, staging_bytes));
-          if (!slot) slot = acquire_slot();
+          if (!slot) slot = acquire_slot(&c);
           if (!slot) {
             wire::send(s, {{"ok", false}, {"retry", true},
                            {"error", "server busy: every staging buffer is in use"}});

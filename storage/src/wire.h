@@ -1,11 +1,13 @@
 // The bootstrap protocol between FabricSource and solar-stored: JSON messages over TCP, each
-// framed by a 4-byte little-endian length. Version 1:
+// framed by a 4-byte little-endian length. Version 2:
 //   hello  {op, version, token, dataset}   -> {ok, provider, address (hex), virt_addr, info,
 //                                              identity, data {mode: rma|staged, key, base},
 //                                              labels {key, base}?, staging {key, base, bytes}?,
 //                                              throttle {bandwidth, latency_s}}
 //   stage  {op, runs: [[first, count], ...]} -> {ok, bytes}: samples copied into the staging
-//                                              buffer, to be fetched with fi_read
+//                                              buffer, to be fetched with fi_read; the buffer
+//                                              is the client's until its next message
+//   done   {op}                              (no reply): the staged runs were fetched
 //   drop_cache {op}                         -> {ok}
 // Every reply with ok=false carries `error`, a message for people.
 #pragma once
@@ -22,7 +24,7 @@
 
 namespace solar::storage::wire {
 
-inline constexpr int kVersion = 1;
+inline constexpr int kVersion = 2;
 inline constexpr std::uint32_t kMaxMessage = 16u << 20;
 
 // Throw boost::system::system_error on socket errors, StorageError on a malformed message.

@@ -259,6 +259,21 @@ TEST(SolarStored, AFileChangedInPlaceIsWithdrawn) {
             std::string::npos);
 }
 
+TEST(SolarStored, MoreClientsThanStagingBuffersAllReadAStagedExport) {
+  // A chunked export is read through the server's 4 staging buffers: each client holds one only
+  // between a stage request and its next message, so 6 clients (6 nodes' agents) all read.
+  TempDir dir;
+  write(dir, "k.h5", Layout::chunked, 24, {4, 16, 16, 16});
+  StoredProcess server(dir, {"--export", "k=" + dir.file("k.h5")});
+  ASSERT_TRUE(server.start()) << server.log();
+  FabricOptions o;
+  o.retries = 1;
+  std::vector<std::unique_ptr<FabricSource>> clients;
+  for (int i = 0; i < 6; ++i) clients.push_back(FabricSource::connect(server.uri("k"), o));
+  for (int round = 0; round < 2; ++round)
+    for (auto& c : clients) expect_all(*c, {{static_cast<std::uint64_t>(round * 12), 12}});
+}
+
 TEST(FabricSource, ServerStartsOnlyWithAUsableExport) {
   TempDir dir;
   StoredProcess server(dir, {"--export", "x=" + dir.file("missing.h5")});

@@ -38,6 +38,8 @@ extern "C" {
 #endif
 
 #define SOLAR_XINDEX_MAGIC 0x5844495852414c53ULL /* "SLARXIDX" little-endian */
+#define SOLAR_XINDEX_FILE_CHANGED 1
+#define SOLAR_XINDEX_AGENT_STOPPED 2
 #define SOLAR_OP_XHELLO 11
 #define SOLAR_OP_XHELLO_OK 12
 
@@ -78,8 +80,10 @@ struct solar_xindex {
   uint64_t consumed_offset; /* from the start of the buffer: N uint32 counters */
   uint64_t extents_offset;  /* chunked: from the start of the buffer, `extents` solar_xextent */
   uint64_t extents;         /* 0: contiguous (data_offset applies); else N */
-  uint64_t withdrawn;       /* set by the agent when the file changed under it: readers serve
-                               nothing more from the buffer (relaxed load per read) */
+  uint64_t withdrawn;       /* nonzero: readers serve nothing more from the buffer (relaxed
+                               load per read). SOLAR_XINDEX_FILE_CHANGED: the file changed
+                               under the agent; SOLAR_XINDEX_AGENT_STOPPED: the agent stopped
+                               (nobody watches the file any more) */
   struct solar_xstats stats;
 };
 
