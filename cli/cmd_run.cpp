@@ -28,6 +28,24 @@ struct RunOptions {
   std::vector<std::string> command;
 };
 
+// An agent's transparent-mode counters for people: reads served and fallen through, and
+// whether the script followed the plan (`solar run`'s summary and `solar stat`).
+std::string transparent_line(const nlohmann::json& t, std::uint64_t total_steps) {
+  const double served = t["hit_reads"].get<double>(), missed = t["miss_reads"].get<double>();
+  const auto consumed = t["consumed_steps"].get<std::uint64_t>();
+  return fmt::format(
+      "file reads served from the buffer {:.0f} ({}), fallen through {:.0f} ({}), {:.1f}% "
+      "served ({} processes attached, {} copies abandoned); {} of {} steps consumed as "
+      "planned{}",
+      served, format_bytes(t["hit_bytes"].get<std::uint64_t>()), missed,
+      format_bytes(t["miss_bytes"].get<std::uint64_t>()),
+      served + missed > 0 ? 100 * served / (served + missed) : 0.0,
+      t["attached"].get<std::uint64_t>(), t["torn"].get<std::uint64_t>(), consumed, total_steps,
+      consumed < total_steps ? " (the script's order differs from the plan: check --seed, "
+                               "--batch, --epochs, --drop-last)"
+                             : "");
+}
+
 void print_summary(const LaunchResult& r) {
   for (const auto& a : r.agents) {
     const double hit = a["hits"].get<double>();
@@ -39,20 +57,9 @@ void print_summary(const LaunchResult& r) {
                format_bytes(a["bytes_read"].get<std::uint64_t>()),
                hit + fetched > 0 ? 100 * hit / (hit + fetched) : 0.0,
                a["read_seconds"].get<double>());
-    if (const auto& t = a.value("transparent", nlohmann::json()); t.is_object()) {
-      const double served = t["hit_reads"].get<double>(), miss = t["miss_reads"].get<double>();
-      fmt::print(stderr,
-                 "solar run: node {}: file reads served from the buffer {:.0f} ({}), fallen "
-                 "through {:.0f} ({}), {:.1f}% served; {} of {} steps consumed as planned{}\n",
-                 a["node"].get<int>(), served, format_bytes(t["hit_bytes"].get<std::uint64_t>()),
-                 miss, format_bytes(t["miss_bytes"].get<std::uint64_t>()),
-                 served + miss > 0 ? 100 * served / (served + miss) : 0.0,
-                 t["consumed_steps"].get<std::uint64_t>(), a["total_steps"].get<std::uint64_t>(),
-                 t["consumed_steps"].get<std::uint64_t>() < a["total_steps"].get<std::uint64_t>()
-                     ? " (the script's order differs from the plan: check --seed, --batch, "
-                       "--epochs, --drop-last)"
-                     : "");
-    }
+    if (const auto& t = a.value("transparent", nlohmann::json()); t.is_object())
+      fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(),
+                 transparent_line(t, a["total_steps"].get<std::uint64_t>()));
   }
   for (const auto& p : r.problems) fmt::print(stderr, "solar run: {}\n", p);
 }
@@ -71,16 +78,8 @@ void run_run(const RunOptions& o) {
     const auto order = parse_order_mode(o.order);
     if (!order) throw ConfigError("--order", fmt::format("'{}' is not solar or torch", o.order));
     c.order = *order;
-    if (o.transparent) {
-      // The script reads in its own DistributedSampler order and decides who reads what.
-      if (o.order_given && c.order != OrderMode::torch)
-        throw ConfigError("--order", "--transparent follows the script's DistributedSampler: use "
-                                     "--order torch (the default with --transparent)");
-      c.order = OrderMode::torch;
-      if (c.imbalance)
-        throw ConfigError("--imbalance", "--transparent keeps the script's equal batches: use 0");
-      if (o.no_agent) throw ConfigError("--transparent", "needs agents; drop --no-agent");
-    }
+    if (o.transparent && o.no_agent)
+      throw ConfigError("--transparent", "needs agents; drop --no-agent");
     c.drop_last = o.drop_last;
     buffer = BufferSpec::parse(o.buffer, "--buffer");
     if (o.command.empty())
@@ -94,8 +93,7 @@ void run_run(const RunOptions& o) {
       throw ConfigError("--dataset", e.what());
     }
     c = plan_for_run(src->info(), buffer, c);
-    // DistributedSampler's assignment and epochs in order: what an unmodified script does.
-    if (o.transparent) c.policy = Policy::sampler;
+    if (o.transparent) follow_the_script(c, o.order_given);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "solar run: %s\n", e.what());
     exit_code() = kExitUsage;
@@ -154,14 +152,7 @@ void run_stat(const std::string& socket, bool json, bool watch) {
                  format_bytes(s["bytes_read"].get<std::uint64_t>()),
                  s["storage_reads"].get<std::uint64_t>(), s["read_seconds"].get<double>());
       if (const auto& t = s.value("transparent", nlohmann::json()); t.is_object())
-        fmt::print("  unmodified ranks: {} processes attached; file reads served from the buffer "
-                   "{} ({}), fallen through {} ({}), copies abandoned {}; {} of {} steps "
-                   "consumed as planned\n",
-                   t["attached"].get<std::uint64_t>(), t["hit_reads"].get<std::uint64_t>(),
-                   format_bytes(t["hit_bytes"].get<std::uint64_t>()),
-                   t["miss_reads"].get<std::uint64_t>(),
-                   format_bytes(t["miss_bytes"].get<std::uint64_t>()),
-                   t["torn"].get<std::uint64_t>(), t["consumed_steps"].get<std::uint64_t>(), total);
+        fmt::print("  {}\n", transparent_line(t, total));
       for (const auto& r : s["ranks"]) {
         const std::uint64_t step = r["step"];
         const std::uint64_t e = std::min<std::uint64_t>(step / std::max<std::uint64_t>(spe, 1),

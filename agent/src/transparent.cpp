@@ -24,10 +24,8 @@ void Agent::Impl::setup_index() {
         "datasets and solar-stored are not served transparently: use solar's loader, or "
         "rewrite the dataset with `h5repack -l CONTI`)",
         source_->describe()));
-  struct stat st {};
-  if (::stat(h5->path().c_str(), &st) != 0 || storage::file_identity(st) != h5->identity())
-    throw AgentError(fmt::format("{}: the file changed while the agent opened it; start again",
-                                 h5->path()));
+  // The file the source opened (and the plan's identity was checked against), not the path.
+  const struct stat& st = h5->opened_stat();
   auto* x = reinterpret_cast<solar_xindex*>(base_ + buf_.index_offset);
   const std::uint64_t N = header_.config.samples;
   x->samples = N;

@@ -191,6 +191,17 @@ void fit_plan_to_agent_budget(PlanConfig& c, std::uint64_t budget_bytes,
   c.buffer_bytes = (slots - step * staging_steps) * c.sample_bytes;
 }
 
+void follow_the_script(PlanConfig& c, bool order_given) {
+  if (order_given && c.order != OrderMode::torch)
+    throw ConfigError("--order", "an unmodified script reads in DistributedSampler's order: use "
+                                 "torch (the default in the transparent mode)");
+  if (c.imbalance)
+    throw ConfigError("--imbalance", "an unmodified script's batches are equal: use 0");
+  c.order = OrderMode::torch;
+  c.policy = Policy::sampler;
+  c.validate();
+}
+
 PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t sample_bytes,
                              std::uint64_t label_bytes, std::uint64_t budget_bytes) {
   c.samples = samples;

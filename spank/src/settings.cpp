@@ -189,16 +189,6 @@ PlanConfig JobOptions::partial_config() const {
                                        *value[imbalance], "--solar-imbalance", 0, kMaxSamples))
                                  : 0;
   c.order = value[order] ? *parse_order_mode(*value[order]) : OrderMode::solar;
-  if (is_transparent()) {
-    // The script reads in its own DistributedSampler order and decides who reads what.
-    if (value[order] && c.order != OrderMode::torch)
-      throw ConfigError("--solar-order", "--solar-transparent follows the script's "
-                                         "DistributedSampler: use torch (its default)");
-    if (c.imbalance)
-      throw ConfigError("--solar-imbalance", "--solar-transparent keeps the script's equal "
-                                             "batches: use 0");
-    c.order = OrderMode::torch;
-  }
   return c;
 }
 
@@ -235,8 +225,7 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
       }
     }
     c = config_for_agents(c, info.samples, info.sample_bytes, label, budget);
-    // DistributedSampler's assignment with epochs in order: what an unmodified script reads.
-    if (o.is_transparent()) c.policy = Policy::sampler;
+    if (o.is_transparent()) follow_the_script(c, o.value[JobOptions::order].has_value());
     return c;
   } catch (const ConfigError& e) {
     throw as_srun_error(e);

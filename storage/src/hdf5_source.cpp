@@ -357,6 +357,7 @@ std::optional<std::uint64_t> Hdf5Source::sample_offset(std::uint64_t i) const {
 }
 std::string Hdf5Source::describe() const { return impl_->where(); }
 const std::string& Hdf5Source::identity() const { return impl_->identity; }
+const struct ::stat& Hdf5Source::opened_stat() const { return impl_->opened; }
 void Hdf5Source::check_unchanged() const { impl_->check_unchanged(); }
 
 void Hdf5Source::Impl::check_unchanged() const {

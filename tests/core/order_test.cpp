@@ -109,6 +109,33 @@ TEST(Config, RejectsBadInputWithTheFlagNamed) {
   expect_flag(c, "--sample-bytes");
 }
 
+TEST(Config, TheTransparentModeFollowsTheScript) {
+  PlanConfig c;
+  c.samples = 100;
+  c.sample_bytes = 64;
+  c.epochs = 2;
+  c.batch = 4;
+  c.buffer_bytes = 64 * 64;
+  follow_the_script(c, false);  // the default order: the script's
+  EXPECT_EQ(c.order, OrderMode::torch);
+  EXPECT_EQ(c.policy, Policy::sampler);
+  c.order = OrderMode::solar;
+  try {
+    follow_the_script(c, true);
+    ADD_FAILURE() << "accepted --order solar";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--order");
+  }
+  c.order = OrderMode::torch;
+  c.imbalance = 1;
+  try {
+    follow_the_script(c, true);
+    ADD_FAILURE() << "accepted --imbalance 1";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--imbalance");
+  }
+}
+
 TEST(Config, ParsesSizesAndRejectsGarbage) {
   EXPECT_EQ(parse_bytes("512", "--x"), 512U);
   EXPECT_EQ(parse_bytes("16M", "--x"), 16ULL << 20);

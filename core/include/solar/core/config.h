@@ -111,6 +111,13 @@ void fit_plan_to_agent_budget(PlanConfig& c, std::uint64_t budget_bytes,
                               std::uint64_t label_bytes,
                               std::uint32_t staging_steps = kAgentStagingSteps);
 
+// The job-transparent mode's plan (`solar run --transparent`, `--solar-transparent`): an
+// unmodified script reads in its own DistributedSampler order with equal batches and decides
+// which rank reads what, so the plan is torch order, δ = 0, policy sampler. Call on the config
+// for agents; `order_given`: the user named an order. Throws ConfigError("--order" or
+// "--imbalance") when the settings contradict the script's.
+void follow_the_script(PlanConfig& c, bool order_given);
+
 // The plan config `solar run` and the SPANK plugin use: c's epochs, nodes, ranks, batch, δ,
 // seed and order, for a dataset of `samples` × `sample_bytes` (+ `label_bytes` per label), with
 // `budget_bytes` of agent memory per node. Checks everything but the buffer first (so a bad

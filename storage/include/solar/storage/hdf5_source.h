@@ -52,6 +52,8 @@ class Hdf5Source : public SampleSource {
   const std::string& identity() const override;
   // Throws StorageError naming the file when it changed in place since it was opened.
   void check_unchanged() const;
+  // fstat of the file at open (identity() is made of it).
+  const struct ::stat& opened_stat() const;
 
   const std::string& path() const;
   // File offset of sample 0 when the samples lie in the file as raw bytes (contiguous,
