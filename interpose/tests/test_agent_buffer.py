@@ -52,6 +52,18 @@ def run_loader(lib, dataset, sock, workers, mode, span, **kw):
                preload_env(lib, dataset, sock, **kw))
 
 
+def run_and_observe(lib, dataset, agent, workers, mode, span, baseline):
+    """Runs the job under the preload against `agent`: its output must be the job's without the
+    preload. Returns the agent's transparent counters and the consumed[] counters."""
+    r = run_loader(lib, dataset, agent.sock, workers, mode, span)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert r.stdout == baseline[span].stdout
+    assert r.stderr == baseline[span].stderr
+    stats = agent.xstats()
+    with agent.index() as ix:
+        return stats, ix.consumed()
+
+
 def attaching(workers, mode):
     # Lazy opens happen in the workers only (new ones each epoch): each attaches. Otherwise the
     # main process attaches and the workers inherit its mapping.
@@ -68,13 +80,8 @@ def test_whole_dataset_resident_every_read_served(lib, h5file, baseline, start_a
     dataset, offset = h5file
     agent = start_agent(dataset, buffer="100%", epochs=EPOCHS)
     agent.wait_all_resident()
-    r = run_loader(lib, dataset, agent.sock, workers, mode, span)
-    assert r.returncode == 0, r.stderr.decode()[-2000:]
-    assert r.stdout == baseline[span].stdout
-    assert r.stderr == baseline[span].stderr
-    stats = agent.xstats()
+    stats, consumed = run_and_observe(lib, dataset, agent, workers, mode, span, baseline)
     with agent.index() as ix:
-        consumed = ix.consumed()
         assert ix.resident() == set(range(N))  # the plan evicts nothing: still all there
     assert stats["attached"] == attaching(workers, mode)
     assert stats["torn"] == 0
@@ -111,13 +118,7 @@ def test_part_resident_paced_by_the_job(lib, h5file, baseline, start_agent, work
     order = loader_first_epoch(1)
     firsts = {order[0]} if workers == 0 else {order[0], order[BATCH]}  # each worker's first
     assert not firsts & resident, "the scenario changed: pick another PARTIAL_SEED"
-    r = run_loader(lib, dataset, agent.sock, workers, mode, 1)
-    assert r.returncode == 0, r.stderr.decode()[-2000:]
-    assert r.stdout == baseline[1].stdout
-    assert r.stderr == baseline[1].stderr
-    stats = agent.xstats()
-    with agent.index() as ix:
-        consumed = ix.consumed()
+    stats, consumed = run_and_observe(lib, dataset, agent, workers, mode, 1, baseline)
     assert stats["attached"] == attaching(workers, mode)
     # Every read is one whole sample, from its start: counted once, as a hit or a miss.
     assert consumed == [EPOCHS] * N
@@ -171,13 +172,7 @@ def test_part_resident_short_reads_counted_exactly(lib, h5file, baseline, start_
     agent, resident = part_resident_agent(start_agent, dataset)
     hits, hit_bytes, misses, miss_bytes, consumed_1, short = span3_reads(resident)
     assert short > 0 and hits > short and misses > short  # all three kinds of read can occur
-    r = run_loader(lib, dataset, agent.sock, workers, mode, 3)
-    assert r.returncode == 0, r.stderr.decode()[-2000:]
-    assert r.stdout == baseline[3].stdout
-    assert r.stderr == baseline[3].stderr
-    stats = agent.xstats()
-    with agent.index() as ix:
-        consumed = ix.consumed()
+    stats, consumed = run_and_observe(lib, dataset, agent, workers, mode, 3, baseline)
     assert stats["attached"] == attaching(workers, mode)
     assert stats["hit_reads"] > 0 and stats["miss_reads"] > 0
     assert stats["hit_bytes"] + stats["miss_bytes"] == EPOCHS * (N - 2) * 3 * S

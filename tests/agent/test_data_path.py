@@ -182,20 +182,41 @@ def lines(path):
         return 0
 
 
-def run_and_kill(tmp_path, dataset, compute_ms, name, count, rank_file, steps, victim):
-    """Starts a solar run, waits until `count` children called `name` run and `rank_file` shows
-    `steps` steps, SIGKILLs the `victim`-th of them, and returns (returncode, stdout, stderr)."""
-    p = solar_run(tmp_path, dataset, train_args=["--compute-ms", str(compute_ms)], popen=True)
+def interrupt(p, act, *waits, timeout=300):
+    """While the run `p` (a Popen) goes on: waits for each (predicate, what) in `waits`, calls
+    `act(p)`, then lets the run finish. Returns (returncode, stdout, stderr); `p` never outlives
+    the call."""
     try:
-        wait_until(lambda: len(children(p.pid, name)) == count, what=f"{count} × {name}")
-        wait_until(lambda: lines(tmp_path / rank_file) >= steps, what=f"{rank_file} at step {steps}")
-        os.kill(children(p.pid, name)[victim], signal.SIGKILL)
-        out, err = p.communicate(timeout=300)
+        for pred, what in waits:
+            wait_until(pred, timeout=120, what=what)
+        act(p)
+        out, err = p.communicate(timeout=timeout)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
     return p.returncode, out, err
+
+
+def kill_agent(p, victim=0, name="solar-agent"):
+    os.kill(children(p.pid, name)[victim], signal.SIGKILL)
+
+
+def agents_up(p, count=2):
+    return lambda: len(children(p.pid, "solar-agent")) == count, f"{count} agents"
+
+
+def at_line(path, n):
+    return lambda: lines(path) >= n, f"{path.name} at line {n}"
+
+
+def run_and_kill(tmp_path, dataset, compute_ms, name, count, rank_file, steps, victim):
+    """Starts a solar run, waits until `count` children called `name` run and `rank_file` shows
+    `steps` steps, SIGKILLs the `victim`-th of them, and returns (returncode, stdout, stderr)."""
+    p = solar_run(tmp_path, dataset, train_args=["--compute-ms", str(compute_ms)], popen=True)
+    return interrupt(p, lambda p: kill_agent(p, victim, name),
+                     (lambda: len(children(p.pid, name)) == count, f"{count} × {name}"),
+                     at_line(tmp_path / rank_file, steps))
 
 
 def test_agent_killed_mid_run_ranks_finish_directly(tmp_path, dataset):
@@ -388,6 +409,20 @@ def test_gpu_copy_path_never_breaks_the_batch_path(tmp_path, dataset):
 NOT_THE_PLANS = "not the dataset the plan was computed for"
 
 
+def other_dataset(tmp_path, samples=600, preset="tiny"):
+    """A file of the dataset fixture's shape with other content (seed 8)."""
+    other = tmp_path / "other.h5"
+    run(SOLAR, "gen", other, "--samples", str(samples), "--preset", preset, "--seed", "8",
+        "--no-progress")
+    return other
+
+
+def rewrite_in_place(path, other):
+    """`other`'s bytes written into `path`: same inode, new content and mtime."""
+    with open(other, "rb") as src, open(path, "r+b") as dst:
+        shutil.copyfileobj(src, dst)
+
+
 def wrong_counts(out):
     """Every 'verified (N wrong)' a rank printed."""
     return [int(l.split("verified (")[1].split(" wrong")[0]) for l in out.splitlines()
@@ -407,21 +442,17 @@ def test_dataset_moved_over_then_agent_killed_no_rank_reads_the_other_file(tmp_p
     """`mv` of another file of the same shape over the dataset mid-run, then an agent SIGKILLed:
     its ranks fall back to direct reads, which must refuse the new file (the plan carries the
     dataset's identity); the other node's agent keeps serving the file it opened."""
-    other = tmp_path / "other.h5"
-    run(SOLAR, "gen", other, "--samples", "600", "--preset", "tiny", "--seed", "8", "--no-progress")
+    other = other_dataset(tmp_path)
     p = solar_run(tmp_path, dataset, train_args=["--compute-ms", "15"], popen=True)
-    try:
-        wait_until(lambda: len(children(p.pid, "solar-agent")) == 2, what="2 agents")
-        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 10, what="rank 0 at step 10")
+
+    def replace_then_kill(p):
         os.replace(other, dataset)
-        os.kill(children(p.pid, "solar-agent")[0], signal.SIGKILL)
-        out, err = p.communicate(timeout=300)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_agent(p)
+
+    rc, out, err = interrupt(p, replace_then_kill, agents_up(p),
+                             at_line(tmp_path / "rank-0.txt", 10))
     both = out + err
-    assert p.returncode != 0, both
+    assert rc != 0, both
     assert_no_foreign_bytes(both, 4)
     assert str(dataset) in [l for l in both.splitlines() if NOT_THE_PLANS in l][0], both
 
@@ -429,20 +460,12 @@ def test_dataset_moved_over_then_agent_killed_no_rank_reads_the_other_file(tmp_p
 def test_file_rewritten_in_place_is_refused_by_an_open_reader(tmp_path, dataset):
     """The same inode rewritten (another file's bytes copied into it): a rank that reads
     directly notices at its next read (size or mtime changed) and stops."""
-    other = tmp_path / "other.h5"
-    run(SOLAR, "gen", other, "--samples", "600", "--preset", "tiny", "--seed", "8", "--no-progress")
+    other = other_dataset(tmp_path)
     p = solar_run(tmp_path, dataset, "--no-agent", train_args=["--compute-ms", "15"], popen=True)
-    try:
-        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 10, what="rank 0 at step 10")
-        with open(other, "rb") as src, open(dataset, "r+b") as dst:
-            shutil.copyfileobj(src, dst)
-        out, err = p.communicate(timeout=300)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    rc, out, err = interrupt(p, lambda p: rewrite_in_place(dataset, other),
+                             at_line(tmp_path / "rank-0.txt", 10))
     both = out + err
-    assert p.returncode != 0, both
+    assert rc != 0, both
     assert all(n == 0 for n in wrong_counts(both)), both
     assert "changed while solar was reading it" in both, both
 
@@ -450,37 +473,37 @@ def test_file_rewritten_in_place_is_refused_by_an_open_reader(tmp_path, dataset)
 def test_solar_stored_restarted_with_another_file_no_rank_reads_it(tmp_path, dataset):
     """solar-stored restarted on the same port exporting another file under the same name: the
     agents refuse to resume on it and exit; their ranks' direct reads refuse it too."""
-    other = tmp_path / "other.h5"
-    run(SOLAR, "gen", other, "--samples", "600", "--preset", "tiny", "--seed", "8", "--no-progress")
+    other = other_dataset(tmp_path)
 
     def start(path, listen, tag):
         ready = tmp_path / f"ready-{tag}"
         proc = subprocess.Popen([STORED, "--listen", listen, "--export", f"d={path}", "--ready-file",
                                  str(ready), "--quiet"], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
+        servers.append(proc)
         wait_until(lambda: proc.poll() is not None or (ready.exists() and ready.read_text().strip()),
                    what="solar-stored ready")
         assert proc.poll() is None, proc.stdout.read()
         return proc, ready.read_text().strip()
 
-    server, addr = start(dataset, "127.0.0.1:0", "a")
-    second = None
-    p = None
-    try:
-        p = solar_run(tmp_path, f"fabric://{addr}/d", train_args=["--compute-ms", "15"], popen=True)
-        wait_until(lambda: len(children(p.pid, "solar-agent")) == 2, what="2 agents")
-        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 10, what="rank 0 at step 10")
+    def restart_on_the_other_file(p):
         server.kill()
         server.wait()
-        second, _ = start(other, addr, "b")
-        out, err = p.communicate(timeout=300)
+        start(other, addr, "b")
+
+    servers = []
+    try:
+        server, addr = start(dataset, "127.0.0.1:0", "a")
+        p = solar_run(tmp_path, f"fabric://{addr}/d", train_args=["--compute-ms", "15"], popen=True)
+        rc, out, err = interrupt(p, restart_on_the_other_file, agents_up(p),
+                                 at_line(tmp_path / "rank-0.txt", 10))
     finally:
-        for proc in (p, server, second):
-            if proc is not None and proc.poll() is None:
+        for proc in servers:
+            if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     both = out + err
-    assert p.returncode != 0, both
+    assert rc != 0, both
     assert all(n == 0 for n in wrong_counts(both)), both
     assert "different file" in both or NOT_THE_PLANS in both, both
 

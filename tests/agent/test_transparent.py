@@ -4,12 +4,12 @@ interposer preloaded into every rank and DataLoader worker) against the same scr
 solar: per-batch SHA-256 of inputs and labels and the losses identical bit for bit."""
 import os
 import re
-import signal
 import subprocess
 
 import pytest
 
-from test_data_path import SOLAR, children, lines, run, wait_until
+from test_data_path import (SOLAR, agents_up, at_line, interrupt, kill_agent, other_dataset,
+                            rewrite_in_place, run)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "slurm_examples", "train_h5py_ddp.py")
@@ -97,16 +97,9 @@ def test_agent_killed_mid_epoch_same_bytes(tmp_path, datasets):
     assert plain.returncode == 0, plain.stderr
     p = run_script(tmp_path, data, "solar", "--buffer", "50%", "--transparent", epochs=3,
                    popen=True)
-    try:
-        wait_until(lambda: len(children(p.pid, "solar-agent")) == 2, what="2 agents")
-        wait_until(lambda: lines(tmp_path / "solar-0.txt") >= 3, timeout=120, what="rank 0 at batch 3")
-        os.kill(children(p.pid, "solar-agent")[0], signal.SIGKILL)
-        out, err = p.communicate(timeout=600)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 0, out + err
+    rc, out, err = interrupt(p, kill_agent, agents_up(p), at_line(tmp_path / "solar-0.txt", 3),
+                             timeout=600)
+    assert rc == 0, out + err
     assert digests(tmp_path, "solar", 4) == digests(tmp_path, "plain", 4)
 
 
@@ -115,8 +108,7 @@ def test_dataset_replaced_nothing_served_from_the_buffer(tmp_path, datasets):
     agent's index and serves nothing; the script reads the new file, as it would without solar."""
     data = tmp_path / "d.h5"
     run(SOLAR, "gen", data, "--samples", "48", "--preset", "small", "--seed", "4", "--no-progress")
-    other = tmp_path / "other.h5"
-    run(SOLAR, "gen", other, "--samples", "48", "--preset", "small", "--seed", "5", "--no-progress")
+    other = other_dataset(tmp_path, 48, "small")
     # A wrapper that replaces the file once the agents hold it, then runs the script.
     wrapper = tmp_path / "replace-then-train.sh"
     wrapper.write_text(f'#!/bin/sh\n[ "$RANK" = 0 ] && mv -f {other} {data}\n'
@@ -187,22 +179,13 @@ def test_file_rewritten_in_place_mid_run_is_withdrawn(tmp_path):
     agent notices within its watch period and withdraws the buffer; from then on every rank
     reads the file itself, and each process says so once."""
     data = tmp_path / "d.h5"
-    other = tmp_path / "other.h5"
-    for path, seed in ((data, "4"), (other, "5")):
-        run(SOLAR, "gen", path, "--samples", "48", "--preset", "small", "--seed", seed,
-            "--no-progress")
+    run(SOLAR, "gen", data, "--samples", "48", "--preset", "small", "--seed", "4", "--no-progress")
+    other = other_dataset(tmp_path, 48, "small")
     p = run_script(tmp_path, data, "solar", "--buffer", "64%", "--transparent", epochs=40,
                    popen=True)
-    try:
-        wait_until(lambda: lines(tmp_path / "solar-0.txt") >= 3, timeout=120, what="batch 3")
-        with open(other, "rb") as src, open(data, "r+b") as dst:
-            dst.write(src.read())
-        out, err = p.communicate(timeout=600)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 0, out + err
+    rc, out, err = interrupt(p, lambda p: rewrite_in_place(data, other),
+                             at_line(tmp_path / "solar-0.txt", 3), timeout=600)
+    assert rc == 0, out + err
     assert "changed during the run; reading it directly" in err, err
     assert err.count("changed during the run; reading it directly") <= 4, err  # once per rank
     assert "the unmodified ranks read the file from now on" in err, err  # the agent withdrew it
