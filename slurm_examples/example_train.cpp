@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -19,9 +20,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#ifdef SOLAR_EXAMPLE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include <dlfcn.h>
 
 #include "solar/core/plan_file.h"
 #include "solar/solar.hpp"
@@ -29,6 +28,51 @@
 #include "solar/storage/sample_source.h"
 
 namespace {
+
+// --device-copy's own device memory: the CUDA runtime opened when asked for (dlopen), as
+// libsolar does, so the program needs no CUDA to build, install or run without a GPU.
+struct DeviceMemory {
+  int (*Malloc)(void**, std::size_t) = nullptr;
+  int (*Free)(void*) = nullptr;
+  int (*Memcpy)(void*, const void*, std::size_t, int) = nullptr;  // 2 = device to host
+  int (*DeviceSynchronize)() = nullptr;
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+
+  DeviceMemory() {
+    void* h = nullptr;
+    const char* env = std::getenv("SOLAR_CUDART");
+    // The runtime libsolar already opened first: one CUDA runtime in the process.
+    for (int flags : {RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, RTLD_NOW | RTLD_LOCAL})
+      for (const char* n : {env ? env : "", "libcudart.so", "libcudart.so.13", "libcudart.so.12",
+                            "libcudart.so.11.0"})
+        if (!h && *n) h = ::dlopen(n, flags);
+    if (!h) throw solar::Error("--device-copy: cannot open libcudart (set SOLAR_CUDART)");
+    Malloc = reinterpret_cast<decltype(Malloc)>(::dlsym(h, "cudaMalloc"));
+    Free = reinterpret_cast<decltype(Free)>(::dlsym(h, "cudaFree"));
+    Memcpy = reinterpret_cast<decltype(Memcpy)>(::dlsym(h, "cudaMemcpy"));
+    DeviceSynchronize = reinterpret_cast<decltype(DeviceSynchronize)>(::dlsym(h, "cudaDeviceSynchronize"));
+    if (!Malloc || !Free || !Memcpy || !DeviceSynchronize)
+      throw solar::Error("--device-copy: libcudart lacks cudaMalloc/cudaFree/cudaMemcpy");
+  }
+  ~DeviceMemory() {
+    if (ptr) Free(ptr);
+  }
+  void* at_least(std::size_t n) {
+    if (n > bytes) {
+      if (ptr) Free(ptr);
+      ptr = nullptr;
+      if (Malloc(&ptr, n) != 0) throw solar::Error("--device-copy: cudaMalloc failed");
+      bytes = n;
+    }
+    return ptr;
+  }
+  // Copies device memory back (after the default stream's work) for comparison.
+  void read_back(std::vector<std::byte>& out) const {
+    if (DeviceSynchronize() != 0 || Memcpy(out.data(), ptr, out.size(), 2) != 0)
+      throw solar::Error("--device-copy: cudaMemcpy back failed");
+  }
+};
 
 // The baseline the benchmarks compare with: what a PyTorch Dataset + DataLoader does. This
 // rank's batches (from the same plan file) are read directly from storage, one request per
@@ -261,11 +305,13 @@ int main(int argc, char** argv) {
     };
     // --device-copy: the GPU path, or the reason there is none.
     bool gpu = false;
-    [[maybe_unused]] void* device = nullptr;
+    std::optional<DeviceMemory> device;
+    std::vector<std::byte> back;
     std::uint64_t gpu_batches = 0, gpu_bad = 0;
     if (device_copy && loader) {
       gpu = solar_cuda_available() != 0;
       if (!gpu) std::printf("rank %u: GPU copies skipped: %s\n", rank, solar_last_error());
+      else device.emplace();
     }
     using Clock = std::chrono::steady_clock;
     for (;;) {
@@ -277,19 +323,17 @@ int main(int argc, char** argv) {
           // Must fail cleanly and leave the batch usable.
           if (solar_batch_copy_to_device(b->raw(), nullptr, nullptr) == 0) ++gpu_bad;
         }
-#ifdef SOLAR_EXAMPLE_CUDA
-        if (gpu) {
-          const std::size_t bytes = b->size() * loader->sample_bytes();
-          if (!device && cudaMalloc(&device, std::max<std::size_t>(bytes, 1) * 2) != cudaSuccess)
-            throw solar::Error("--device-copy: cudaMalloc failed");
-          if (solar_batch_copy_to_device(b->raw(), device, nullptr) != 0)
+        if (gpu) {  // the whole batch to the device and back: every byte compared
+          const std::size_t sb = loader->sample_bytes();
+          void* dst = device->at_least(std::max<std::size_t>(b->size() * sb, 1));
+          if (solar_batch_copy_to_device(b->raw(), dst, nullptr) != 0)
             throw solar::Error(std::string("--device-copy: ") + solar_last_error());
-          std::vector<std::byte> back(loader->sample_bytes());
-          cudaMemcpy(back.data(), device, back.size(), cudaMemcpyDeviceToHost);
-          if (std::memcmp(back.data(), b->sample(0).data(), back.size()) != 0) ++gpu_bad;
+          back.resize(b->size() * sb);
+          device->read_back(back);
+          for (std::size_t i = 0; i < b->size(); ++i)
+            if (std::memcmp(back.data() + i * sb, b->sample(i).data(), sb) != 0) ++gpu_bad;
           ++gpu_batches;
         }
-#endif
         load_s[b->epoch()] += std::chrono::duration<double>(Clock::now() - t0).count();
         epoch_samples[b->epoch()] += b->size();
         if (verify) {  // the one-call copy (solar_batch_gather) gives the very same bytes
@@ -323,9 +367,7 @@ int main(int argc, char** argv) {
             [&](std::size_t i) { return b->labels.data() + i * label_bytes; }, sb);
       }
     }
-#ifdef SOLAR_EXAMPLE_CUDA
-    if (device) cudaFree(device);
-#endif
+    device.reset();
     if (gpu) std::printf("rank %u: %llu batches copied to the GPU, %llu wrong\n", rank,
                          static_cast<unsigned long long>(gpu_batches),
                          static_cast<unsigned long long>(gpu_bad));

@@ -1,6 +1,9 @@
 // solar_spank.so: the Slurm entry points. Each forwards to the module of the process it runs
 // in (srun_side.cpp: srun, sbatch, salloc; stepd_side.cpp: a node's slurmstepd and slurmd's
 // job epilog). No exception leaves this file.
+#include <dlfcn.h>
+#include <limits.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -65,10 +68,21 @@ int on_option(int val, const char* optarg, int /*remote*/) {
   }));
 }
 
+int load_config(int argc, char** argv);
+
+// The plugin's own file as installed (symlinks resolved): the defaults of agent=, solar= and
+// preload= lie relative to it. Empty if the loader cannot say.
+std::string plugin_file() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&load_config), &info) == 0 || !info.dli_fname) return {};
+  char real[PATH_MAX];
+  return ::realpath(info.dli_fname, real) ? std::string(real) : std::string();
+}
+
 int load_config(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   try {
-    g_state.config = PluginConfig::parse(args);
+    g_state.config = PluginConfig::parse(args, plugin_file());
     g_config_ok = true;
     return 0;
   } catch (const ConfigError& e) {

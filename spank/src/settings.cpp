@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -39,8 +40,15 @@ std::string absolute_path(const std::string& key, const std::string& value) {
 
 }  // namespace
 
-PluginConfig PluginConfig::parse(const std::vector<std::string>& args) {
+PluginConfig PluginConfig::parse(const std::vector<std::string>& args,
+                                 const std::string& plugin_path) {
   PluginConfig c;
+  if (!plugin_path.empty() && plugin_path.front() == '/') {
+    const std::filesystem::path dir = std::filesystem::path(plugin_path).parent_path();
+    c.agent = (dir / SOLAR_SPANK_REL_AGENT).lexically_normal().string();
+    c.solar = (dir / SOLAR_SPANK_REL_SOLAR).lexically_normal().string();
+    c.preload = (dir / SOLAR_SPANK_REL_PRELOAD).lexically_normal().string();
+  }
   for (const std::string& arg : args) {
     const auto eq = arg.find('=');
     if (eq == std::string::npos)

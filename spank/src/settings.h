@@ -16,7 +16,7 @@ namespace solar::spank {
 // What happens when a node's agent cannot start.
 enum class OnError : std::uint8_t { fallback, fail };
 
-// plugstack.conf: `required /usr/lib/solar/solar_spank.so agent=... plan_dir=... ...`
+// plugstack.conf: `required /usr/lib/slurm-wlm/solar_spank.so agent=... plan_dir=... ...`
 struct PluginConfig {
   std::string agent = SOLAR_SPANK_DEFAULT_AGENT;  // the solar-agent binary
   std::string solar = SOLAR_SPANK_DEFAULT_SOLAR;  // the solar tool (reads datasets for srun)
@@ -31,8 +31,11 @@ struct PluginConfig {
   std::string preload = SOLAR_SPANK_DEFAULT_PRELOAD;  // libsolar_preload.so for transparent tasks
 
   // Parses `key=value` arguments; throws ConfigError naming the argument on an unknown key, a
-  // bad value or a relative path.
-  static PluginConfig parse(const std::vector<std::string>& args);
+  // bad value or a relative path. `plugin_path`, the plugin's own file as loaded, places the
+  // defaults of agent, solar and preload where the install puts them relative to it (empty:
+  // the build's install prefix).
+  static PluginConfig parse(const std::vector<std::string>& args,
+                            const std::string& plugin_path = {});
 };
 
 // What srun needs of the dataset, read by the `solar dataset-info` child process (the plugin

@@ -47,6 +47,21 @@ TEST(PluginConfig, DefaultsAndKeys) {
   EXPECT_FALSE(PluginConfig::parse({"zero_copy=no"}).zero_copy);
 }
 
+// Installed anywhere, the plugin finds the programs where the install put them beside it; an
+// argument still wins.
+TEST(PluginConfig, DefaultsLieRelativeToThePluginFile) {
+  const PluginConfig at_build_prefix = PluginConfig::parse({});
+  EXPECT_EQ(at_build_prefix.agent, SOLAR_SPANK_DEFAULT_AGENT);
+  // The install tree unpacked under /opt/x (a staging root, say).
+  const PluginConfig moved =
+      PluginConfig::parse({}, "/opt/x" SOLAR_SPANK_INSTALL_DIR "/solar_spank.so");
+  EXPECT_EQ(moved.agent, "/opt/x" + std::string(SOLAR_SPANK_DEFAULT_AGENT));
+  EXPECT_EQ(moved.solar, "/opt/x" + std::string(SOLAR_SPANK_DEFAULT_SOLAR));
+  EXPECT_EQ(moved.preload, "/opt/x" + std::string(SOLAR_SPANK_DEFAULT_PRELOAD));
+  EXPECT_EQ(PluginConfig::parse({"agent=/a/solar-agent"}, "/opt/x/lib/solar_spank.so").agent,
+            "/a/solar-agent");
+}
+
 TEST(PluginConfig, RejectsUnknownAndBad) {
   for (const char* bad : {"colour=blue", "agent", "agent=relative/path", "on_error=maybe",
                           "max_buffer=lots", "timeout=0", "zero_copy=maybe"})

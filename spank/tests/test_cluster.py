@@ -87,13 +87,13 @@ class Cluster:
         wait_until(lambda: not self.jobs() and self.idle(), what="an idle cluster")
 
 
-def agents_running():
+def agents_running(agent=AGENT):
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            if os.readlink(f"/proc/{pid}/exe") == os.path.realpath(AGENT):
+            if os.readlink(f"/proc/{pid}/exe") == os.path.realpath(agent):
                 found.append(int(pid))
         except OSError:
             pass
@@ -397,3 +397,35 @@ def test_step_shape_error_stops_the_step_under_either_line(cluster, dataset, lin
     p = cluster.run("srun", "-N2", "-n3", *solar_args(dataset), "echo", "RAN")
     assert p.returncode != 0, p.stdout + p.stderr
     assert "RAN" not in p.stdout and "--ntasks-per-node" in p.stderr, p.stdout + p.stderr
+
+
+def test_installed_package_runs_the_example_job(cluster, dataset):
+    """The Debian package unpacked into a staging root, the plugstack line of the docs with no
+    agent=/solar= paths (the plugin finds them beside itself), and the documented example job
+    (train-example.sbatch) with only the staging root's programs on PATH."""
+    deb = os.environ.get("SOLAR_DEB")
+    assert deb and os.path.isfile(deb), f"no package at {deb}: ctest runs package.deb first"
+    stage = os.path.join(cluster.root, "stage")
+    subprocess.run(["dpkg-deb", "-x", deb, stage], check=True, timeout=120)
+    plugin = os.path.join(stage, "usr", "lib", "slurm-wlm", "solar_spank.so")
+    with open(os.path.join(cluster.dir, "plugstack.conf"), "w") as f:
+        f.write(f"required {plugin} plan_dir={cluster.plans} runtime_dir={cluster.run_dir}\n")
+    bindir = os.path.join(stage, "usr", "bin")
+    env = {k: v for k, v in cluster.env.items() if not k.startswith("SOLAR_")}
+    env["PATH"] = f"{bindir}:/usr/sbin:/usr/bin:/sbin:/bin"
+    out = os.path.join(cluster.root, "example.out")
+    script = os.path.join(stage, "usr", "share", "doc", "solar", "examples", "train-example.sbatch")
+    p = subprocess.run(["sbatch", "-W", "-o", out, f"--solar-dataset={dataset}", script], env=env, capture_output=True,
+                       text=True, timeout=240, cwd=cluster.root)
+    text = open(out).read() if os.path.exists(out) else ""
+    assert p.returncode == 0, p.stdout + p.stderr + text
+    assert text.count("verified (0 wrong), from the node agent") == 4, text
+    assert len(re.findall(r"solar: node \d: [1-9]\d* hits", text)) == 2, text
+    # Agents served every rank, so the plugin found solar-agent beside itself: the staging root
+    # holds the only one on a default path (this build's prefix has none: checked below).
+    assert text.count("agent ready in") == 2, text
+    assert not os.path.exists("/usr/local/bin/solar-agent")
+    os.unlink(out)
+    cluster.settle()
+    left = agents_running(os.path.join(bindir, "solar-agent"))
+    assert not left, f"staged agents outlived the job: {left}"
