@@ -33,8 +33,12 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import slow_storage  # noqa: E402  (scripts/slow-storage: the emulated shared storage)
 
 
 # --- driver helpers (also used by pytorch_e2e.py) ------------------------------------------------
@@ -49,59 +53,26 @@ def find_build(build):
              "build first (scripts/build) or pass --build DIR")
 
 
-def drop_cache(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+drop_cache = slow_storage.evict
 
 
 _SRUN_RANK = ('RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS '
               'MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000)) exec "$@"')
 
 
-class Throttle:
-    """A blkio cgroup capping reads of the disk that holds `path` (cgroup v1; root)."""
-
-    def __init__(self, spec, path):
-        self.dir = None
-        if not spec:
-            return
-        bps, _, iops = spec.partition(",")
-        mult = {"K": 2**10, "M": 2**20, "G": 2**30}
-        bps = int(float(bps[:-1]) * mult[bps[-1].upper()]) if bps[-1].upper() in mult else int(bps)
-        dev = os.stat(path).st_dev
-        majmin = f"{os.major(dev)}:{os.minor(dev)}"
-        if os.path.exists(f"/sys/dev/block/{majmin}/partition"):  # throttle the whole disk
-            parent = os.path.realpath(f"/sys/dev/block/{majmin}/..")
-            with open(os.path.join(parent, "dev")) as f:
-                majmin = f.read().strip()
-        root = "/sys/fs/cgroup/blkio"
-        if os.geteuid() != 0 or not os.path.isdir(root):
-            sys.exit("pytorch bench: --throttle needs root and cgroup v1 blkio at " + root)
-        self.dir = tempfile.mkdtemp(prefix="solar-bench-", dir=root)
-        with open(os.path.join(self.dir, "blkio.throttle.read_bps_device"), "w") as f:
-            f.write(f"{majmin} {bps}")
-        if iops:
-            with open(os.path.join(self.dir, "blkio.throttle.read_iops_device"), "w") as f:
-                f.write(f"{majmin} {int(iops)}")
-        self.text = f"reads capped at {bps / 1e6:.0f} MB/s" + (f", {iops} IOPS" if iops else "") + \
-            f" on {majmin} (blkio cgroup)"
-
-    def enter(self):
-        """preexec_fn: the child (and all it starts) joins the cgroup."""
-        if self.dir:
-            with open(os.path.join(self.dir, "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
-
-    def close(self):
-        if self.dir:
-            os.rmdir(self.dir)  # empty again once its processes have exited
-            self.dir = None
+def make_throttle(spec, path):
+    """--throttle BPS[,IOPS]: slow_storage.Throttle on the disk holding `path`, or None."""
+    if not spec:
+        return None
+    bps, _, iops = spec.partition(",")
+    try:
+        return slow_storage.Throttle(path, slow_storage.parse_size(bps, "--throttle"),
+                                     int(iops) if iops else None)
+    except (slow_storage.Unavailable, ValueError) as e:
+        sys.exit(f"pytorch bench: --throttle {spec}: {e}")
 
 
-THROTTLE = Throttle(None, None)
+THROTTLE = None
 
 
 def solar_run(tool, dataset, a, rank_argv, extra=()):
@@ -119,13 +90,15 @@ def solar_run(tool, dataset, a, rank_argv, extra=()):
         cmd = ["srun", "-N", str(a.nodes), f"--ntasks-per-node={a.ranks}", *solar, "bash", "-c",
                _SRUN_RANK, "rank", sys.executable, *rank_argv]
     else:
-        cmd = [tool, "run", "-n", str(a.ranks), "--nodes", str(a.nodes), "--dataset", dataset,
+        cmd = [tool, "run", "--ranks-per-node", str(a.ranks), "--nodes", str(a.nodes),
+               "--dataset", dataset,
                "--buffer", a.buffer, "--epochs", str(a.epochs), "--batch", str(a.batch),
                "--seed", str(a.seed), "--order", "torch", *extra,
                *([] if no_agent else ["-v"]),
                *(["--zero-copy"] if a.zero_copy and not no_agent and not transparent else []),
                "--", sys.executable, *rank_argv]
-    p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=THROTTLE.enter)
+    p = subprocess.run(cmd, capture_output=True, text=True,
+                       preexec_fn=THROTTLE.enter if THROTTLE else None)
     if p.returncode != 0:
         sys.exit(f"pytorch bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     return p.stdout + p.stderr
@@ -285,6 +258,13 @@ def rank_main(a):
 
 
 # --- driver --------------------------------------------------------------------------------------
+def sample_bytes_of(path):
+    import h5py
+    with h5py.File(path, "r") as f:
+        d = f["data"]
+        return int(d.dtype.itemsize * max(1, int(np.prod(d.shape[1:]))))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -294,50 +274,73 @@ def main():
     ap.add_argument("--repeat", type=int, default=1,
                     help="run every mode this many times, in rotation, and compare the runs of "
                          "median total (this machine is noisy) [1]")
+    ap.add_argument("--modes", default="baseline,transparent,solar",
+                    help="which loaders to run (baseline is always run) "
+                         "[baseline,transparent,solar]")
+    ap.add_argument("--json", metavar="FILE",
+                    help="also write every figure (per-epoch times, limits, bytes each mode "
+                         "read from the disk under --throttle) here, for bench/sweep and "
+                         "solar report")
     a = ap.parse_args()
     if a.rank:
         a.workers = int(a.workers)
         return rank_main(a)
     if a.repeat < 1:
         sys.exit("pytorch_io: --repeat must be at least 1")
+    modes = [m for m in a.modes.split(",") if m]
+    if not set(modes) <= {"baseline", "transparent", "solar"}:
+        sys.exit(f"pytorch_io: --modes {a.modes}: choose from baseline, transparent, solar")
     tool, lib = find_build(a.build)
     tmp = tempfile.mkdtemp(prefix="solar-bench-", dir=os.environ.get("SOLAR_BENCH_DIR"))
     global THROTTLE
     try:
         path = make_dataset(tool, a, tmp)
-        THROTTLE = Throttle(a.throttle, path)
+        THROTTLE = make_throttle(a.throttle, path)
         nbytes = os.path.getsize(path)
+        sb = sample_bytes_of(path)
         print(f"dataset {path}: {a.samples} samples, {nbytes / 2**20:.0f} MiB; {a.nodes}x{a.ranks} "
               f"ranks, batch {a.batch}, {a.epochs} epochs, solar buffer {a.buffer} per node, "
               f"cold storage every epoch" +
-              (f"; {THROTTLE.text}" if THROTTLE.dir else ""))
+              (f"; {THROTTLE.describe()}" if THROTTLE else ""))
         me = os.path.abspath(__file__)
         workers = [int(x) for x in a.workers.split(",")]
         runs = {w: [] for w in workers}
-        runs.update({("transparent", w): [] for w in workers})
-        runs["solar"] = []
+        disk = {}  # mode -> bytes the cgroup read from the disk in its (last) run
+        if "transparent" in modes:
+            runs.update({("transparent", w): [] for w in workers})
+        if "solar" in modes:
+            runs["solar"] = []
         agent_ranks = 0
         plans = {}
+
+        def run(mode, rank_argv, extra=()):
+            before = THROTTLE.counters() if THROTTLE else None
+            log = solar_run(tool, path, a, rank_argv, extra)
+            if THROTTLE:
+                disk[mode] = THROTTLE.counters()[0] - before[0]
+            return log
+
         for k in range(a.repeat):  # in rotation, so that drifts in load hit every mode alike
             for w in workers:
                 out = os.path.join(tmp, f"baseline-{w}-{k}")
                 os.makedirs(out)
                 drop_cache(path)
-                solar_run(tool, path, a, [me, "--rank", "baseline", "--workers", str(w), "--out",
-                                          out, "--library", lib, "--seed", str(a.seed),
-                                          "--batch", str(a.batch), "--epochs", str(a.epochs)],
-                          extra=["--no-agent"])
+                run(("baseline", w), [me, "--rank", "baseline", "--workers", str(w), "--out",
+                                      out, "--library", lib, "--seed", str(a.seed),
+                                      "--batch", str(a.batch), "--epochs", str(a.epochs)],
+                    extra=["--no-agent"])
                 runs[w].append(gather(out, a.ranks * a.nodes)["load"])
                 print(f"baseline num_workers={w}: total {sum(runs[w][-1]):.4f} s "
                       f"{fmt_list(runs[w][-1])}")
-            for w in workers:  # the very same rank program, unmodified, served transparently
+            for w in workers if "transparent" in modes else []:
+                # The very same rank program, unmodified, served transparently.
                 out = os.path.join(tmp, f"transparent-{w}-{k}")
                 os.makedirs(out)
                 drop_cache(path)
-                log = solar_run(tool, path, a, [me, "--rank", "baseline", "--workers", str(w),
-                                                "--out", out, "--library", lib, "--seed",
-                                                str(a.seed), "--batch", str(a.batch), "--epochs",
-                                                str(a.epochs)], extra=["--transparent"])
+                log = run(("transparent", w), [me, "--rank", "baseline", "--workers", str(w),
+                                               "--out", out, "--library", lib, "--seed",
+                                               str(a.seed), "--batch", str(a.batch), "--epochs",
+                                               str(a.epochs)], extra=["--transparent"])
                 plans["transparent"] = planned(log)
                 runs[("transparent", w)].append(gather(out, a.ranks * a.nodes)["load"])
                 served = [l for l in log.splitlines() if "file reads served" in l]
@@ -345,48 +348,81 @@ def main():
                       f"{fmt_list(runs[('transparent', w)][-1])}")
                 for line in served:
                     print("  " + line.split(": ", 1)[1] if ": " in line else line)
-            out = os.path.join(tmp, f"solar-{k}")
-            os.makedirs(out)
-            drop_cache(path)
-            log = solar_run(tool, path, a, [me, "--rank", "solar", "--out", out, "--library",
-                                            lib, "--workers", "0", "--epochs", str(a.epochs)])
-            plans["solar"] = planned(log)
-            g = gather(out, a.ranks * a.nodes)
-            runs["solar"].append(g["load"])
-            agent_ranks = g["agent_ranks"]
-            print(f"SOLAR: total {sum(g['load']):.4f} s {fmt_list(g['load'])}")
-            for line in log.splitlines():
-                if line.startswith("solar run: node"):
-                    print(line)
+            if "solar" in modes:
+                out = os.path.join(tmp, f"solar-{k}")
+                os.makedirs(out)
+                drop_cache(path)
+                log = run("solar", [me, "--rank", "solar", "--out", out, "--library", lib,
+                                    "--workers", "0", "--epochs", str(a.epochs)])
+                plans["solar"] = planned(log)
+                g = gather(out, a.ranks * a.nodes)
+                runs["solar"].append(g["load"])
+                agent_ranks = g["agent_ranks"]
+                print(f"SOLAR: total {sum(g['load']):.4f} s {fmt_list(g['load'])}")
+                for line in log.splitlines():
+                    if line.startswith("solar run: node"):
+                        print(line)
         # Each mode's run of median total; the baseline's best num_workers by that median.
         median = {m: median_run(rs) for m, rs in runs.items()}
         best = min(workers, key=lambda w: sum(median[w]))
-        best_t = min(workers, key=lambda w: sum(median[("transparent", w)]))
-        base, sol, trans = median[best], median["solar"], median[("transparent", best_t)]
+        base = median[best]
+        result = {"config": {k: getattr(a, k) for k in ("samples", "preset", "nodes", "ranks",
+                                                          "batch", "epochs", "buffer", "seed",
+                                                          "throttle", "workers", "repeat")},
+                  "sample_bytes": sb, "dataset_bytes": nbytes,
+                  "modes": {"baseline": {"per_epoch_s": base, "total_s": sum(base),
+                                         "num_workers": best,
+                                         "disk_bytes": disk.get(("baseline", best))}}}
         print()
         if a.repeat > 1:
             print(f"(each mode run {a.repeat} times in rotation; the runs of median total shown)")
         print(f"DataLoading time baseline each epoch: {fmt_list(base)}  "
               f"(num_workers={best}, the best of {a.workers})")
-        print(f"DataLoading time SOLAR each epoch: {fmt_list(sol)}  ({agent_ranks} of "
-              f"{a.ranks * a.nodes} ranks served by a node agent, via {a.launcher})")
-        print(f"DataLoading time transparent each epoch: {fmt_list(trans)}  (the baseline's "
-              f"DataLoader unmodified under solar run --transparent, num_workers={best_t})")
-        speed = {"solar": sum(base) / max(sum(sol), 1e-9),
-                 "transparent": sum(base) / max(sum(trans), 1e-9)}
-        for m, t in (("solar", sol), ("transparent", trans)):
-            line = (f"speedup {m}: {speed[m]:.2f}x in total over {a.epochs} epochs "
+        shown = {}
+        if "solar" in modes:
+            shown["solar"] = median["solar"]
+            print(f"DataLoading time SOLAR each epoch: {fmt_list(shown['solar'])}  ({agent_ranks} "
+                  f"of {a.ranks * a.nodes} ranks served by a node agent, via {a.launcher})")
+        if "transparent" in modes:
+            best_t = min(workers, key=lambda w: sum(median[("transparent", w)]))
+            shown["transparent"] = median[("transparent", best_t)]
+            print(f"DataLoading time transparent each epoch: {fmt_list(shown['transparent'])}  "
+                  f"(the baseline's DataLoader unmodified under solar run --transparent, "
+                  f"num_workers={best_t})")
+        for m, t in shown.items():
+            speed = sum(base) / max(sum(t), 1e-9)
+            line = (f"speedup {m}: {speed:.2f}x in total over {a.epochs} epochs "
                     f"({sum(base):.4f} s vs {sum(t):.4f} s)")
+            entry = {"per_epoch_s": t, "total_s": sum(t), "speedup": speed,
+                     "disk_bytes": disk.get(m if m == "solar" else ("transparent", best_t))}
             if plans.get(m):
                 fetches, accesses = plans[m]
                 limit = accesses / max(fetches, 1)
                 line += (f"; limit {limit:.2f}x (plain bytes / planned bytes: {accesses} vs "
-                         f"{fetches} samples), achieved {speed[m] / limit:.2f} of it")
+                         f"{fetches} samples), achieved {speed / limit:.2f} of it")
+                entry.update(planned_fetches=fetches, plain_accesses=accesses,
+                             planned_bytes=fetches * sb, plain_bytes=accesses * sb,
+                             limit=limit, of_limit=speed / limit)
+            if entry["disk_bytes"] is not None:
+                line += (f"; read {entry['disk_bytes'] / 2**20:.1f} MiB from the disk (cgroup "
+                         f"count)" + (f" for {fetches * sb / 2**20:.1f} MiB planned"
+                                      if plans.get(m) else ""))
+            result["modes"][m] = entry
             print(line)
-        print(f"transparent vs solar.torch.Loader: {sum(trans) / max(sum(sol), 1e-9):.2f}x the "
-              f"loading time")
+        if result["modes"]["baseline"]["disk_bytes"] is not None:
+            print(f"baseline read {result['modes']['baseline']['disk_bytes'] / 2**20:.1f} MiB "
+                  f"from the disk (cgroup count)")
+        if "solar" in shown and "transparent" in shown:
+            print(f"transparent vs solar.torch.Loader: "
+                  f"{sum(shown['transparent']) / max(sum(shown['solar']), 1e-9):.2f}x the "
+                  f"loading time")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(result, f, indent=1)
+                f.write("\n")
     finally:
-        THROTTLE.close()
+        if THROTTLE:
+            THROTTLE.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

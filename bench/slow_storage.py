@@ -120,7 +120,7 @@ class Throttle:
             f.write(text)
 
     def describe(self):
-        return (f"reads of disk {self.majmin} capped at {self.bps / 1e6:.0f} MB/s"
+        return (f"reads of disk {self.majmin} capped at {self.bps / 2**20:.0f} MiB/s"
                 + (f", {self.iops} IOPS" if self.iops else "") + f" ({self.kind})")
 
     def enter(self):
