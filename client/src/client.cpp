@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fmt/format.h>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -45,18 +46,44 @@ std::string env(const char* name, const char* fallback = nullptr) {
                                 name));
 }
 
-std::uint32_t env_u32(const char* name, const char* alt = nullptr) {
+// A whole number from the environment; nullopt when neither `name` nor `alt` is set.
+std::optional<std::uint32_t> env_u32(const char* name, const char* alt = nullptr) {
   const char* v = std::getenv(name);
-  if (!v && alt) v = std::getenv(alt);
-  if (!v) throw ClientError(fmt::format("{} is not set: run under `solar run` or `srun --solar-*`",
-                                        name));
+  const char* shown = name;
+  if (!v && alt) {
+    v = std::getenv(alt);
+    shown = alt;
+  }
+  if (!v) return std::nullopt;
   char* end = nullptr;
   errno = 0;
   const unsigned long x = std::strtoul(v, &end, 10);
-  if (errno || end == v || *end || x > 0xffffffffUL)
-    throw ClientError(fmt::format("{}='{}' is not a non-negative integer", name, v));
+  if (errno || end == v || *end || *v == '-' || x > 0xffffffffUL)
+    throw ClientError(fmt::format("{}='{}' is not a non-negative integer", shown, v));
   return static_cast<std::uint32_t>(x);
 }
+
+// The launcher variable that says this process is one of several, if any ("WORLD_SIZE=4").
+std::string multi_process_launch() {
+  for (const char* name : {"WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE",
+                           "PMI_SIZE"}) {
+    const char* v = std::getenv(name);
+    if (v && std::strtoul(v, nullptr, 10) > 1) return fmt::format("{}={}", name, v);
+  }
+  return {};
+}
+
+// FNV-1a, 64 bits: the plan's fingerprint.
+struct Fnv {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  template <class T>
+  void add(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    unsigned char b[sizeof v];
+    std::memcpy(b, &v, sizeof v);
+    for (unsigned char c : b) h = (h ^ c) * 0x100000001b3ULL;
+  }
+};
 
 // Exactly n bytes or an error (EINTR retried).
 bool write_all(int fd, const void* p, std::size_t n) {
@@ -380,13 +407,52 @@ const char* solar_version(void) { return SOLAR_VERSION_STRING; }
 solar_loader* solar_open_env(void) {
   try {
     auto l = std::make_unique<solar_loader>();
-    const std::string plan_path = env("SOLAR_PLAN");
-    l->node = env_u32("SOLAR_NODE");
-    l->local_rank = env_u32("SOLAR_LOCAL_RANK", "LOCAL_RANK");
-    l->dataset = env("SOLAR_DATASET");
+    const char* plan_env = std::getenv("SOLAR_PLAN");
+    if (!plan_env || !*plan_env)
+      throw ClientError("SOLAR_PLAN is not set: run under `solar run` or `srun --solar-*`, or "
+                        "make a plan (`solar plan --samples N --sample-bytes B --batch b "
+                        "--epochs E --buffer X --out FILE`) and set SOLAR_PLAN to that file");
+    const std::string plan_path = plan_env;
+    const auto node = env_u32("SOLAR_NODE");
+    const auto local_rank = env_u32("SOLAR_LOCAL_RANK", "LOCAL_RANK");
+    const char* dataset_env = std::getenv("SOLAR_DATASET");
+    if (!dataset_env || !*dataset_env)
+      throw ClientError(fmt::format("SOLAR_DATASET is not set: set it to the dataset the plan {} "
+                                    "was made for (FILE.h5[:/dataset] or "
+                                    "fabric://HOST:PORT/NAME)",
+                                    plan_path));
+    l->dataset = dataset_env;
     l->labels = env("SOLAR_LABELS", "/label");
     const solar::PlanFile pf = solar::PlanFile::open(plan_path);
     l->header = pf.header();
+    // Standalone (one process, no launcher): node 0, local rank 0. A process that a launcher
+    // started as one of several must be told which rank it is: all of them being rank 0 would
+    // train on the same samples.
+    {
+      const auto& c = l->header.config;
+      const bool need_node = !node && c.nodes > 1;
+      const bool need_rank = !local_rank && c.ranks_per_node > 1;
+      if (need_node || need_rank) {
+        const std::string missing = need_node && need_rank ? "SOLAR_NODE and SOLAR_LOCAL_RANK are"
+                                    : need_node ? "SOLAR_NODE is"
+                                                : "SOLAR_LOCAL_RANK (or LOCAL_RANK) is";
+        if (const std::string launch = multi_process_launch(); !launch.empty())
+          throw ClientError(fmt::format(
+              "{} not set but this process is one of several ({}) and the plan {} has {} "
+              "node{} x {} rank{} per node: run under `solar run` or `srun --solar-*`, or set "
+              "{}",
+              missing, launch, plan_path, c.nodes, c.nodes == 1 ? "" : "s", c.ranks_per_node,
+              c.ranks_per_node == 1 ? "" : "s", need_node && need_rank ? "them" : "it"));
+        std::fprintf(stderr,
+                     "solar: %s not set: reading as node %u, local rank %u, one of the %llu "
+                     "ranks of the plan %s (set %s to read another rank's batches)\n",
+                     missing.c_str(), node.value_or(0), local_rank.value_or(0),
+                     static_cast<unsigned long long>(c.world()), plan_path.c_str(),
+                     need_node && need_rank ? "them" : "it");
+      }
+    }
+    l->node = node.value_or(0);
+    l->local_rank = local_rank.value_or(0);
     if (l->node >= l->header.config.nodes)
       throw ClientError(fmt::format("SOLAR_NODE={} but the plan {} has nodes 0..{}", l->node,
                                     plan_path, l->header.config.nodes - 1));
@@ -449,6 +515,62 @@ int solar_next_batch(solar_loader* l, solar_batch** out) {
     g_last_error = e.what();
     return -1;
   }
+}
+
+int solar_skip_to(solar_loader* l, uint64_t global_step) {
+  try {
+    if (!l) throw ClientError("solar_skip_to: NULL loader");
+    if (l->holding)
+      throw ClientError(fmt::format("solar_skip_to: step {} is still held; call solar_release "
+                                    "first",
+                                    l->batch.step));
+    if (global_step > l->T)
+      throw ClientError(fmt::format("solar_skip_to: step {} is beyond the end of the plan ({} "
+                                    "steps: {} epochs of {})",
+                                    global_step, l->T, l->header.config.epochs,
+                                    l->header.layout.steps));
+    if (global_step < l->cursor)
+      throw ClientError(fmt::format("solar_skip_to: step {} was already served (the next step is "
+                                    "{}); steps run forward only: open a new loader",
+                                    global_step, l->cursor));
+    // With an agent: it runs the plan in order, so the steps before are taken and released
+    // (its reads happen; nothing is copied here). Without one (or once it is gone): a cursor
+    // move, no reads.
+    while (l->cursor < global_step && l->sock >= 0) {
+      if (!l->next_from_agent()) break;  // the agent went away: the rest is a cursor move
+      l->release_pending = true;
+      l->release_step = l->cursor;
+      ++l->cursor;
+    }
+    l->cursor = global_step;
+    g_last_error.clear();
+    return 0;
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return -1;
+  }
+}
+
+uint64_t solar_position(const solar_loader* l) { return l->cursor; }
+uint32_t solar_batch_per_rank(const solar_loader* l) { return l->header.config.batch; }
+
+uint64_t solar_plan_fingerprint(const solar_loader* l) {
+  const solar::PlanHeader& h = l->header;
+  const solar::PlanConfig& c = h.config;
+  Fnv f;
+  for (std::uint64_t v : {c.samples, c.sample_bytes, c.seed, c.buffer_bytes}) f.add(v);
+  for (std::uint32_t v : {c.epochs, c.nodes, c.ranks_per_node, c.batch, c.imbalance,
+                          h.layout.steps, static_cast<std::uint32_t>(c.order),
+                          static_cast<std::uint32_t>(c.policy), std::uint32_t{c.drop_last},
+                          std::uint32_t{c.peer_fetch}})
+    f.add(v);
+  for (std::uint32_t e : h.epoch_order) f.add(e);
+  // Each node section's checksum: every rank's batches and every node's schedule.
+  for (const auto& d : h.directory) {
+    f.add(d.length);
+    f.add(d.crc);
+  }
+  return f.h;
 }
 
 int solar_release(solar_loader* l, solar_batch* b) {

@@ -4,15 +4,16 @@
     loader = solar.Loader()                  # numpy; solar.torch.Loader() for torch tensors
     for epoch in range(loader.epochs):
         loader.set_epoch(epoch)
-        for data, labels in loader: ...
+        for data, labels in loader: ...      # labels: int64
+    state = loader.state_dict()              # resume later: new_loader.load_state_dict(state)
 
 See python/README.md.
 """
-from .loader import BatchReleasedError, Batch, Loader, SolarError  # noqa: F401
+from .loader import BatchReleasedError, Batch, DatasetInfo, Loader, SolarError  # noqa: F401
 from ._lib import path as library_path  # noqa: F401
 
 __version__ = "0.1.0"
-__all__ = ["Loader", "Batch", "SolarError", "BatchReleasedError", "library_path"]
+__all__ = ["Loader", "Batch", "DatasetInfo", "SolarError", "BatchReleasedError", "library_path"]
 
 
 def __getattr__(name):

@@ -12,7 +12,7 @@ def _candidates():
     if env:
         yield env
     here = os.path.dirname(os.path.abspath(__file__))
-    yield os.path.join(here, "libsolar.so")  # installed beside the package (CMake install)
+    yield os.path.join(here, "libsolar.so")  # beside the package (the wheel, CMake install)
     # Beside the `solar` tool: <build>/cli/solar -> <build>/client/libsolar.so, or
     # <prefix>/bin/solar -> <prefix>/lib/libsolar.so.
     tool = os.environ.get("SOLAR_BIN") or shutil.which("solar")
@@ -37,8 +37,10 @@ def _load():
             return ctypes.CDLL(path), os.path.abspath(path) if os.sep in path else path
         except OSError as e:
             errors.append(f"{path}: {e}")
-    raise ImportError("solar: cannot load libsolar.so; build it (target solar_client) and set "
-                      "SOLAR_LIBRARY=/path/to/libsolar.so. Tried:\n  " + "\n  ".join(errors))
+    raise ImportError("solar: cannot load libsolar.so; install the wheel that carries it "
+                      "(cmake --build build --target python_wheel), or build it (target "
+                      "solar_client) and set SOLAR_LIBRARY=/path/to/libsolar.so. Tried:\n  "
+                      + "\n  ".join(errors))
 
 
 lib, path = _load()
@@ -56,6 +58,10 @@ _SIGS = {
     "solar_dataset_samples": ([_p], ctypes.c_uint64),
     "solar_rank": ([_p], ctypes.c_uint32),
     "solar_world_size": ([_p], ctypes.c_uint32),
+    "solar_batch_per_rank": ([_p], ctypes.c_uint32),
+    "solar_plan_fingerprint": ([_p], ctypes.c_uint64),
+    "solar_position": ([_p], ctypes.c_uint64),
+    "solar_skip_to": ([_p, ctypes.c_uint64], ctypes.c_int),
     "solar_next_batch": ([_p, ctypes.POINTER(_p)], ctypes.c_int),
     "solar_release": ([_p, _p], ctypes.c_int),
     "solar_batch_size": ([_p], ctypes.c_size_t),

@@ -2,9 +2,12 @@
 
 A loader is one pass over the planned run, epoch after epoch, as the plan orders them. Iterating
 it yields the batches of one epoch (like a DataLoader); `set_epoch(e)` says which epoch comes
-next. Each Batch is valid until the next batch is taken (or `release()`): its zero-copy views
-point into the node agent's shared buffer (or the loader's own memory when it reads directly),
-so after release every access to the batch's data raises `BatchReleasedError`.
+next; `state_dict()` / `load_state_dict()` resume mid-epoch. Each Batch unpacks as
+`data, labels = batch`: copies made when the batch is taken, valid as long as they are kept. Its
+zero-copy views (`sample(i)`, `views()`) point into the node agent's shared buffer (or the
+loader's own memory when it reads directly) and are valid until the batch is released (when the
+next batch is taken, by `release()`, or when the loader closes); after that they raise
+`BatchReleasedError`.
 """
 import ctypes
 import os
@@ -119,14 +122,18 @@ class _ArrayPool:
 class Batch:
     """One rank's batch of one step.
 
-    `data` and `labels` are arrays of the batch's samples, in the plan's order (copies: they stay
-    valid after release); `sample(i)` and `views()` are zero-copy, read-only views into the
-    shared buffer, valid until release. Unpacks as `data, labels = batch`.
-    Metadata (indices, step, epoch, weight, len) stays readable after release.
+    Unpacks as `data, labels = batch`. `data` and `labels` are arrays of the batch's samples, in
+    the plan's order, after the loader's `transform`. By default (`zero_copy=False`) they are
+    copied out of the shared buffer when the batch is taken and stay valid for as long as they
+    are kept, like a DataLoader's tensors. With `zero_copy=True` nothing is copied until `data`
+    or `labels` is first read, which must happen before the batch is released.
+    `sample(i)` and `views()` are zero-copy, read-only views into the shared buffer, valid until
+    the batch is released: when the next batch is taken, by `release()`, or when the loader
+    closes. Metadata (indices, step, epoch, weight, len) stays readable after release.
     """
 
-    __slots__ = ("_loader", "_handle", "_ptrs", "_data", "_labels", "released", "indices",
-                 "step", "epoch", "weight")
+    __slots__ = ("_loader", "_handle", "_ptrs", "_data", "_labels", "_ready", "_why", "released",
+                 "indices", "step", "epoch", "weight")
 
     def __init__(self, loader, handle):
         self._loader = loader
@@ -138,6 +145,8 @@ class Batch:
                                    dtype=np.int64, count=n)
         self._ptrs = None  # sample addresses, fetched for the first zero-copy view
         self._data = self._labels = None
+        self._ready = False  # data and labels copied (and transformed)
+        self._why = None     # what released the batch
         self.released = False
         self.weight = n / _lib_.solar_batch_mean_size(handle)
 
@@ -145,7 +154,8 @@ class Batch:
         return len(self.indices)
 
     def __iter__(self):
-        return iter((self.data, self.labels))
+        self._materialize("unpacking")
+        return iter((self._data, self._labels))
 
     def __repr__(self):
         state = "released" if self.released else "held"
@@ -154,12 +164,46 @@ class Batch:
     def _live(self, what):
         if self.released:
             raise BatchReleasedError(
-                f"solar: batch of step {self.step} was used ({what}) after it was released: its "
-                "memory now holds other samples; keep `batch.data` (a copy) instead of views")
+                f"solar: {what} used on the batch of step {self.step} after it was "
+                f"{self._why}: zero-copy views are valid only while the batch is held (until the next batch "
+                "is taken); keep `batch.data` (a copy) or copy the view")
+
+    def _materialize(self, what):
+        """Copies data and labels out of the shared buffer and applies the transform, once."""
+        if self._ready:
+            return
+        if self.released:
+            raise BatchReleasedError(
+                f"solar: {what} used on the batch of step {self.step} after it was "
+                f"{self._why}: the loader has zero_copy=True, so a batch's data is copied on first use and that "
+                "must happen while it is held; read `data, labels = batch` before the next "
+                "batch is taken, or use zero_copy=False (copies made when the batch is taken)")
+        data = self._copy_data()
+        labels = self._copy_labels() if self._loader.label_bytes else None
+        transform = self._loader.transform
+        if transform is not None:
+            out = transform(data, labels)
+            if not isinstance(out, (tuple, list)) or len(out) != 2:
+                raise TypeError(f"solar.Loader: transform must return (data, labels), not "
+                                f"{type(out).__name__}")
+            data, labels = out
+        self._data, self._labels, self._ready = data, labels, True
+
+    def _copy_data(self):
+        a = self._loader._pool.take(len(self))
+        self.gather(a.ctypes.data)
+        return a
+
+    def _copy_labels(self):
+        L = self._loader
+        raw = np.empty(len(self), dtype=L._label_stored)
+        self.gather(None, raw.ctypes.data)
+        return raw if raw.dtype == L.label_dtype else raw.astype(L.label_dtype)
 
     def sample(self, i):
-        """Zero-copy read-only view of sample i (shape and dtype of the dataset)."""
-        self._live("sample")
+        """Zero-copy read-only view of sample i (shape and dtype of the dataset), valid until
+        the batch is released."""
+        self._live("sample()")
         n = len(self.indices)
         if self._ptrs is None:
             self._ptrs = [_lib_.solar_batch_sample(self._handle, k) for k in range(n)]
@@ -173,43 +217,95 @@ class Batch:
 
     def views(self):
         """Zero-copy read-only views of every sample, valid until release."""
+        self._live("views()")
         return [self.sample(i) for i in range(len(self))]
 
     def gather(self, out, labels_out=None):
         """Copies the samples into `out` (a C-contiguous buffer of len(self)·sample_bytes bytes
         at address `out`, an int) and, when given, the labels into `labels_out` (len(self)·
-        label_bytes bytes), in one libsolar call."""
-        self._live("gather")
+        label_bytes bytes, the stored label type), in one libsolar call."""
+        self._live("gather()")
         L = self._loader
         n = len(self.indices)
-        if _lib_.solar_batch_gather(self._handle, out, n * L.sample_bytes, labels_out,
-                                    n * L.label_bytes if labels_out else 0) != 0:
+        if _lib_.solar_batch_gather(self._handle, out, n * L.sample_bytes if out else 0,
+                                    labels_out, n * L.label_bytes if labels_out else 0) != 0:
             raise SolarError(f"solar: {_lib.last_error()}")
 
     @property
     def data(self):
-        """The samples as one (len, *shape) array (a copy, made once)."""
-        self._live("data")
-        if self._data is None:
-            a = self._loader._pool.take(len(self))
-            self.gather(a.ctypes.data)
-            self._data = a
+        """The samples as one (len, *shape) array (a copy, after the transform)."""
+        self._materialize("data")
         return self._data
 
     @property
     def labels(self):
-        """The labels as a (len,) array (a copy), or None when the dataset has none."""
-        self._live("labels")
-        if self._labels is None and self._loader.label_bytes:
-            a = np.empty(len(self), dtype=self._loader.label_dtype)
-            self.gather(None, a.ctypes.data)
-            self._labels = a
+        """The labels as a (len,) array (a copy; int64 by default), or None when the dataset
+        has none."""
+        self._materialize("labels")
         return self._labels
 
     def release(self):
-        """Gives the batch back to the loader (and its slots to the agent). Idempotent."""
+        """Gives the batch back to the loader (and its slots to the agent). Idempotent. With
+        zero_copy=False its data and labels stay valid; views do not."""
         if not self.released:
-            self._loader._release(self)
+            self._loader._release(self, "released by release()")
+
+
+class DatasetInfo:
+    """What `loader.dataset` is: the dataset the plan reads. `str()` is its spec
+    ('FILE.h5:/data' or 'fabric://HOST:PORT/NAME'), `len()` its number of samples (so
+    `len(loader.dataset)` counts samples as with a DataLoader); `file`, `name` (None for
+    fabric://), `labels` (the labels dataset, None for none), `shape`, `dtype` of one sample."""
+
+    __slots__ = ("spec", "file", "name", "labels", "samples", "shape", "dtype")
+
+    def __init__(self, spec, labels, samples, shape, dtype):
+        self.spec = spec
+        self.file, self.name = split_dataset_spec(spec)
+        self.labels = labels or None
+        self.samples, self.shape, self.dtype = samples, shape, dtype
+
+    def __len__(self):
+        return self.samples
+
+    def __str__(self):
+        return self.spec
+
+    def __repr__(self):
+        return (f"<solar.DatasetInfo {self.spec} samples={self.samples} shape={self.shape} "
+                f"dtype={self.dtype}>")
+
+
+_STATE_FORMAT = "solar.Loader/1"
+# The state dict's fields that must match the loader's (with the loader attribute they hold).
+_STATE_CHECKED = (("world_size", "world size"), ("epochs", "epochs"),
+                  ("steps_per_epoch", "steps per epoch"), ("samples", "dataset samples"),
+                  ("batch_size", "per-rank batch size"))
+
+
+def _resolve_label_dtypes(file_dtype, label_bytes, label_dtype):
+    """(stored, returned) label dtypes: the file's type (or, without it, label_dtype when it is
+    as wide as a stored label, else a signed integer of that width); labels are returned as
+    label_dtype, by default int64 for integer labels (floating-point ones keep their type)."""
+    if not label_bytes:
+        return None, np.dtype(label_dtype if label_dtype is not None else np.int64)
+    if file_dtype is not None:
+        stored = np.dtype(file_dtype)
+    elif label_dtype is not None and np.dtype(label_dtype).itemsize == label_bytes:
+        stored = np.dtype(label_dtype)
+    elif label_bytes in (1, 2, 4, 8):
+        stored = np.dtype(f"i{label_bytes}")
+    else:
+        raise ValueError(f"solar.Loader: a label is {label_bytes} bytes and its type is unknown: "
+                         f"pass label_dtype= with a {label_bytes}-byte type")
+    if stored.itemsize != label_bytes:
+        raise ValueError(f"solar.Loader: the file's label type {stored} is {stored.itemsize} "
+                         f"bytes, libsolar's labels are {label_bytes}")
+    if label_dtype is not None:
+        out = np.dtype(label_dtype)
+    else:
+        out = np.dtype(np.int64) if stored.kind in "iub" else stored
+    return stored, out
 
 
 class Loader:
@@ -217,16 +313,32 @@ class Loader:
 
     Arguments override the environment variable of the same meaning: plan (SOLAR_PLAN), node
     (SOLAR_NODE), local_rank (SOLAR_LOCAL_RANK / LOCAL_RANK), dataset (SOLAR_DATASET),
-    labels (SOLAR_LABELS, '' for none), socket (SOLAR_SOCKET; '' reads directly).
-    shape/dtype/label_dtype: how to view a sample's bytes (default: from the HDF5 file).
+    labels (SOLAR_LABELS, '' for none), socket (SOLAR_SOCKET; '' reads directly). A process on
+    its own (no launcher) is node 0, local rank 0 unless told otherwise.
+    shape/dtype: how to view a sample's bytes (default: from the HDF5 file).
+    label_dtype: the type `labels` come as (default int64 for integer labels, like the class
+    indices torch's losses take; floating-point labels keep their type).
+    transform: called as `transform(data, labels)` once per batch, returns the (data, labels)
+    that `batch.data`, `batch.labels` and `x, y = batch` give.
+    zero_copy: False (default): each batch's data and labels are copied when it is taken and stay
+    valid as long as they are kept. True: copied on first use only, which must come before the
+    next batch is taken; use `batch.views()` to read samples without any copy.
     """
 
     def __init__(self, *, plan=None, node=None, local_rank=None, dataset=None, labels=None,
-                 socket=None, shape=None, dtype=None, label_dtype=None):
+                 socket=None, shape=None, dtype=None, label_dtype=None, transform=None,
+                 zero_copy=False):
         self._handle = None
+        self._agent = False
         self._held = None
-        self._taken = 0          # batches taken so far (the next one is global step _taken)
+        self._taken = 0          # the global step of the next batch (= batches taken/skipped)
         self._next_epoch = 0     # the epoch the next iteration covers
+        self._resume_at = None   # the step load_state_dict moved to, until a batch is taken
+        if transform is not None and not callable(transform):
+            raise TypeError(f"solar.Loader: transform must be callable, not "
+                            f"{type(transform).__name__}")
+        self.transform = transform
+        self.zero_copy = bool(zero_copy)
         overrides = {
             "SOLAR_PLAN": _check_text("plan", plan),
             "SOLAR_NODE": _check_count("node", node),
@@ -256,10 +368,13 @@ class Loader:
                     else:
                         os.environ[k] = v
         if not handle:
+            for var, arg in (("SOLAR_PLAN", "plan"), ("SOLAR_DATASET", "dataset")):
+                if err.startswith(f"{var} is not set"):
+                    err += f" (or pass {arg}= to solar.Loader)"
             raise SolarError(f"solar.Loader: {err}")
         self._handle = handle
         h = handle
-        self.using_agent = bool(_lib_.solar_using_agent(h))
+        self._agent = bool(_lib_.solar_using_agent(h))
         self.epochs = int(_lib_.solar_epochs(h))
         self.steps_per_epoch = int(_lib_.solar_steps_per_epoch(h))
         self.sample_bytes = int(_lib_.solar_sample_bytes(h))
@@ -267,27 +382,40 @@ class Loader:
         self.samples = int(_lib_.solar_dataset_samples(h))
         self.rank = int(_lib_.solar_rank(h))
         self.world_size = int(_lib_.solar_world_size(h))
+        self.batch_size = int(_lib_.solar_batch_per_rank(h))
+        self.plan_fingerprint = f"{_lib_.solar_plan_fingerprint(h):016x}"
 
-        f_shape, f_dtype, f_ldtype = dataset_layout(self.dataset_spec, labels_name)
-        self.dtype = np.dtype(dtype if dtype is not None else (f_dtype or np.uint8))
-        if shape is None:
-            shape = f_shape if f_shape is not None and dtype is None else \
-                (self.sample_bytes // self.dtype.itemsize,)
-        self.shape = tuple(int(s) for s in shape)
-        if int(np.prod(self.shape)) * self.dtype.itemsize != self.sample_bytes:
+        try:
+            f_shape, f_dtype, f_ldtype = dataset_layout(self.dataset_spec, labels_name)
+            self.dtype = np.dtype(dtype if dtype is not None else (f_dtype or np.uint8))
+            if shape is None:
+                shape = f_shape if f_shape is not None and dtype is None else \
+                    (self.sample_bytes // self.dtype.itemsize,)
+            self.shape = tuple(int(s) for s in shape)
+            if int(np.prod(self.shape)) * self.dtype.itemsize != self.sample_bytes:
+                raise ValueError(f"solar.Loader: shape {self.shape} of {self.dtype} is "
+                                 f"{int(np.prod(self.shape)) * self.dtype.itemsize} bytes, a "
+                                 f"sample is {self.sample_bytes}")
+            self._label_stored, self.label_dtype = _resolve_label_dtypes(
+                f_ldtype, self.label_bytes, label_dtype)
+        except Exception:
             self.close()
-            raise ValueError(f"solar.Loader: shape {self.shape} of {self.dtype} is "
-                             f"{int(np.prod(self.shape)) * self.dtype.itemsize} bytes, a sample "
-                             f"is {self.sample_bytes}")
-        if label_dtype is None:
-            label_dtype = f_ldtype if f_ldtype is not None else \
-                {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}.get(self.label_bytes, np.uint8)
-        self.label_dtype = np.dtype(label_dtype)
+            raise
         self._pool = _ArrayPool(1, self.shape, self.dtype)
-        if self.label_bytes and self.label_dtype.itemsize != self.label_bytes:
-            self.close()
-            raise ValueError(f"solar.Loader: label dtype {self.label_dtype} is "
-                             f"{self.label_dtype.itemsize} bytes, a label is {self.label_bytes}")
+        self.dataset = DatasetInfo(self.dataset_spec, labels_name if self.label_bytes else None,
+                                   self.samples, self.shape, self.dtype)
+
+    @property
+    def using_agent(self):
+        """True while batches come from the node agent; False when read directly (no agent, or
+        the agent went away and the loader continued on its own, saying so on stderr)."""
+        if self._handle:
+            self._agent = bool(_lib_.solar_using_agent(self._handle))
+        return self._agent
+
+    def __repr__(self):
+        return (f"<solar.Loader rank {self.rank}/{self.world_size} {self.dataset_spec} "
+                f"batch_size={self.batch_size} epochs={self.epochs} step={self._taken}>")
 
     # --- lifetime -------------------------------------------------------------------------
     def close(self):
@@ -295,6 +423,7 @@ class Loader:
         if self._handle:
             if self._held is not None:
                 self._held.released = True
+                self._held._why = "released when the loader was closed"
                 self._held = None
             _lib_.solar_close(self._handle)
             self._handle = None
@@ -316,11 +445,12 @@ class Loader:
             raise SolarError("solar.Loader: the loader is closed")
 
     # --- batches ----------------------------------------------------------------------------
-    def _release(self, batch):
+    def _release(self, batch, why):
         if batch is not self._held:
             raise SolarError("solar: this batch does not belong to this loader's current step")
         self._held = None
         batch.released = True
+        batch._why = why
         if _lib_.solar_release(self._handle, batch._handle) != 0:
             raise SolarError(f"solar: {_lib.last_error()}")
 
@@ -328,7 +458,8 @@ class Loader:
         """Releases the batch held, takes the next one of the run; None when the run is done."""
         self._need_open()
         if self._held is not None:
-            self._release(self._held)
+            self._release(self._held, f"released when the next batch (step {self._taken}) was "
+                                      "taken")
         out = ctypes.c_void_p()
         r = _lib_.solar_next_batch(self._handle, ctypes.byref(out))
         if r < 0:
@@ -336,11 +467,22 @@ class Loader:
         if r == 0:
             return None
         self._taken += 1
-        self._held = self._make_batch(out.value)
-        return self._held
+        self._resume_at = None
+        b = self._held = self._make_batch(out.value)
+        if not self.zero_copy:
+            b._materialize("data")
+        return b
 
     def _make_batch(self, handle):
         return Batch(self, handle)
+
+    def _skip_to(self, step, why):
+        """Moves so that the next batch is global step `step` (forward only)."""
+        if self._held is not None:
+            self._release(self._held, why)
+        if _lib_.solar_skip_to(self._handle, step) != 0:
+            raise SolarError(f"solar: {_lib.last_error()}")
+        self._taken = int(step)
 
     def __len__(self):
         """Batches per epoch."""
@@ -351,50 +493,120 @@ class Loader:
         """The epoch the next iteration covers."""
         return self._next_epoch
 
+    def _resuming(self, epoch):
+        """True when load_state_dict left the loader inside (or at the end of) `epoch`."""
+        first = epoch * self.steps_per_epoch
+        return (self._resume_at is not None and self._taken == self._resume_at
+                and first < self._taken <= first + self.steps_per_epoch)
+
     def set_epoch(self, epoch):
         """Says which epoch the next iteration covers. Epochs run forward: a later epoch skips
-        the batches in between (they are taken and released unread); an earlier one raises."""
+        the batches in between (without reading them when there is no agent); an earlier one
+        raises. After load_state_dict, the epoch of the saved step continues where it was."""
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
             raise TypeError(f"solar.Loader.set_epoch: epoch must be an int, not "
                             f"{type(epoch).__name__}")
         if not 0 <= epoch < self.epochs:
             raise ValueError(f"solar.Loader.set_epoch: epoch {epoch} is outside the plan's "
                              f"0..{self.epochs - 1}")
-        if epoch * self.steps_per_epoch < self._taken:
+        if epoch * self.steps_per_epoch < self._taken and not self._resuming(epoch):
             current = (self._taken - 1) // self.steps_per_epoch
             raise ValueError(f"solar.Loader.set_epoch: epoch {epoch} has already been served "
-                             f"(the loader has reached epoch {current}); solar plans the whole "
-                             "run ahead, so epochs run forward only: open a new loader to "
-                             "restart")
+                             f"(the loader has reached epoch {current}, next step "
+                             f"{self._taken}); solar plans the whole run ahead, so epochs run "
+                             "forward only: open a new loader to restart")
         self._next_epoch = int(epoch)
 
     def __iter__(self):
-        """Yields the batches of epoch `self.epoch`, then moves on to the next epoch."""
+        """Yields the batches of epoch `self.epoch`, then moves on to the next epoch. Each batch
+        stays held until the next one is taken (so `b = next(iter(loader))` is usable)."""
         self._need_open()
         if self._next_epoch >= self.epochs:
             raise SolarError(f"solar.Loader: all {self.epochs} epochs of the plan are done")
         epoch = self._next_epoch
         first = epoch * self.steps_per_epoch
         end = first + self.steps_per_epoch
-        if self._taken > first:
-            raise SolarError(f"solar.Loader: epoch {epoch} was already started; call "
-                             "set_epoch with a later epoch")
-        skipped = first - self._taken
-        if skipped:
-            warnings.warn(f"solar: skipping {skipped} batches to reach epoch {epoch}",
-                          stacklevel=2)
-        while self._taken < first:
-            if self.next_batch() is None:
-                break
+        if self._taken > first and not self._resuming(epoch):
+            raise SolarError(f"solar.Loader: epoch {epoch} was already started (its step "
+                             f"{self._taken - 1} was taken by an earlier iteration, e.g. "
+                             "next(iter(loader))); each step is served once, so iterate on "
+                             "with set_epoch(a later epoch), or open a new loader to start over")
+        if self._taken < first:
+            warnings.warn(f"solar: skipping {first - self._taken} batches to reach epoch "
+                          f"{epoch}", stacklevel=2)
+            self._skip_to(first, f"released when the loader skipped to epoch {epoch}")
         self._next_epoch = epoch + 1
-        b = None
-        try:
-            while self._taken < end:
-                b = self.next_batch()
-                if b is None:
-                    break
-                yield b
-        finally:
-            # Only this iteration's own batch: a late close must not release a newer one.
-            if b is not None and self._held is b:
-                self._release(b)
+        self._resume_at = None
+        while self._taken < end:
+            b = self.next_batch()
+            if b is None:
+                break
+            yield b
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def state_dict(self):
+        """Where the loader is, for a checkpoint: a dict of plain ints and strings (torch.save,
+        json). `step` is the global step the next batch will be (a batch being used counts as
+        done); the other fields identify the plan and are checked by load_state_dict."""
+        step = self._taken
+        return {
+            "format": _STATE_FORMAT,
+            "step": step,
+            "epoch": min(step // self.steps_per_epoch, self.epochs) if self.steps_per_epoch
+            else 0,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "epochs": self.epochs,
+            "steps_per_epoch": self.steps_per_epoch,
+            "samples": self.samples,
+            "batch_size": self.batch_size,
+            "plan": self.plan_fingerprint,
+        }
+
+    def load_state_dict(self, state, strict=True):
+        """Continues from a state_dict(): the next batch is the saved step's, mid-epoch
+        included, and every batch from there is the one the uninterrupted run would have had.
+        Call it on a new loader, before taking batches; then iterate as usual (set_epoch(e)
+        with the saved epoch continues it). The plan must be the same (world size, epochs,
+        steps per epoch, dataset samples, batch size, and the plan's fingerprint: seed, order,
+        policy, buffer); strict=False accepts another plan with a warning, as long as the step
+        is in it. A state from any rank of the run fits every rank (all ranks are at the same
+        step in data-parallel training). Without an agent nothing is read to get there; with
+        one, the steps before are taken and released (the agent runs its plan in order)."""
+        self._need_open()
+        if not isinstance(state, dict):
+            raise TypeError(f"solar.Loader.load_state_dict: expected a dict from state_dict(), "
+                            f"not {type(state).__name__}")
+        if state.get("format") != _STATE_FORMAT or "step" not in state:
+            raise ValueError(f"solar.Loader.load_state_dict: not a solar.Loader state "
+                             f"(format {state.get('format')!r}, expected {_STATE_FORMAT!r})")
+        step = state["step"]
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"solar.Loader.load_state_dict: step {step!r} is not a step")
+        mismatches = [f"{what} {state.get(key)!r} in the state, {getattr(self, key)!r} here"
+                      for key, what in _STATE_CHECKED if state.get(key) != getattr(self, key)]
+        if state.get("plan") != self.plan_fingerprint:
+            mismatches.append(f"plan fingerprint {state.get('plan')!r} in the state, "
+                              f"{self.plan_fingerprint!r} here (another seed, order, policy, "
+                              "buffer or node layout)")
+        if mismatches:
+            msg = ("solar.Loader.load_state_dict: the state was saved with another plan ("
+                   + "; ".join(mismatches) + f") than {self.plan_path}")
+            if strict:
+                raise ValueError(msg + "; its batches would not be the saved run's (pass "
+                                 "strict=False to continue at its step anyway)")
+            warnings.warn(msg + "; continuing at its step with this plan's batches",
+                          stacklevel=2)
+        total = self.epochs * self.steps_per_epoch
+        if step > total:
+            raise ValueError(f"solar.Loader.load_state_dict: step {step} is beyond the end of "
+                             f"the plan ({total} steps: {self.epochs} epochs of "
+                             f"{self.steps_per_epoch})")
+        if step < self._taken:
+            raise ValueError(f"solar.Loader.load_state_dict: this loader is already at step "
+                             f"{self._taken}, past the state's step {step}; load the state "
+                             "into a new loader")
+        self._skip_to(int(step), f"released when the loader moved to step {step} "
+                                 "(load_state_dict)")
+        self._resume_at = self._taken
+        self._next_epoch = min(self._taken // self.steps_per_epoch, self.epochs)

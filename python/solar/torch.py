@@ -25,6 +25,8 @@ _TORCH_DTYPES = {np.dtype(k): v for k, v in {
     "int32": _torch.int32, "int64": _torch.int64, "float16": _torch.float16,
     "float32": _torch.float32, "float64": _torch.float64}.items()}
 
+_NUMPY_DTYPES = {v: k for k, v in _TORCH_DTYPES.items()}
+
 
 def torch_dtype(dt, what):
     t = _TORCH_DTYPES.get(np.dtype(dt).newbyteorder("="))
@@ -47,31 +49,22 @@ class Batch(_loader.Batch):
             warnings.simplefilter("ignore", UserWarning)  # read-only memory: torch warns
             return _torch.from_numpy(a)
 
-    @property
-    def data(self):
-        self._live("data")
-        if self._data is None:
-            L = self._loader
-            if L.pin_memory:
-                t = _torch.empty((len(self),) + L.shape, dtype=L.torch_dtype, pin_memory=True)
-            else:  # pooled memory, recycled once the tensor is dropped
-                t = _torch.from_numpy(L._pool.take(len(self)))
-            self.gather(t.data_ptr())
-            if L.device is not None:
-                t = t.to(L.device, non_blocking=L.pin_memory)
-            self._data = t
-        return self._data
+    def _copy_data(self):
+        L = self._loader
+        if L.pin_memory:
+            t = _torch.empty((len(self),) + L.shape, dtype=L.torch_dtype, pin_memory=True)
+        else:  # pooled memory, recycled once the tensor is dropped
+            t = _torch.from_numpy(L._pool.take(len(self)))
+        self.gather(t.data_ptr())
+        if L.device is not None:
+            t = t.to(L.device, non_blocking=L.pin_memory)
+        return t
 
-    @property
-    def labels(self):
-        self._live("labels")
-        if self._labels is None and self._loader.label_bytes:
-            a = _loader.Batch.labels.fget(self)  # the numpy copy, cached in _labels
-            t = _torch.from_numpy(a)
-            if self._loader.device is not None:
-                t = t.to(self._loader.device)
-            self._labels = t
-        return self._labels
+    def _copy_labels(self):
+        t = _torch.from_numpy(super()._copy_labels())
+        if self._loader.device is not None:
+            t = t.to(self._loader.device)
+        return t
 
 
 class Loader(_loader.Loader):
@@ -79,15 +72,22 @@ class Loader(_loader.Loader):
 
     pin_memory: gather each batch into page-locked memory (ignored with a warning without CUDA,
     like DataLoader). device: move data and labels there (e.g. "cuda:0"); non-blocking when
-    pinned. Other arguments: see solar.Loader.
+    pinned. transform(data, labels) gets the tensors after that move. Labels are int64 tensors
+    by default (what CrossEntropyLoss takes). Other arguments: see solar.Loader.
     """
 
     def __init__(self, *, pin_memory=False, device=None, **kw):
+        for k in ("dtype", "label_dtype"):  # torch dtypes too (torch.int32 as well as "int32")
+            if isinstance(kw.get(k), _torch.dtype):
+                np_dt = _NUMPY_DTYPES.get(kw[k])
+                if np_dt is None:
+                    raise TypeError(f"solar.torch.Loader: {k}={kw[k]} has no numpy equivalent")
+                kw[k] = np_dt
         super().__init__(**kw)
         try:
             self.torch_dtype = torch_dtype(self.dtype, "sample")
             if self.label_bytes:
-                torch_dtype(self.label_dtype, "label")
+                self.torch_label_dtype = torch_dtype(self.label_dtype, "label")
             self.device = _torch.device(device) if device is not None else None
         except Exception:
             self.close()

@@ -19,9 +19,9 @@ SEED = 5
 SAMPLES = 300
 
 
-def run(*args, check=True, timeout=300, env=None):
+def run(*args, check=True, timeout=300, env=None, cwd=None):
     p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout,
-                       env=env)
+                       env=env, cwd=cwd)
     if check and p.returncode != 0:
         raise AssertionError(f"{args} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     return p

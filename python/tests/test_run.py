@@ -22,7 +22,7 @@ def solar_run(workdir, name, dataset, *run_args, rank_args=()):
     tmp = os.path.join(d, "tmp")
     os.makedirs(tmp)
     env = dict(os.environ, TMPDIR=tmp)
-    p = run(SOLAR, "run", "-n", 2, "--nodes", 2, "--dataset", dataset, "--epochs", 2,
+    p = run(SOLAR, "run", "--ranks-per-node", 2, "--nodes", 2, "--dataset", dataset, "--epochs", 2,
             "--batch", 6, "--plan-out", plan, *run_args, "--", sys.executable, RANK,
             "--record", d, "--library", solar.library_path, *rank_args, check=False, env=env)
     assert p.returncode == 0, p.stdout + p.stderr

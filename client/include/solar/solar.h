@@ -10,7 +10,10 @@
  * Environment: SOLAR_PLAN (plan file), SOLAR_NODE (node id in the plan), SOLAR_LOCAL_RANK (or
  * LOCAL_RANK), SOLAR_DATASET (FILE.h5[:/dataset] or fabric://host:port/name), SOLAR_LABELS
  * (labels dataset, default /label, empty for none), SOLAR_SOCKET (the agent; absent = read
- * directly).
+ * directly). SOLAR_NODE and SOLAR_LOCAL_RANK default to 0 for a process started on its own
+ * (with a warning on stderr when the plan has more ranks); a process that a launcher started as
+ * one of several (WORLD_SIZE, SLURM_STEP_NUM_TASKS, OMPI_COMM_WORLD_SIZE or PMI_SIZE above 1)
+ * must have them whenever the plan has more than one node or rank per node.
  *
  * Thread safety: one loader per rank, used from one thread at a time. Errors: functions that
  * can fail return NULL or -1 and leave a message in solar_last_error() (per thread).
@@ -64,6 +67,30 @@ SOLAR_API uint64_t solar_dataset_samples(const solar_loader* loader);
 /* Global rank, world size and node id as the plan knows them. */
 SOLAR_API uint32_t solar_rank(const solar_loader* loader);
 SOLAR_API uint32_t solar_world_size(const solar_loader* loader);
+
+/* The plan's per-rank batch size b (with an imbalance bound δ a rank's batch has b-δ..b+δ
+ * samples; the last step of an epoch may have fewer). */
+SOLAR_API uint32_t solar_batch_per_rank(const solar_loader* loader);
+/* A 64-bit fingerprint of the plan: its configuration (samples, sizes, epochs, nodes, ranks,
+ * batch, seed, order, policy, buffer, δ), its epoch order and every node section's checksum,
+ * so every rank's batches; not the dataset's identity. Equal on every rank of a run, and equal
+ * for a plan made again from the same inputs (plans are deterministic). For checkpoints: a
+ * saved position is only meaningful for the plan it was taken with. */
+SOLAR_API uint64_t solar_plan_fingerprint(const solar_loader* loader);
+
+/* The global step the next solar_next_batch returns (0 for a new loader; the plan's total steps,
+ * epochs × steps per epoch, once every batch has been taken). */
+SOLAR_API uint64_t solar_position(const solar_loader* loader);
+/* Moves the loader so that the next solar_next_batch returns global step `global_step`: to
+ * resume a run from a checkpoint (solar_position saved with it). Forward only: global_step at
+ * least solar_position and at most the plan's total steps (which means nothing is left); no
+ * batch may be held. Without an agent this only moves the cursor (no reads). With an agent the
+ * steps before are taken and released in order, because the agent runs its plan in order (it
+ * reads what those steps needed and evicts as planned); an agent-level start step, so that a
+ * requeued job's agents begin at the resume point, belongs to the requeue-resume work of a later
+ * issue. 0 on success, -1 with solar_last_error(): a step beyond the end, a step already served,
+ * a batch still held. */
+SOLAR_API int solar_skip_to(solar_loader* loader, uint64_t global_step);
 
 /* Takes the next batch: 1 and *out set; 0 when every epoch is done; -1 on error. The previous
  * batch must have been released. The batch stays valid until solar_release. */

@@ -78,11 +78,22 @@ class Loader {
     return std::optional<Batch>(std::in_place, l_, b);
   }
 
+  // Resume: the next next() returns global step `global_step` (see solar_skip_to). Forward
+  // only; throws Error on a step beyond the end, a step already served, or a batch still held.
+  void skip_to(std::uint64_t global_step) {
+    if (solar_skip_to(l_, global_step) != 0) throw Error(solar_last_error());
+  }
+  // The global step next() returns next; save it with a checkpoint (with plan_fingerprint()).
+  std::uint64_t position() const { return solar_position(l_); }
+  std::uint64_t plan_fingerprint() const { return solar_plan_fingerprint(l_); }
+  std::uint32_t batch_per_rank() const { return solar_batch_per_rank(l_); }
+
   bool using_agent() const { return solar_using_agent(l_) != 0; }
   std::uint32_t epochs() const { return solar_epochs(l_); }
   std::uint32_t steps_per_epoch() const { return solar_steps_per_epoch(l_); }
   std::uint64_t sample_bytes() const { return solar_sample_bytes(l_); }
   std::uint64_t label_bytes() const { return solar_label_bytes(l_); }
+  std::uint64_t dataset_samples() const { return solar_dataset_samples(l_); }
   std::uint32_t rank() const { return solar_rank(l_); }
   std::uint32_t world_size() const { return solar_world_size(l_); }
   solar_loader* get() const { return l_; }
