@@ -12,7 +12,12 @@ def _candidates():
     if env:
         yield env
     here = os.path.dirname(os.path.abspath(__file__))
-    yield os.path.join(here, "libsolar.so")  # beside the package (the wheel, CMake install)
+    yield os.path.join(here, "libsolar.so")  # beside the package (the wheel)
+    try:  # cmake --install / the Debian package: <libdir>/libsolar.so.0, relative to here
+        from ._installed import LIBSOLAR
+        yield os.path.normpath(os.path.join(here, LIBSOLAR))
+    except ImportError:
+        pass
     # Beside the `solar` tool: <build>/cli/solar -> <build>/client/libsolar.so, or
     # <prefix>/bin/solar -> <prefix>/lib/libsolar.so.
     tool = os.environ.get("SOLAR_BIN") or shutil.which("solar")
@@ -24,7 +29,8 @@ def _candidates():
     repo = os.path.dirname(os.path.dirname(here))
     for b in ("build", "build-py", "build-full"):
         yield os.path.join(repo, b, "client", "libsolar.so")
-    yield "libsolar.so"  # the dynamic linker's search path (LD_LIBRARY_PATH, ldconfig)
+    yield "libsolar.so.0"  # the dynamic linker's search path (LD_LIBRARY_PATH, ldconfig)
+    yield "libsolar.so"
 
 
 def _load():

@@ -69,7 +69,8 @@ def test_every_program_runs_from_the_staging_root_alone(stage):
         assert "--version" in run(exe, "--help").stdout, name
     # libsolar comes from the staging root through the program's relative RUNPATH.
     ldd = run("ldd", stage / "usr" / "bin" / "solar-example-train").stdout
-    assert re.search(rf"libsolar\.so\.0 => {re.escape(str(libdir(stage)))}/libsolar\.so\.0", ldd), ldd
+    m = re.search(r"libsolar\.so\.0 => (\S+)", ldd)
+    assert m and os.path.realpath(m.group(1)).startswith(str(libdir(stage))), ldd
 
 
 def test_plugin_and_interposer_are_where_the_docs_say(stage):
