@@ -34,6 +34,7 @@ std::uint64_t mem_available_bytes() {
 }  // namespace
 
 Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
+  check_stats_out(o.stats_out);  // now, not at exit
   // Plan: the header and this node's section only.
   PlanFile pf = [&] {
     try {
@@ -53,6 +54,8 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   }
   R_ = header_.config.ranks_per_node;
   T_ = std::uint64_t{header_.layout.steps} * header_.config.epochs;
+  epochs_.resize(header_.config.epochs);
+  epoch_rank_stall_.assign(std::uint64_t{header_.config.epochs} * R_, 0.0);
 
   // Source: must match the plan.
   storage::SourceOptions so;
@@ -153,6 +156,7 @@ Agent::Impl::~Impl() {
 
 int Agent::Impl::run() {
   outstanding_.assign(T_, 0);
+  ready_at_ = Clock::now();
   prefetch_ = std::thread([this] { prefetch_loop(); });
   for (unsigned i = 0; i < std::max(1U, opt_.readers); ++i)
     readers_.emplace_back([this] { reader_loop(); });
@@ -181,7 +185,10 @@ int Agent::Impl::run() {
     std::atomic_ref<std::uint64_t>(xindex_->withdrawn)
         .compare_exchange_strong(none, SOLAR_XINDEX_AGENT_STOPPED);
   }
-  spdlog::info("stopped: {}", stats_json());
+  // The last line of the log: `srun --solar-*` reads each node's final stats from it.
+  const nlohmann::json doc = stats_document();
+  if (!opt_.stats_out.empty()) write_stats_out(doc);
+  spdlog::info("stopped: {}", doc.dump());
   return exit_code_;
 }
 

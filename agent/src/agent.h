@@ -33,6 +33,10 @@ struct AgentOptions {
   // interposer (libsolar_preload.so) serves their reads from the buffer through a shared
   // sample index (solar/transparent.h); eviction is paced by the samples they consume.
   bool transparent = false;
+  // At exit, the run's measured statistics (per epoch, head start, totals) as one JSON file,
+  // written atomically (temporary file + rename), mode 0600. Checked at start-up: its folder
+  // must exist and be writable. Empty: none.
+  std::string stats_out;
 };
 
 // Thrown for anything that stops the agent from starting: names the input and the fix.

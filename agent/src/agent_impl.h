@@ -6,7 +6,7 @@
 //   serving.cpp      batches handed to ranks (batch mode for libsolar)
 //   control.cpp      the Unix socket: sessions, hellos (libsolar and interposer), messages
 //   transparent.cpp  the shared sample index (extent mode for the interposer) and pacing
-//   stats.cpp        the stats reply
+//   stats.cpp        per-epoch statistics, the stats reply and --stats-out
 // Internal to solar-agent.
 #pragma once
 
@@ -41,6 +41,9 @@ using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
+
+// --stats-out: the folder exists and a file can be created in it; throws AgentError.
+void check_stats_out(const std::string& path);
 
 class Agent::Impl {
  public:
@@ -124,8 +127,13 @@ class Agent::Impl {
   void read_more(const std::shared_ptr<Session>& s);
   // Queues a message; writes go out in order, one at a time.
   static void send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg);
-  std::string stats_json();
+  // The stats document (stats.cpp): the run totals, the per-epoch records (per_epoch), the
+  // head start and their totals. The stats reply is it, cut to fit one message; the log's last
+  // line ("stopped: {...}") is all of it; --stats-out writes its measured part to a file.
+  nlohmann::json stats_document();
+  std::string stats_reply();
   nlohmann::json transparent_json() const;
+  void write_stats_out(const nlohmann::json& doc);
   void shutdown_io();
 
   AgentOptions opt_;
@@ -159,10 +167,47 @@ class Agent::Impl {
   bool stopping_ = false;
   std::string fatal_;  // set when prefetching failed
 
-  // Metrics.
+  // Metrics: run totals.
   std::uint64_t hits_ = 0, fetched_ = 0, bytes_read_ = 0, reads_ = 0;
   double read_seconds_ = 0, slot_wait_seconds_ = 0;
-  Clock::time_point started_ = Clock::now();
+  Clock::time_point started_ = Clock::now();  // the agent's start
+  Clock::time_point ready_at_ = started_;     // run(): prefetching starts, requests are served
+
+  // Per-epoch records (stats.cpp), measured as the agent works: updated with mu_ held where the
+  // totals are (no lock of their own), reported by stats_json() and --stats-out. The epoch of
+  // step t is t / steps_per_epoch (its position in the run). Every hit bit in plan_.accesses is
+  // rewritten at admission to what the agent did: set when the sample was already in a slot,
+  // clear when it was read for that step (the plan's own bits are counted in hits_ first).
+  struct EpochStats {
+    std::uint64_t hits = 0;             // samples served without a read for their step
+    std::uint64_t fetched_samples = 0;  // read from storage for its steps (reads completed)
+    std::uint64_t storage_reads = 0;    // coalesced storage requests of those reads
+    std::uint64_t samples_served = 0, batches_served = 0;
+    double read_seconds = 0;            // reader threads' time in those reads, summed
+    double stall_seconds = 0;           // sum over requests of request → batch ready
+    double stall_max_wait_seconds = 0;  // the longest of those waits
+    double start = -1, end = -1;        // since ready_at_: first request, last release so far
+    std::uint32_t ranks_done = 0;       // ranks that released its last step
+    std::uint64_t file_reads[4] = {};   // transparent: the interposers' counters, see stats.cpp
+  };
+  std::vector<EpochStats> epochs_;
+  std::vector<double> epoch_rank_stall_;  // [e·R + r]: rank r's stall in epoch e
+  std::uint64_t epochs_done_ = 0;         // epochs < epochs_done_: released by every rank
+  std::uint64_t fetched_done_ = 0;        // samples whose reads completed
+  std::uint64_t xsnap_[4] = {};           // transparent: counters when an epoch last completed
+  struct HeadStart {
+    bool requested = false;  // a rank asked for its first batch (transparent: began reading)
+    double seconds = 0;      // from ready_at_ to that request
+    std::uint64_t fetched_samples = 0, fetched_bytes = 0, ready_steps = 0;  // by then
+  } head_;
+  std::uint64_t epoch_of(std::uint64_t t) const { return t / header_.layout.steps; }
+  void note_request_locked(std::uint64_t t, Clock::time_point now);
+  // wait < 0: not measured (transparent mode).
+  void note_served_locked(std::uint64_t t, std::uint32_t r, std::uint64_t samples,
+                          std::uint64_t hits, double wait);
+  void note_released_locked(std::uint64_t t, Clock::time_point now);
+  void note_read_locked(std::uint64_t t, std::uint64_t samples, std::uint64_t runs, double secs);
+  void read_xstats(std::uint64_t out[4]) const;
 
   asio::io_context io_;
   stream::acceptor acceptor_;

@@ -112,6 +112,7 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
       }
       rs.waiting = true;
       rs.wait_since = Clock::now();
+      note_request_locked(rs.cursor, rs.wait_since);
       serve_waiting_locked();
       return;
     }
@@ -128,11 +129,12 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
         for (std::uint32_t a : accesses(rl.step, static_cast<std::uint32_t>(s->rank)))
           drop_use_locked(a & kSampleMask);
       ++rs.released;  // its ring entry can take a later batch
+      note_released_locked(rl.step, Clock::now());
       schedule_assembly_locked(true);
       return;
     }
     case protocol::Op::stats: {
-      const std::string j = stats_json();
+      const std::string j = stats_reply();
       send(s, frame(protocol::Op::stats_reply, j.data(), j.size()));
       return;
     }

@@ -26,6 +26,9 @@ int main(int argc, char** argv) {
   app.add_option("--socket", o.socket, "Unix socket to serve on (in a private directory)")
       ->required();
   app.add_option("--log", log_file, "Log file [stderr]");
+  app.add_option("--stats-out", o.stats_out,
+                 "At exit, write the run's measured statistics here as JSON (per epoch, head "
+                 "start, totals; agent/README.md), atomically, mode 0600. Its folder must exist");
   app.add_option("--io-threads", o.io_threads, "Parallel storage requests per read [8]");
   app.add_option("--readers", o.readers, "Steps read concurrently [4]");
   app.add_option("--staging-steps", o.staging_steps,

@@ -21,7 +21,7 @@ namespace solar::agent {
 // of reader threads executes them, several steps in flight. A step becomes servable once its
 // reads and all earlier steps' are done.
 void Agent::Impl::prefetch_loop() {
-  std::vector<std::uint32_t> incoming, slots;
+  std::vector<std::uint32_t> incoming, slots, reading;
   try {
     for (std::uint64_t t = 0; t < T_; ++t) {
       incoming.clear();
@@ -51,12 +51,20 @@ void Agent::Impl::prefetch_loop() {
       // whose read could then be overwritten by this one.
       for (std::size_t i = 0; i < incoming.size(); ++i) table_.place(incoming[i], slots[i]);
       fetched_ += incoming.size();
-      // Admit the step's uses now, before later steps' evictions are looked at.
+      // Admit the step's uses now, before later steps' evictions are looked at. Each use's hit
+      // bit becomes what this agent does (the per-epoch stats count it when the batch is
+      // served): set when its sample is already here, clear when it is read for this step.
+      reading.assign(incoming.begin(), incoming.end());
+      std::sort(reading.begin(), reading.end());
       for (std::uint32_t r = 0; r < R_; ++r) {
         if (ranks_[r].gone) continue;
-        for (std::uint32_t a : accesses(t, r)) {
-          table_.add_use(a & kSampleMask);
-          if (a & kHitBit) ++hits_;
+        const std::uint64_t i = t * R_ + r;
+        for (std::uint64_t k = plan_.rank_offsets[i]; k < plan_.rank_offsets[i + 1]; ++k) {
+          std::uint32_t& a = plan_.accesses[k];
+          const std::uint32_t x = a & kSampleMask;
+          table_.add_use(x);
+          if (a & kHitBit) ++hits_;  // the plan's
+          a = std::binary_search(reading.begin(), reading.end(), x) ? x : (x | kHitBit);
         }
       }
       admitted_ = t + 1;
@@ -258,6 +266,7 @@ void Agent::Impl::reader_loop() {
       read_seconds_ += secs;
       reads_ += job.runs.size();
       bytes_read_ += job.slots.size() * sample_bytes_;
+      note_read_locked(job.step, job.slots.size(), job.runs.size(), secs);
       for (const auto& run : job.runs)  // read: the read pins go (see prefetch_loop)
         for (std::uint64_t x = run.first; x < run.first + run.count; ++x)
           drop_use_locked(static_cast<std::uint32_t>(x));

@@ -25,13 +25,17 @@ void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
   const std::size_t at =
       protocol::put_header(msg.data(), protocol::Op::batch, msg.size() - sizeof(protocol::Header));
   std::memcpy(msg.data() + at, &bh, sizeof bh);
+  std::uint64_t hits = 0;  // the hit bits say what the agent did (see prefetch_loop)
   for (std::size_t i = 0; i < acc.size(); ++i) {
     const std::uint32_t x = acc[i] & kSampleMask;
+    hits += acc[i] >> 31;
     const protocol::BatchEntry e{x, buf_.ring_depth ? ring_slot(r, t, i) : table_.slot_of(x)};
     std::memcpy(msg.data() + kHead + i * sizeof e, &e, sizeof e);
   }
   send(rs.session, std::move(msg));
-  rs.stall_seconds += seconds_since(rs.wait_since);
+  const double wait = seconds_since(rs.wait_since);
+  rs.stall_seconds += wait;
+  note_served_locked(t, r, acc.size(), hits, wait);
   rs.waiting = false;
   ++rs.cursor;
 }

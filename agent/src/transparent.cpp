@@ -108,8 +108,29 @@ void Agent::Impl::pace_loop() {
             done = std::atomic_ref<std::uint32_t>(xconsumed_[acc[k] & kSampleMask])
                        .load(std::memory_order_relaxed) >= need_[at + k];
           if (!done) break;
-          for (std::uint32_t a : acc) drop_use_locked(a & kSampleMask);
+          std::uint64_t hits = 0;
+          for (std::uint32_t a : acc) {
+            drop_use_locked(a & kSampleMask);
+            hits += a >> 31;
+          }
+          // The rank's consumption of the step is its request, service and release at once
+          // (no request to time: stall is not measured in this mode).
+          const auto now = Clock::now();
+          note_request_locked(rs.released, now);
+          note_served_locked(rs.released, r, acc.size(), hits, -1);
+          note_released_locked(rs.released, now);
           rs.cursor = ++rs.released;
+        }
+        // A step begun (any of its samples consumed) starts its epoch and the head start.
+        if (rs.released < T_ && (!head_.requested || epochs_[epoch_of(rs.released)].start < 0)) {
+          const std::uint64_t at = plan_.rank_offsets[rs.released * R_ + r];
+          const auto acc = accesses(rs.released, r);
+          for (std::size_t k = 0; k < acc.size(); ++k)
+            if (std::atomic_ref<std::uint32_t>(xconsumed_[acc[k] & kSampleMask])
+                    .load(std::memory_order_relaxed) >= need_[at + k]) {
+              note_request_locked(rs.released, Clock::now());
+              break;
+            }
         }
         least = std::min(least, rs.released);
       }
