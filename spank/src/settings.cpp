@@ -112,6 +112,10 @@ const std::vector<OptionSpec>& option_specs() {
        "file are served from the node buffer (implies --solar-order=torch; give the script's "
        "seed, batch and epochs)"},
       {"verbose", "SOLAR_VERBOSE", nullptr, "solar: say what is planned and each node's hits"},
+      {"stats", "SOLAR_STATS", "PATH",
+       "solar: write the step's measured statistics (per node and epoch: hits, fetches, bytes, "
+       "read time, stall; the agents' head start) to this JSON file when the step ends; %j and %s "
+       "are the job and step ids"},
       {"", "SOLAR", "off", "solar: --solar=off disables solar for this step"},
   };
   return specs;
@@ -132,6 +136,9 @@ void JobOptions::set(int field, const std::string& text) {
     case order:
       if (!parse_order_mode(text))
         throw ConfigError(flag, fmt::format("'{}' is not solar or torch", text));
+      break;
+    case stats:
+      if (text.empty()) throw ConfigError(flag, "is empty; give the JSON file to write");
       break;
     case enable:
       if (text != "off" && text != "on")
@@ -171,7 +178,7 @@ bool JobOptions::is_transparent() const {
 bool JobOptions::active() const {
   if (off()) return false;
   for (int f = 0; f < kFields; ++f)
-    if (f != enable && f != verbose && f != transparent && value[f]) return true;
+    if (f != enable && f != verbose && f != transparent && f != stats && value[f]) return true;
   return false;
 }
 

@@ -61,7 +61,7 @@ const std::vector<OptionSpec>& option_specs();
 
 struct JobOptions {
   enum Field : int { dataset, labels, buffer, epochs, batch, seed, order, imbalance, transparent,
-                     verbose, enable, kFields };
+                     verbose, stats, enable, kFields };
   // Raw text per field, and where it came from (command line beats environment).
   std::optional<std::string> value[kFields];
   bool from_command_line[kFields] = {};
@@ -85,6 +85,9 @@ struct JobOptions {
 
   std::string dataset_spec() const { return value[dataset].value_or(""); }
   std::string labels_dataset() const { return value[labels].value_or("/label"); }
+  // --solar-stats: where srun writes the step's measured statistics ("" = nowhere); relative
+  // paths are srun's working directory's.
+  std::string stats_path() const { return value[stats].value_or(""); }
   // The plan's inputs except the dataset's shape and the step's nodes and ranks.
   PlanConfig partial_config() const;
   BufferSpec buffer_spec() const;

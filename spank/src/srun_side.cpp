@@ -136,19 +136,36 @@ DatasetShape read_dataset(const State& s) {
   return DatasetShape::parse(out);
 }
 
-// Each node's final stats, from the "stopped: {json}" line its agent logs on exit.
+// A node's final stats: the "stopped: {json}" line its agent logs on exit (nullopt: none, with
+// the reason in `why`).
+std::optional<nlohmann::json> node_final_stats(const State& s, std::uint32_t m, std::string* why) {
+  std::ifstream f(agent_log_path(s.plan_written, m));
+  std::string line, last;
+  while (std::getline(f, line))
+    if (line.find("stopped: {") != std::string::npos) last = line;
+  if (last.empty()) {
+    *why = "no agent stats (direct reads, or plan_dir is not shared)";
+    return std::nullopt;
+  }
+  try {
+    return nlohmann::json::parse(last.substr(last.find('{')));
+  } catch (const std::exception& e) {
+    *why = fmt::format("unreadable agent stats: {}", e.what());
+    return std::nullopt;
+  }
+}
+
+// Each node's final stats, from its agent's log.
 void print_node_summaries(const State& s) {
   for (std::uint32_t m = 0; m < s.nodes; ++m) {
-    std::ifstream f(agent_log_path(s.plan_written, m));
-    std::string line, last;
-    while (std::getline(f, line))
-      if (line.find("stopped: {") != std::string::npos) last = line;
-    if (last.empty()) {
-      info(fmt::format("node {}: no agent stats (direct reads, or plan_dir is not shared)", m));
+    std::string why;
+    const auto stats = node_final_stats(s, m, &why);
+    if (!stats) {
+      info(fmt::format("node {}: {}", m, why));
       continue;
     }
+    const nlohmann::json& j = *stats;
     try {
-      const auto j = nlohmann::json::parse(last.substr(last.find('{')));
       const double hits = j.value("hits", 0.0), fetched = j.value("fetched_samples", 0.0);
       info(fmt::format("node {}: {:.0f} hits, {:.0f} samples fetched ({}), hit rate {:.1f}%", m,
                        hits, fetched, format_bytes(j.value("bytes_read", std::uint64_t{0})),
@@ -171,6 +188,71 @@ void print_node_summaries(const State& s) {
   }
 }
 
+// --solar-stats: the folder must exist and be writable now, not when the step is over.
+void check_stats_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec);
+  if (ec) throw ConfigError("--solar-stats", fmt::format("{}: {}", path, ec.message()));
+  if (fs::is_directory(p, ec))
+    throw ConfigError("--solar-stats", fmt::format("{} is a folder; give a file name", path));
+  const fs::path dir = p.parent_path();
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError("--solar-stats",
+                      fmt::format("the folder {} does not exist; create it first", dir.string()));
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw ConfigError("--solar-stats", fmt::format("cannot write in {}: {}", dir.string(),
+                                                   std::strerror(errno)));
+}
+
+// The step's statistics in one file, the format `solar run --stats-out` writes: one object per
+// node in the agents' --stats-out format (agent/README.md), "missing" where a node has none.
+void write_step_stats(const State& s) {
+  nlohmann::json nodes = nlohmann::json::array();
+  for (std::uint32_t m = 0; m < s.nodes; ++m) {
+    std::string why;
+    auto j = node_final_stats(s, m, &why);
+    if (!j) {
+      nodes.push_back({{"node", m}, {"missing", why}});
+      continue;
+    }
+    // The log line's "epochs" is the planned count and "per_epoch" the records.
+    nlohmann::json n = *j;
+    n["node"] = m;
+    n["epochs_planned"] = j->value("epochs", nlohmann::json());
+    n["epochs"] = j->value("per_epoch", nlohmann::json::array());
+    n.erase("per_epoch");
+    nodes.push_back(std::move(n));
+  }
+  const nlohmann::json out = {{"format_version", 1},
+                              {"source", "srun --solar-stats"},
+                              {"job", s.job},
+                              {"step", s.step},
+                              {"nodes", std::move(nodes)}};
+  // %j and %s: the job and step ids, as in srun -o (one file per step of an sbatch job).
+  std::string path;
+  const std::string spec = s.options.stats_path();
+  for (std::size_t i = 0; i < spec.size(); ++i) {
+    if (spec[i] == '%' && i + 1 < spec.size() && (spec[i + 1] == 'j' || spec[i + 1] == 's')) {
+      path += std::to_string(spec[++i] == 'j' ? s.job : s.step);
+    } else {
+      path += spec[i];
+    }
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << out.dump(1) << '\n';
+    if (!f.flush()) {
+      error(fmt::format("--solar-stats: cannot write {}: {}", tmp, std::strerror(errno)));
+      return;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) error(fmt::format("--solar-stats: cannot write {}: {}", path, ec.message()));
+}
+
 }  // namespace
 
 int validate_options(spank_t, State& s) {
@@ -178,6 +260,7 @@ int validate_options(spank_t, State& s) {
     s.options.add_environment([](const char* n) { return std::getenv(n); });
     if (!s.options.active()) return 0;
     s.options.validate();
+    if (!s.options.stats_path().empty()) check_stats_path(s.options.stats_path());
     s.dataset = read_dataset(s);
     // What holds for any step shape (one node, one rank) fails now, before an allocation.
     plan_config_for_step(s.options, s.config, *s.dataset, 1, 1, node_memory_bytes());
@@ -232,6 +315,8 @@ int plan_step(spank_t sp, State& s) {
   }
   s.plan_written = path;
   s.nodes = nodes;
+  s.job = job;
+  s.step = step;
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
@@ -263,6 +348,7 @@ int plan_step(spank_t sp, State& s) {
 int finish_step(spank_t, State& s) {
   if (s.plan_written.empty()) return 0;
   if (s.options.is_verbose()) print_node_summaries(s);
+  if (!s.options.stats_path().empty()) write_step_stats(s);
   std::error_code ec;
   std::filesystem::remove(s.plan_written, ec);
   for (std::uint32_t m = 0; m < s.nodes; ++m)

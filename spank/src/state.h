@@ -24,6 +24,7 @@ struct State {
   std::optional<DatasetShape> dataset;  // read in init_post_opt (solar dataset-info)
   std::string plan_written;                     // removed in exit
   std::uint32_t nodes = 0;
+  std::uint32_t job = 0, step = 0;              // of the planned step
 
   // slurmstepd
   bool step_active = false;      // this step uses solar on this node

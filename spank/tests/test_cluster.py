@@ -149,7 +149,7 @@ def test_srun_help_lists_every_option(cluster):
     out = cluster.run("srun", "--help").stdout
     for opt in ["--solar-dataset", "--solar-labels", "--solar-buffer", "--solar-epochs",
                 "--solar-batch", "--solar-seed", "--solar-order", "--solar-imbalance",
-                "--solar-transparent", "--solar-verbose", "--solar=off"]:
+                "--solar-transparent", "--solar-verbose", "--solar-stats", "--solar=off"]:
         assert opt in out, opt
     assert "per-rank batch size" in out
 
@@ -166,6 +166,36 @@ def test_two_nodes_two_ranks_each_verified_from_the_agents(cluster, dataset):
     hits = {int(n): int(h) for n, h in re.findall(r"solar: node (\d): (\d+) hits", out)}
     assert set(hits) == {0, 1} and all(h > 0 for h in hits.values()), out
     assert out.count("agent ready in") == 2, out
+
+
+def test_solar_stats_writes_every_nodes_epochs(cluster, dataset):
+    """--solar-stats: srun merges the agents' measured per-epoch statistics into one file (%j,
+    %s: job and step ids); a folder that does not exist is refused before submission."""
+    import glob
+    import json
+    p = cluster.run("srun", "-N2", "--ntasks-per-node=2",
+                    *solar_args(dataset, "--solar-stats=stats-%j.%s.json"), TRAIN, "--verify")
+    assert p.returncode == 0, p.stdout + p.stderr
+    files = glob.glob(os.path.join(cluster.root, "stats-*.*.json"))
+    assert len(files) == 1 and re.search(r"stats-\d+\.\d+\.json$", files[0]), files
+    with open(files[0]) as f:
+        st = json.load(f)
+    os.unlink(files[0])
+    assert [n["node"] for n in st["nodes"]] == [0, 1], st
+    for n in st["nodes"]:
+        assert "missing" not in n, n
+        assert len(n["epochs"]) == 3, n
+        served = sum(e["samples_served"] for e in n["epochs"])
+        assert served == sum(e["hits"] + e["fetched_samples"] for e in n["epochs"]) > 0, n
+        assert all(e["fetched_bytes"] == e["fetched_samples"] * n["sample_bytes"]
+                   for e in n["epochs"]), n
+    # 512 samples, 3 epochs, each served once per epoch across the two nodes.
+    assert sum(e["samples_served"] for n in st["nodes"] for e in n["epochs"]) == 3 * 512
+    bad = cluster.run("srun", "-N1", *solar_args(dataset, "--solar-stats=/nonexistent/s.json"),
+                      "true")
+    assert bad.returncode != 0
+    lines = [l for l in bad.stderr.splitlines() if "error: solar: " in l]
+    assert len(lines) == 1 and "--solar-stats" in lines[0] and "/nonexistent" in lines[0], bad.stderr
 
 
 def test_same_step_without_solar_reads_nothing_from_agents(cluster, dataset):
