@@ -13,10 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "commands.h"
 #include "launcher.h"
+#include "options.h"
 #include "solar/core/planner.h"
 #include "solar/storage/sample_source.h"
 
@@ -28,7 +30,8 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
   std::string dataset, labels = "/label";
-  std::string ranks = "4", nodes = "1", epochs = "3", batch = "16", seed = "0", buffer = "64%";
+  std::optional<std::string> ntasks, ranks_per_node;
+  std::string nodes = "1", epochs = "3", batch = "16", seed = "0", buffer = "64%";
   std::string readers = "4";
   bool zero_copy = false;
   double compute_ms = 0;
@@ -113,8 +116,10 @@ void run_bench(const BenchOptions& o) {
   PlanConfig c;
   std::uint32_t readers = 0;
   try {
-    c.ranks_per_node = static_cast<std::uint32_t>(parse_count(o.ranks, "--ranks", 1, kMaxRanksPerNode));
-    c.nodes = static_cast<std::uint32_t>(parse_count(o.nodes, "--nodes", 1, kMaxNodes));
+    const RankLayout ranks =
+        resolve_ranks(o.ntasks, o.ranks_per_node, o.nodes, 4, kMaxRanksPerNode);
+    c.nodes = ranks.nodes;
+    c.ranks_per_node = ranks.per_node;
     c.epochs = static_cast<std::uint32_t>(parse_count(o.epochs, "--epochs", 1, 1000));
     c.batch = static_cast<std::uint32_t>(parse_count(o.batch, "--batch", 1, kMaxSamples));
     c.seed = parse_count(o.seed, "--seed", 0, ~std::uint64_t{0});
@@ -260,7 +265,7 @@ void run_bench(const BenchOptions& o) {
 }
 
 struct ServeOptions {
-  std::string samples = "20000", ranks = "4", epochs = "4", batch = "16", preset = "tiny";
+  std::string samples = "20000", ranks = "4", epochs = "4", batch = "16", preset = "tiny";  // one node
   bool zero_copy = false;
 };
 
@@ -273,7 +278,7 @@ void run_serve(const ServeOptions& o) {
     n = parse_count(o.samples, "--samples", 64, 10000000);
     if (o.preset == "small" && n > 4000)
       throw ConfigError("--samples", "at most 4000 with --preset small (1 GiB); allowed 64..4000");
-    c.ranks_per_node = static_cast<std::uint32_t>(parse_count(o.ranks, "--ranks", 1, 256));
+    c.ranks_per_node = static_cast<std::uint32_t>(parse_count(o.ranks, "-n/--ntasks", 1, 256));
     c.epochs = static_cast<std::uint32_t>(parse_count(o.epochs, "--epochs", 2, 1000));
     c.batch = static_cast<std::uint32_t>(parse_count(o.batch, "--batch", 1, 4096));
   } catch (const ConfigError& e) {
@@ -341,20 +346,34 @@ void add_bench_loader_command(CLI::App& app) {
       "DataLoader) against solar (agents + shared memory), same data and storage, one run.\n"
       "Files are read with a cold page cache; --remote-bandwidth/--remote-latency serve the file\n"
       "through solar-stored with throttling to emulate a contended remote file system.");
-  loader->add_option("--dataset", o->dataset, "FILE.h5[:/dataset] (or fabric://...)")->required();
-  loader->add_option("--labels", o->labels, "Labels dataset ('' for none) [/label]");
-  loader->add_option("--ranks", o->ranks, "Ranks per node [4]");
-  loader->add_option("--nodes", o->nodes, "Simulated nodes [1]");
-  loader->add_option("--epochs", o->epochs, "Epochs [3]");
-  loader->add_option("--batch", o->batch, "Per-rank batch [16]");
-  loader->add_option("--buffer", o->buffer, "Per-node memory for solar [64%]");
-  loader->add_option("--seed", o->seed, "Shuffle seed [0]");
-  loader->add_option("--readers", o->readers, "Baseline reader threads per rank [4]");
-  loader->add_option("--compute-ms", o->compute_ms, "Compute per batch, both phases [0]");
+  loader->add_option("--dataset", o->dataset, "FILE.h5[:/dataset] (or fabric://...)")
+      ->type_name(kSource)
+      ->required();
+  loader->add_option("--labels", o->labels, "Labels dataset ('' for none) [/label]")
+      ->type_name("PATH");
+  loader->add_option("-n,--ntasks", o->ntasks,
+                     "Ranks in all, over all nodes (as srun -n); must divide evenly by --nodes "
+                     "[4 per node]")
+      ->type_name(kUint);
+  loader->add_option("--ranks-per-node", o->ranks_per_node,
+                     "Ranks on each node; with -n, must agree [4]")
+      ->type_name(kUint);
+  loader->add_option("--nodes", o->nodes, "Simulated nodes [1]")->type_name(kUint);
+  loader->add_option("--epochs", o->epochs, "Epochs [3]")->type_name(kUint);
+  loader->add_option("--batch", o->batch, "Per-rank batch [16]")->type_name(kUint);
+  loader->add_option("--buffer", o->buffer, "Per-node memory for solar [64%]")
+      ->type_name(kBuffer);
+  loader->add_option("--seed", o->seed, "Shuffle seed [0]")->type_name(kUint);
+  loader->add_option("--readers", o->readers, "Baseline reader threads per rank [4]")
+      ->type_name(kUint);
+  loader->add_option("--compute-ms", o->compute_ms, "Compute per batch, both phases [0]")
+      ->type_name(kFloat);
   loader->add_option("--remote-bandwidth", o->remote_bandwidth,
-                     "EMULATION: aggregate storage bandwidth (e.g. 400M), split over the clients");
+                     "EMULATION: aggregate storage bandwidth (e.g. 400M), split over the clients")
+      ->type_name(kBytes);
   loader->add_option("--remote-latency", o->remote_latency_ms,
-                     "EMULATION: milliseconds added to every storage request");
+                     "EMULATION: milliseconds added to every storage request")
+      ->type_name(kFloat);
   loader->add_flag("--verify", o->verify, "Check every sample's content in both phases");
   loader->add_flag("--json", o->json, "Machine-readable output");
   loader->add_flag("--zero-copy", o->zero_copy, "Agents hand out cache slots (no per-rank rings)");
@@ -362,11 +381,13 @@ void add_bench_loader_command(CLI::App& app) {
   CLI::App* serve = bench->add_subcommand(
       "serve", "How fast an agent hands out batches from its buffer (a buffer holding the whole\n"
       "dataset: after the first epoch, all hits), and how fast ranks copy samples out of it.");
-  serve->add_option("--samples", so->samples, "Samples [20000]");
-  serve->add_option("--ranks", so->ranks, "Ranks [4]");
-  serve->add_option("--epochs", so->epochs, "Epochs, the first fills the buffer [4]");
-  serve->add_option("--batch", so->batch, "Per-rank batch [16]");
+  serve->add_option("--samples", so->samples, "Samples [20000]")->type_name(kUint);
+  serve->add_option("-n,--ntasks", so->ranks, "Ranks, on one node [4]")->type_name(kUint);
+  serve->add_option("--epochs", so->epochs, "Epochs, the first fills the buffer [4]")
+      ->type_name(kUint);
+  serve->add_option("--batch", so->batch, "Per-rank batch [16]")->type_name(kUint);
   serve->add_option("--preset", so->preset, "Sample size: tiny (4 KiB) or small (256 KiB) [tiny]")
+      ->type_name("NAME")
       ->check(CLI::IsMember({"tiny", "small"}));
   serve->add_flag("--zero-copy", so->zero_copy, "Agents hand out cache slots (no per-rank rings)");
   serve->callback([so] {

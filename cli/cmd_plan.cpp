@@ -12,6 +12,8 @@
 #include <string>
 
 #include "commands.h"
+#include "options.h"
+#include "progress.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
 
@@ -47,35 +49,6 @@ std::uint64_t peak_rss_bytes() {
     if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
   return 0;
 }
-
-// A bar on stderr once a plan has run for more than a second, when stderr is a terminal.
-class ProgressBar {
- public:
-  ProgressBar(std::string label, bool enabled)
-      : label_(std::move(label)), enabled_(enabled && ::isatty(2)),
-        start_(std::chrono::steady_clock::now()) {}
-  ~ProgressBar() {
-    if (shown_) std::fprintf(stderr, "\r\033[K");
-  }
-  void operator()(std::uint64_t done, std::uint64_t total) {
-    if (!enabled_) return;
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    if (s < 1.0) return;
-    shown_ = true;
-    const int width = 30;
-    const int fill = total ? static_cast<int>(width * done / total) : width;
-    std::fprintf(stderr, "\r%s [%.*s%*s] %3d%%  %.0fs", label_.c_str(), fill,
-                 "##############################", width - fill, "",
-                 total ? static_cast<int>(100 * done / total) : 100, s);
-    std::fflush(stderr);
-  }
-
- private:
-  std::string label_;
-  bool enabled_, shown_ = false;
-  std::chrono::steady_clock::time_point start_;
-};
 
 PlanConfig build_config(const PlanOptions& o) {
   PlanConfig c;
@@ -350,40 +323,52 @@ void add_plan_commands(CLI::App& app) {
       "Compute the plan of a training run and report how many samples it reads from remote\n"
       "storage, against the lower bound and the baseline policies.");
   plan->add_option("--scenario", o->scenario,
-                   "A preset: seed, s1, s2, cosmoflow, huge (flags below override its values)");
-  plan->add_option("--samples", o->samples, "Samples in the dataset (N)");
-  plan->add_option("--sample-bytes", o->sample_bytes, "Bytes per sample, K/M/G suffixes [16M]");
-  plan->add_option("--epochs", o->epochs, "Epochs (E)");
-  plan->add_option("--nodes", o->nodes, "Nodes (M) [1]");
-  plan->add_option("--ranks-per-node", o->ranks_per_node, "Ranks per node (R) [1]");
-  plan->add_option("--batch", o->batch, "Per-rank batch size (b)");
+                   "A preset: seed, s1, s2, cosmoflow, huge (flags below override its values)")
+      ->type_name("NAME");
+  plan->add_option("--samples", o->samples, "Samples in the dataset (N)")->type_name(kUint);
+  plan->add_option("--sample-bytes", o->sample_bytes, "Bytes per sample, K/M/G suffixes [16M]")
+      ->type_name(kBytes);
+  plan->add_option("--epochs", o->epochs, "Epochs (E)")->type_name(kUint);
+  plan->add_option("--nodes", o->nodes, "Nodes (M) [1]")->type_name(kUint);
+  plan->add_option("--ranks-per-node", o->ranks_per_node, "Ranks per node (R) [1]")
+      ->type_name(kUint);
+  plan->add_option("--batch", o->batch, "Per-rank batch size (b)")->type_name(kUint);
   plan->add_option("--buffer", o->buffer,
                    "Buffer per node: bytes with K/M/G/T suffix, or a percentage of the dataset "
-                   "(e.g. 22.5%)");
+                   "(e.g. 22.5%)")
+      ->type_name(kBuffer);
   plan->add_option("--imbalance", o->imbalance,
-                   "δ: each rank gets between b-δ and b+δ samples per step [0]");
-  plan->add_option("--seed", o->seed, "Shuffle seed [0]");
+                   "δ: each rank gets between b-δ and b+δ samples per step [0]")
+      ->type_name(kUint);
+  plan->add_option("--seed", o->seed, "Shuffle seed [0]")->type_name(kUint);
   plan->add_option("--order", o->order,
-                   "Epoch order: solar (portable RNG) or torch (= DistributedSampler) [solar]");
+                   "Epoch order: solar (portable RNG) or torch (= DistributedSampler) [solar]")
+      ->type_name("ORDER");
   plan->add_flag("--drop-last", o->drop_last,
                  "Drop the tail that does not fill a step (DistributedSampler and DataLoader)");
   plan->add_flag("--peer-fetch", o->peer_fetch,
                  "Let a node take a sample from a peer node's buffer instead of remote storage");
   plan->add_option("--policy", o->policy,
-                   "none, lru, solar-paper, nopfs, solar, sampler, or all [solar]");
+                   "none, lru, solar-paper, nopfs, solar, sampler, or all [solar]")
+      ->type_name("POLICY");
   plan->add_flag("--compare", o->compare, "Same as --policy all");
-  plan->add_option("--out", o->out, "Write the plan file here (one policy only)");
+  plan->add_option("--out", o->out, "Write the plan file here (one policy only)")
+      ->type_name(kFile);
   plan->add_flag("--json", o->json, "Print machine-readable results");
-  plan->add_flag("!--no-progress", o->progress, "No progress bar");
+  plan->add_flag_callback("--no-progress", [o] { o->progress = false; }, "No progress bar");
   plan->callback([o] { run_plan(*o); });
 
   auto d = std::make_shared<DumpOptions>();
   CLI::App* dump = app.add_subcommand(
       "plan-dump", "Print a plan file: one row per (epoch position, step, rank, sample, hit).");
-  dump->add_option("file", d->file, "Plan file written by `solar plan --out`")->required();
+  dump->add_option("file", d->file, "Plan file written by `solar plan --out`")
+      ->type_name(kFile)
+      ->required();
   dump->add_option("--format", d->format, "csv or json [csv]")
+      ->type_name("FORMAT")
       ->check(CLI::IsMember({"csv", "json"}));
-  dump->add_option("--node", d->node, "Only this node's part (read without the rest)");
+  dump->add_option("--node", d->node, "Only this node's part (read without the rest)")
+      ->type_name(kUint);
   dump->callback([d] {
     try {
       run_dump(*d);

@@ -11,6 +11,8 @@
 
 #include "commands.h"
 #include "launcher.h"
+#include "options.h"
+#include "progress.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
 #include "solar/storage/sample_source.h"
@@ -20,11 +22,12 @@ namespace solar::cli {
 namespace {
 
 struct RunOptions {
-  std::string ranks = "1", nodes = "1", epochs, batch, seed = "0", imbalance = "0";
+  std::optional<std::string> ntasks, ranks_per_node;
+  std::string nodes = "1", epochs, batch, seed = "0", imbalance = "0";
   std::string dataset, labels = "/label", buffer, order = "solar";
   std::string plan_out;
   bool drop_last = false, no_agent = false, keep = false, verbose = false, zero_copy = false;
-  bool direct_io = false, transparent = false, order_given = false;
+  bool direct_io = false, transparent = false, order_given = false, label = false;
   std::vector<std::string> command;
 };
 
@@ -69,8 +72,10 @@ void run_run(const RunOptions& o) {
   std::unique_ptr<storage::SampleSource> src;
   BufferSpec buffer;
   try {
-    c.ranks_per_node = static_cast<std::uint32_t>(parse_count(o.ranks, "-n", 1, kMaxRanksPerNode));
-    c.nodes = static_cast<std::uint32_t>(parse_count(o.nodes, "--nodes", 1, kMaxNodes));
+    const RankLayout ranks =
+        resolve_ranks(o.ntasks, o.ranks_per_node, o.nodes, 1, kMaxRanksPerNode);
+    c.nodes = ranks.nodes;
+    c.ranks_per_node = ranks.per_node;
     c.epochs = static_cast<std::uint32_t>(parse_count(o.epochs, "--epochs", 1, kMaxEpochs));
     c.batch = static_cast<std::uint32_t>(parse_count(o.batch, "--batch", 1, kMaxSamples));
     c.seed = parse_count(o.seed, "--seed", 0, ~std::uint64_t{0});
@@ -118,6 +123,7 @@ void run_run(const RunOptions& o) {
   spec.direct_io = o.direct_io;
   spec.transparent = o.transparent;
   spec.keep_run_dir = o.keep;
+  spec.label_lines = o.label;
   try {
     const LaunchResult r = launch(spec);
     print_summary(r);
@@ -158,9 +164,8 @@ void run_stat(const std::string& socket, bool json, bool watch) {
         const std::uint64_t e = std::min<std::uint64_t>(step / std::max<std::uint64_t>(spe, 1),
                                                         epochs - 1);
         const std::uint64_t in_epoch = step >= total ? spe : step % spe;
-        const int fill = static_cast<int>(30 * in_epoch / std::max<std::uint64_t>(spe, 1));
-        fmt::print("  rank {:>3} epoch {:>3}/{} [{:<30}] {:>6} steps, stalled {:.2f} s{}\n",
-                   r["local_rank"].get<int>(), e + 1, epochs, std::string(fill, '#'), step,
+        fmt::print("  rank {:>3} epoch {:>3}/{} [{}] {:>6} steps, stalled {:.2f} s{}\n",
+                   r["local_rank"].get<int>(), e + 1, epochs, bar_text(in_epoch, spe), step,
                    r["stall_seconds"].get<double>(), r["attached"].get<bool>() ? "" : " (left)");
       }
     }
@@ -178,23 +183,36 @@ void add_run_commands(CLI::App& app) {
       "run",
       "Run a training command with solar on this machine: plan the run, start one agent per\n"
       "simulated node, launch the ranks with SOLAR_* and torch.distributed variables, wait,\n"
-      "and clean up. Exits with the worst rank's status.\n"
+      "and clean up. Exits with the worst rank's status. Ranks are counted as srun and mpirun\n"
+      "count them: -n is the total over all nodes (-n 8 --nodes 2: 4 ranks on each node).\n"
       "Example: solar run -n 4 --dataset data.h5 --buffer 50% --epochs 3 --batch 16 -- \\\n"
       "           solar-example-train --verify");
-  run->add_option("-n,--ranks-per-node", o->ranks, "Ranks per node [1]");
-  run->add_option("--nodes", o->nodes, "Simulated nodes, each with its own agent and buffer [1]");
+  run->add_option("-n,--ntasks", o->ntasks,
+                  "Ranks in all, over all nodes (as srun -n, mpirun -n); must divide evenly by "
+                  "--nodes [1 per node]")
+      ->type_name(kUint);
+  run->add_option("--ranks-per-node", o->ranks_per_node,
+                  "Ranks on each node (as srun --ntasks-per-node); with -n, must agree [1]")
+      ->type_name(kUint);
+  run->add_option("--nodes", o->nodes, "Simulated nodes, each with its own agent and buffer [1]")
+      ->type_name(kUint);
   run->add_option("--dataset", o->dataset, "FILE.h5[:/dataset] or fabric://HOST:PORT/NAME")
+      ->type_name(kSource)
       ->required();
-  run->add_option("--labels", o->labels, "Labels dataset ('' for none) [/label]");
+  run->add_option("--labels", o->labels, "Labels dataset ('' for none) [/label]")
+      ->type_name("PATH");
   run->add_option("--buffer", o->buffer,
                   "Memory per node: bytes (K/M/G/T) or a percentage of the dataset")
+      ->type_name(kBuffer)
       ->required();
-  run->add_option("--epochs", o->epochs, "Epochs")->required();
-  run->add_option("--batch", o->batch, "Per-rank batch size")->required();
-  run->add_option("--seed", o->seed, "Shuffle seed [0]");
-  run->add_option("--imbalance", o->imbalance, "δ: per-rank batch may be b-δ..b+δ [0]");
+  run->add_option("--epochs", o->epochs, "Epochs")->type_name(kUint)->required();
+  run->add_option("--batch", o->batch, "Per-rank batch size")->type_name(kUint)->required();
+  run->add_option("--seed", o->seed, "Shuffle seed [0]")->type_name(kUint);
+  run->add_option("--imbalance", o->imbalance, "δ: per-rank batch may be b-δ..b+δ [0]")
+      ->type_name(kUint);
   run->add_option("--order", o->order,
                   "solar or torch (= DistributedSampler) [solar; torch with --transparent]")
+      ->type_name("ORDER")
       ->each([o](const std::string&) { o->order_given = true; });
   run->add_flag("--drop-last", o->drop_last, "Drop the tail that does not fill a step");
   run->add_flag("--no-agent", o->no_agent, "No agents: ranks read directly (the fallback path)");
@@ -210,7 +228,12 @@ void add_run_commands(CLI::App& app) {
                 "the dataset file are served from the node buffer by libsolar_preload.so when "
                 "resident, from the file otherwise. Give the script's own --seed, --batch and "
                 "--epochs; contiguous or unfiltered chunked HDF5 datasets");
-  run->add_option("--plan-out", o->plan_out, "Also save the plan here (for plan-dump)");
+  run->add_flag("-l,--label", o->label,
+                "Prefix every line the ranks write to stdout/stderr with the rank, as srun -l "
+                "does ('3: text'; right-aligned to the widest rank); lines are kept whole, never "
+                "mixed (up to 1 MiB a line)");
+  run->add_option("--plan-out", o->plan_out, "Also save the plan here (for plan-dump)")
+      ->type_name(kFile);
   run->add_flag("--keep-run-dir", o->keep, "Keep the plan, sockets and agent logs");
   run->add_flag("-v,--verbose", o->verbose, "Say what is planned");
   run->add_option("command", o->command, "The rank program and its arguments (after --)")
@@ -221,7 +244,9 @@ void add_run_commands(CLI::App& app) {
   auto json = std::make_shared<bool>(false);
   auto watch = std::make_shared<bool>(false);
   CLI::App* stat = app.add_subcommand("stat", "Show a running agent's metrics and progress.");
-  stat->add_option("socket", *sock, "The agent's socket (SOLAR_SOCKET of its ranks)")->required();
+  stat->add_option("socket", *sock, "The agent's socket (SOLAR_SOCKET of its ranks)")
+      ->type_name(kFile)
+      ->required();
   stat->add_flag("--json", *json, "One JSON object per report");
   stat->add_flag("--watch", *watch, "Report every second until the agent exits");
   stat->callback([sock, json, watch] { run_stat(*sock, *json, *watch); });

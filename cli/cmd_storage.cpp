@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "commands.h"
+#include "options.h"
+#include "progress.h"
 #include "solar/core/config.h"
 #include "solar/core/rng.h"
 #include "solar/storage/content.h"
@@ -37,30 +39,6 @@ double since(Clock::time_point t0) {
 
 double gbps(std::uint64_t bytes, double s) { return s > 0 ? double(bytes) / s / 1e9 : 0; }
 
-// A bar on stderr when it is a terminal.
-class Progress {
- public:
-  Progress(std::string label, bool enabled) : label_(std::move(label)), on_(enabled && ::isatty(2)) {}
-  ~Progress() {
-    if (shown_) std::fprintf(stderr, "\r\033[K");
-  }
-  void operator()(std::uint64_t done, std::uint64_t total) {
-    if (!on_) return;
-    shown_ = true;
-    const int width = 30;
-    const int fill = total ? static_cast<int>(width * done / total) : width;
-    std::fprintf(stderr, "\r%s [%.*s%*s] %3d%%  %.0fs", label_.c_str(), fill,
-                 "##############################", width - fill, "",
-                 total ? static_cast<int>(100 * done / total) : 100, since(t0_));
-    std::fflush(stderr);
-  }
-
- private:
-  std::string label_;
-  bool on_, shown_ = false;
-  Clock::time_point t0_ = Clock::now();
-};
-
 int usage(const std::string& cmd, const std::string& msg) {
   std::fprintf(stderr, "solar %s: %s\n", cmd.c_str(), msg.c_str());
   return kExitUsage;
@@ -76,8 +54,15 @@ struct GenOptions {
   std::string layout = "contiguous";
   std::uint64_t seed = 0;
   bool force = false;
+  bool yes = false;
   bool progress = true;
 };
+
+// `solar gen` asks for --yes before writing more than this; it never writes more than the
+// free space of the target's file system.
+constexpr std::uint64_t kGenConfirmBytes = 10ULL << 30;
+// Datasets from this size on are announced (size, free space) before writing starts.
+constexpr std::uint64_t kGenAnnounceBytes = 1ULL << 30;
 
 struct Preset {
   const char* name;
@@ -143,10 +128,49 @@ void run_gen(const GenOptions& o) {
     return;
   }
   std::uint64_t sb = storage::dtype_size(spec.dtype);
-  for (auto d : spec.shape) sb *= d;
+  for (auto d : spec.shape) {
+    if (sb > kMaxSampleBytes / d) {
+      exit_code() = usage("gen", "--shape: a sample must be under 1 TiB");
+      return;
+    }
+    sb *= d;
+  }
+  // What it will write (data and one int32 label per sample), against the free space.
+  const std::uint64_t per = sb + 4;
+  const bool huge = per > ~std::uint64_t{0} / spec.samples;
+  const std::uint64_t total = huge ? ~std::uint64_t{0} : spec.samples * per;
+  const std::string size_text = fmt::format("{}{} ({} samples of {})", huge ? "more than " : "",
+                                            format_bytes(total), spec.samples, format_bytes(sb));
+  {
+    // The file is written beside OUT and renamed at the end: a file it replaces (--force)
+    // still takes its space until then.
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path dir = fs::absolute(o.out, ec).parent_path();
+    const fs::space_info space = fs::space(dir, ec);
+    const bool known = !ec;  // no such directory: the writer says so
+    const std::string free_text =
+        known ? fmt::format("{} free on {}", format_bytes(space.available), dir.string()) : "";
+    if (known && (huge || total + (1ULL << 20) > space.available)) {
+      exit_code() = usage("gen", fmt::format("--samples: {} would take {}, more than the {}; "
+                                             "nothing written",
+                                             o.out, size_text, free_text));
+      return;
+    }
+    if (total > kGenConfirmBytes && !o.yes) {
+      exit_code() = usage("gen", fmt::format("--samples: {} would take {}, more than {}; pass "
+                                             "--yes to write it{}",
+                                             o.out, size_text, format_bytes(kGenConfirmBytes),
+                                             known ? " (" + free_text + ")" : ""));
+      return;
+    }
+    if (total >= kGenAnnounceBytes)
+      fmt::print(stderr, "solar gen: writing {} to {}{}\n", size_text, o.out,
+                 known ? " (" + free_text + ")" : "");
+  }
   const auto t0 = Clock::now();
   try {
-    Progress bar("writing " + o.out, o.progress);
+    ProgressBar bar("writing " + o.out, o.progress);
     storage::write_dataset(spec, [&](std::uint64_t d, std::uint64_t t) { bar(d, t); });
   } catch (const StorageError& e) {
     std::fprintf(stderr, "solar gen: %s\n", e.what());
@@ -172,15 +196,26 @@ struct SourceFlags {
   std::string provider;
 
   void add(CLI::App* app) {
-    app->add_option("--threads", threads, "Parallel reads for files [4]")
-        ->check(CLI::Range(1, 256));
-    app->add_option("--queue-depth", queue_depth, "fabric:// reads in flight [16]")
-        ->check(CLI::Range(1, 1024));
+    app->add_option("--threads", threads, "Parallel reads for files, 1..256 [4]")
+        ->type_name(kUint)
+        ->check(CLI::Range(1, 256).description(""));
+    app->add_option("--queue-depth", queue_depth, "fabric:// reads in flight, 1..1024 [16]")
+        ->type_name(kUint)
+        ->check(CLI::Range(1, 1024).description(""));
     app->add_option("--timeout", timeout,
                     "fabric://: seconds without progress before a read is retried [30]")
-        ->check(CLI::PositiveNumber);
+        ->type_name(kFloat)
+        ->check([](const std::string& text) -> std::string {
+          try {
+            std::size_t used = 0;
+            if (std::stod(text, &used) > 0 && used == text.size()) return "";
+          } catch (const std::exception&) {
+          }
+          return "'" + text + "' is not a number of seconds > 0";
+        });
     app->add_option("--provider", provider,
-                    "fabric://: libfabric provider (default: the server's)");
+                    "fabric://: libfabric provider (default: the server's)")
+        ->type_name("NAME");
   }
   std::unique_ptr<storage::SampleSource> open(const std::string& spec) const {
     storage::SourceOptions so;
@@ -316,7 +351,7 @@ void run_verify(const VerifyOptions& o) {
   double read_s = 0;
   const auto t0 = Clock::now();
   try {
-    Progress bar("verifying", o.progress && !o.json);
+    ProgressBar bar("verifying", o.progress && !o.json);
     for (const auto& part : parts) {
       const std::uint64_t n = storage::total_samples(part);
       const auto tr = Clock::now();
@@ -520,22 +555,31 @@ void add_storage_commands(CLI::App& app) {
   CLI::App* gen = app.add_subcommand(
       "gen",
       "Write a dataset: /data with N samples (content a deterministic function of seed and\n"
-      "index, so `solar verify` can check every byte) and /label (one int32 per sample).");
-  gen->add_option("out", g->out, "The HDF5 file to write (OUT.h5)")->required();
-  gen->add_option("--samples", g->samples, "Number of samples N (required)");
+      "index, so `solar verify` can check every byte) and /label (one int32 per sample).\n"
+      "Size: N × the sample size (--preset/--shape/--dtype) + 4 bytes a sample. It refuses\n"
+      "(exit 2, nothing written) anything larger than the free space where OUT goes, asks\n"
+      "for --yes above 10 GiB, and says how much it writes from 1 GiB on.");
+  gen->add_option("out", g->out, "The HDF5 file to write (OUT.h5)")->type_name(kFile)->required();
+  gen->add_option("--samples", g->samples, "Number of samples N (required)")->type_name(kUint);
   gen->add_option("--preset", g->preset,
                   "Sample shape and dtype: cosmoflow = 4x128x128x128 int16 (16 MiB), small = "
-                  "4x32x32x32 int16 (256 KiB), tiny = 4x8x8x8 int16 (4 KiB) [cosmoflow]");
-  gen->add_option("--shape", g->shape, "Shape of one sample, e.g. 4,128,128,128 (overrides the preset)");
+                  "4x32x32x32 int16 (256 KiB), tiny = 4x8x8x8 int16 (4 KiB) [cosmoflow]")
+      ->type_name("NAME");
+  gen->add_option("--shape", g->shape, "Shape of one sample, e.g. 4,128,128,128 (overrides the preset)")
+      ->type_name("UINT,...");
   gen->add_option("--dtype", g->dtype,
                   "int8, uint8, int16, uint16, int32, uint32, int64, uint64, float32, float64 "
-                  "(overrides the preset)");
+                  "(overrides the preset)")
+      ->type_name("DTYPE");
   gen->add_option("--layout", g->layout,
                   "contiguous (raw, fastest), chunked (one sample per chunk), gzip (chunked + "
-                  "deflate level 1) [contiguous]");
-  gen->add_option("--seed", g->seed, "Content seed [0]");
+                  "deflate level 1) [contiguous]")
+      ->type_name("LAYOUT");
+  gen->add_option("--seed", g->seed, "Content seed [0]")->type_name(kUint);
   gen->add_flag("--force", g->force, "Replace OUT if it exists");
-  gen->add_flag("!--no-progress", g->progress, "No progress bar");
+  gen->add_flag("-y,--yes", g->yes,
+                "Write more than 10 GiB (never more than the free space)");
+  gen->add_flag_callback("--no-progress", [g] { g->progress = false; }, "No progress bar");
   gen->callback([g] { run_gen(*g); });
 
   auto v = std::make_shared<VerifyOptions>();
@@ -544,13 +588,18 @@ void add_storage_commands(CLI::App& app) {
       "Read samples through a source and check every byte (and label) against the generator\n"
       "of `solar gen`. Exit code 0: all match; 1: a mismatch or a read failed; 2: bad input.");
   verify->add_option("source", v->source, "FILE.h5:/dataset (default /data) or fabric://HOST:PORT/NAME")
+      ->type_name(kSource)
       ->required();
-  verify->add_option("--range", v->range, "Only samples FIRST:END (END exclusive)");
-  verify->add_option("--sample", v->sample, "Only this many samples, chosen at random");
-  verify->add_option("--seed", v->seed, "Content seed (default: the file's solar_seed attribute)");
-  verify->add_option("--batch-bytes", v->batch, "Bytes read per request batch [64M]");
+  verify->add_option("--range", v->range, "Only samples FIRST:END (END exclusive)")
+      ->type_name("UINT:UINT");
+  verify->add_option("--sample", v->sample, "Only this many samples, chosen at random")
+      ->type_name(kUint);
+  verify->add_option("--seed", v->seed, "Content seed (default: the file's solar_seed attribute)")
+      ->type_name(kUint);
+  verify->add_option("--batch-bytes", v->batch, "Bytes read per request batch [64M]")
+      ->type_name(kBytes);
   verify->add_flag("--json", v->json, "Print machine-readable results");
-  verify->add_flag("!--no-progress", v->progress, "No progress bar");
+  verify->add_flag_callback("--no-progress", [v] { v->progress = false; }, "No progress bar");
   v->flags.add(verify);
   verify->callback([v] { run_verify(*v); });
 
@@ -566,9 +615,12 @@ void add_storage_commands(CLI::App& app) {
       "label_bytes (0: no labels), shape, dtype, layout, identity. Exit code 2 with one line "
       "naming the problem when it cannot be read. Used by the Slurm plugin.");
   info->add_option("source", in->source, "FILE.h5:/dataset (default /data) or fabric://HOST:PORT/NAME")
+      ->type_name(kSource)
       ->required();
-  info->add_option("--labels", in->labels, "Labels dataset ('' for none) [/label]");
-  info->add_option("--provider", in->provider, "libfabric provider for fabric:// sources");
+  info->add_option("--labels", in->labels, "Labels dataset ('' for none) [/label]")
+      ->type_name("PATH");
+  info->add_option("--provider", in->provider, "libfabric provider for fabric:// sources")
+      ->type_name("NAME");
   info->callback([in] {
     storage::SourceOptions so;
     so.label_dataset = in->labels;
@@ -598,13 +650,18 @@ void add_storage_commands(CLI::App& app) {
       "Measure a source three ways in one run, each over the same number of bytes: random\n"
       "one-sample requests (what a PyTorch Dataset does), the same samples as sorted\n"
       "coalesced runs (what solar does), and a sequential read (the device limit).");
-  io->add_option("source", b->source, "FILE.h5:/dataset or fabric://HOST:PORT/NAME")->required();
-  io->add_option("--fraction", b->fraction, "Share of the samples to read [0.5]");
-  io->add_option("--workers", b->workers, "Threads issuing one-sample requests [8]")
-      ->check(CLI::Range(1, 256));
-  io->add_option("--batch-bytes", b->batch, "Bytes per coalesced/sequential request batch [64M]");
-  io->add_option("--seed", b->seed, "Seed of the random sample choice [0]");
-  io->add_flag("!--warm", b->cold,
+  io->add_option("source", b->source, "FILE.h5:/dataset or fabric://HOST:PORT/NAME")
+      ->type_name(kSource)
+      ->required();
+  io->add_option("--fraction", b->fraction, "Share of the samples to read [0.5]")
+      ->type_name(kFloat);
+  io->add_option("--workers", b->workers, "Threads issuing one-sample requests, 1..256 [8]")
+      ->type_name(kUint)
+      ->check(CLI::Range(1, 256).description(""));
+  io->add_option("--batch-bytes", b->batch, "Bytes per coalesced/sequential request batch [64M]")
+      ->type_name(kBytes);
+  io->add_option("--seed", b->seed, "Seed of the random sample choice [0]")->type_name(kUint);
+  io->add_flag_callback("--warm", [b] { b->cold = false; },
                "Keep the page cache (default: drop it before each phase: posix_fadvise "
                "DONTNEED for files, the server's cache for fabric://)");
   io->add_flag("--json", b->json, "Print machine-readable results");

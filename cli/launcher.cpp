@@ -1,6 +1,8 @@
 #include "launcher.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -15,6 +17,9 @@
 #include <fmt/format.h>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -53,9 +58,10 @@ std::string tail_of(const fs::path& file, std::size_t lines = 5) {
   return out;
 }
 
-// fork + exec with signals unblocked; stdout/stderr inherited unless `log` is given.
+// fork + exec with signals unblocked; stdout/stderr inherited unless `log` is given, or
+// `out`/`err` (descriptors to put there; >= 0).
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-            const std::string& log) {
+            const std::string& log, int out = -1, int err = -1) {
   std::vector<char*> args, envp;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -75,12 +81,164 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>
         ::dup2(fd, 2);
       }
     }
+    if (out >= 0) ::dup2(out, 1);
+    if (err >= 0) ::dup2(err, 2);
     ::execvpe(args[0], args.data(), envp.data());
     std::fprintf(stderr, "solar run: cannot run %s: %s\n", args[0], std::strerror(errno));
     ::_exit(127);
   }
   return pid;
 }
+
+void write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;  // EPIPE (SIGPIPE is blocked in this thread) and the like: drop it
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+// `solar run -l`: reads every rank's stdout and stderr through pipes, on one thread, and
+// writes each complete line to our stdout/stderr with the rank's label in one write, so lines
+// are never cut or mixed. A line without its newline is written when the rank closes the pipe
+// (with a newline added), or when it grows past kMaxLine bytes.
+class LineLabeller {
+ public:
+  static constexpr std::size_t kMaxLine = 1 << 20;
+
+  LineLabeller() {
+    if (::pipe2(stop_, O_CLOEXEC) != 0)
+      throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
+  }
+  ~LineLabeller() {
+    finish(0);
+    for (auto& s : streams_)
+      if (s.fd >= 0) ::close(s.fd);
+    ::close(stop_[0]);
+    ::close(stop_[1]);
+  }
+  LineLabeller(const LineLabeller&) = delete;
+  LineLabeller& operator=(const LineLabeller&) = delete;
+
+  // A pipe whose write end goes to a rank as its fd 1 or 2; returns that write end (the
+  // caller closes it once the rank is started).
+  int add(int dest, std::string label) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0)
+      throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
+    streams_.push_back({p[0], dest, std::move(label), {}});
+    return p[1];
+  }
+
+  void start() {
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  // After the ranks exited: waits up to `grace` seconds for their pipes to close (a child
+  // they left behind may hold them), then forwards whatever is buffered and stops.
+  void finish(double grace) {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard g(mu_);
+      grace_ = grace;
+    }
+    const char x = 0;
+    [[maybe_unused]] const ssize_t w = ::write(stop_[1], &x, 1);
+    thread_.join();
+  }
+
+ private:
+  struct Stream {
+    int fd;
+    int dest;
+    std::string label, partial;
+  };
+
+  void emit(Stream& s, std::string_view line) {
+    std::string out;
+    out.reserve(s.label.size() + line.size() + 1);
+    out.append(s.label).append(line).push_back('\n');
+    write_all(s.dest, out.data(), out.size());
+  }
+
+  enum class Got { data, nothing, end };
+
+  // Reads what is there and forwards its complete lines.
+  Got pump(Stream& s) {
+    char buf[65536];
+    const ssize_t n = ::read(s.fd, buf, sizeof buf);
+    if (n < 0) return errno == EINTR || errno == EAGAIN ? Got::nothing : Got::end;
+    if (n == 0) return Got::end;
+    s.partial.append(buf, static_cast<std::size_t>(n));
+    std::size_t from = 0;
+    for (std::size_t nl; (nl = s.partial.find('\n', from)) != std::string::npos; from = nl + 1)
+      emit(s, std::string_view(s.partial).substr(from, nl - from));
+    s.partial.erase(0, from);
+    if (s.partial.size() >= kMaxLine) {
+      emit(s, s.partial);
+      s.partial.clear();
+    }
+    return Got::data;
+  }
+
+  void close_stream(Stream& s) {
+    if (!s.partial.empty()) emit(s, s.partial);
+    s.partial.clear();
+    ::close(s.fd);
+    s.fd = -1;
+  }
+
+  void loop() {
+    sigset_t pipe_sig;
+    sigemptyset(&pipe_sig);
+    sigaddset(&pipe_sig, SIGPIPE);
+    ::pthread_sigmask(SIG_BLOCK, &pipe_sig, nullptr);
+    std::optional<Clock::time_point> until;
+    for (;;) {
+      std::vector<pollfd> fds;
+      std::vector<Stream*> who;
+      for (auto& s : streams_)
+        if (s.fd >= 0) {
+          fds.push_back({s.fd, POLLIN, 0});
+          who.push_back(&s);
+        }
+      if (fds.empty()) return;
+      if (!until) fds.push_back({stop_[0], POLLIN, 0});
+      int timeout = -1;
+      if (until) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*until -
+                                                                                Clock::now());
+        if (left.count() <= 0) break;
+        timeout = static_cast<int>(left.count());
+      }
+      if (::poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) break;
+      for (std::size_t i = 0; i < who.size(); ++i)
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR))
+          if (pump(*who[i]) == Got::end) close_stream(*who[i]);
+      if (!until && (fds.back().revents & POLLIN)) {
+        std::lock_guard g(mu_);
+        until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(grace_));
+      }
+    }
+    // Past the grace period: take what is in the pipes now and stop.
+    for (auto& s : streams_) {
+      if (s.fd < 0) continue;
+      ::fcntl(s.fd, F_SETFL, ::fcntl(s.fd, F_GETFL) | O_NONBLOCK);
+      while (pump(s) == Got::data) {
+      }
+      close_stream(s);
+    }
+  }
+
+  std::vector<Stream> streams_;
+  int stop_[2] = {-1, -1};
+  std::thread thread_;
+  std::mutex mu_;
+  double grace_ = 0;
+};
 
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -218,6 +376,7 @@ LaunchResult launch(const LaunchSpec& spec) {
   };
 
   std::vector<pid_t> ranks;
+  std::unique_ptr<LineLabeller> labeller;  // -l: outlives the ranks (declared before them)
   try {
     if (spec.agents) {
       const std::string agent =
@@ -264,6 +423,8 @@ LaunchResult launch(const LaunchSpec& spec) {
     const std::uint64_t W = c.world();
     const int master_port = 29500 + static_cast<int>(::getpid() % 20000);
     const auto t0 = Clock::now();
+    const std::size_t label_width = std::to_string(W > 0 ? W - 1 : 0).size();
+    if (spec.label_lines) labeller = std::make_unique<LineLabeller>();
     for (std::uint32_t m = 0; m < c.nodes; ++m)
       for (std::uint32_t r = 0; r < c.ranks_per_node; ++r) {
         std::vector<std::string> env = base_env;
@@ -288,8 +449,26 @@ LaunchResult launch(const LaunchSpec& spec) {
           env.push_back("LD_PRELOAD=" + preload);
         }
         for (const auto& kv : spec.extra_env) env.push_back(kv);
-        ranks.push_back(spawn(spec.command, env, ""));
+        if (labeller) {
+          const std::string label = fmt::format("{:>{}}: ", rank, label_width);
+          const int out = labeller->add(1, label), err = labeller->add(2, label);
+          const pid_t pid = [&] {
+            try {
+              return spawn(spec.command, env, "", out, err);
+            } catch (...) {
+              ::close(out);
+              ::close(err);
+              throw;
+            }
+          }();
+          ::close(out);
+          ::close(err);
+          ranks.push_back(pid);
+        } else {
+          ranks.push_back(spawn(spec.command, env, ""));
+        }
       }
+    if (labeller) labeller->start();
 
     // Wait for every rank; forward signals (a second Ctrl-C kills).
     std::map<pid_t, std::size_t> live;
@@ -322,6 +501,7 @@ LaunchResult launch(const LaunchSpec& spec) {
       }
     }
     result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (labeller) labeller->finish(1.0);
     stop_agents(true);
   } catch (...) {
     for (pid_t p : ranks) ::kill(p, SIGKILL);

@@ -44,6 +44,10 @@ struct LaunchSpec {
   std::string preload_path;
   std::string agent_path;         // solar-agent binary ("" = next to solar, then PATH)
   bool keep_run_dir = false;      // keep plan, sockets and logs (for debugging)
+  // Like `srun -l`: every line a rank writes to stdout/stderr goes to ours prefixed with its
+  // global rank ("3: ", right-aligned to the widest rank), whole lines only. Otherwise ranks
+  // inherit our stdout/stderr.
+  bool label_lines = false;
 };
 
 struct LaunchResult {

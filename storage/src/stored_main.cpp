@@ -36,13 +36,16 @@ int main(int argc, char** argv) {
   app.add_option("--throttle-bandwidth", bandwidth,
                  "EMULATION for single-machine benchmarks: cap each client's read bandwidth, "
                  "bytes/s with K/M/G suffix (e.g. 500M). Enforced by the client library; not a "
-                 "security or QoS control");
+                 "security or QoS control")
+      ->type_name("SIZE");
   app.add_option("--throttle-latency", latency_ms,
                  "EMULATION: add this many milliseconds to every read request, as a contended "
-                 "parallel file system would");
+                 "parallel file system would")
+      ->type_name("FLOAT");
   app.add_option("--staging-bytes", staging,
                  "Size of each registered staging buffer for chunked/compressed datasets (at "
-                 "least one sample) [64M]");
+                 "least one sample) [64M]")
+      ->type_name("SIZE");
   app.add_option("--ready-file", o.ready_file,
                  "Write HOST:PORT to this file once the server accepts connections");
   bool quiet = false;

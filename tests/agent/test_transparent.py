@@ -28,7 +28,7 @@ def digests(tmp_path, tag, world):
 
 def run_script(tmp_path, data, tag, *solar_args, workers=0, lazy=False, epochs=2, batch=4,
                seed=3, script_seed=None, popen=False):
-    cmd = [SOLAR, "run", "-n", "2", "--nodes", "2", "--dataset", data, "--epochs", str(epochs),
+    cmd = [SOLAR, "run", "-n", "4", "--nodes", "2", "--dataset", data, "--epochs", str(epochs),
            "--batch", str(batch), "--seed", str(seed), *solar_args, "--", PY, SCRIPT, data,
            "--epochs", str(epochs), "--batch", str(batch),
            "--seed", str(seed if script_seed is None else script_seed),
@@ -115,7 +115,7 @@ def test_dataset_replaced_nothing_served_from_the_buffer(tmp_path, datasets):
                        f'while [ -e {other} ]; do sleep 0.05; done\nexec "$@"\n')
     wrapper.chmod(0o755)
     env = dict(os.environ, TMPDIR=str(tmp_path))
-    p = run(SOLAR, "run", "-n", "2", "--nodes", "2", "--dataset", data, "--epochs", "2", "--batch",
+    p = run(SOLAR, "run", "-n", "4", "--nodes", "2", "--dataset", data, "--epochs", "2", "--batch",
             "4", "--seed", "3", "--buffer", "100%", "--transparent", "--", wrapper, PY, SCRIPT,
             data, "--epochs", "2", "--batch", "4", "--seed", "3", "--digests",
             tmp_path / "solar-%r.txt", check=False, env=env, timeout=600)

@@ -1,0 +1,36 @@
+// Conventions shared by the `solar` subcommands' options.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace solar::cli {
+
+// Type names shown in --help (`--epochs UINT`, `--buffer SIZE`). Numbers are taken as text and
+// parsed strictly (parse_count, parse_bytes), so CLI11 cannot infer these itself.
+inline constexpr const char* kUint = "UINT";    // a whole number ≥ 0
+inline constexpr const char* kBytes = "SIZE";   // bytes: 512, 64K, 1.5G, 2T
+inline constexpr const char* kBuffer = "SIZE";  // bytes, or a percentage of the dataset: 64%
+inline constexpr const char* kFloat = "FLOAT";
+inline constexpr const char* kSource = "SOURCE";  // FILE.h5[:/dataset] or fabric://HOST:PORT/NAME
+inline constexpr const char* kFile = "FILE";
+
+// Ranks as srun/mpirun count them: `-n,--ntasks N` is the total over all nodes, and
+// `--ranks-per-node R` (srun's --ntasks-per-node) the count on each. Either may be given, or
+// both when they agree (N = R × nodes); with neither, `default_per_node` on each node.
+struct RankLayout {
+  std::uint32_t nodes = 1;
+  std::uint32_t per_node = 1;
+  std::uint64_t total() const { return std::uint64_t{nodes} * per_node; }
+};
+
+// Throws ConfigError naming -n/--ntasks or --ranks-per-node (or `nodes_flag`) when a value is
+// not a number in range, when N does not divide evenly by the nodes, or when both are given
+// and disagree.
+RankLayout resolve_ranks(const std::optional<std::string>& ntasks,
+                         const std::optional<std::string>& per_node, const std::string& nodes,
+                         std::uint32_t default_per_node, std::uint32_t max_per_node,
+                         const std::string& nodes_flag = "--nodes");
+
+}  // namespace solar::cli
