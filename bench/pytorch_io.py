@@ -12,7 +12,9 @@ under solar's transparent mode (libsolar_preload.so), same HDF5 file, same ranks
 --throttle BPS[,IOPS] runs every mode inside one blkio cgroup capped at that read bandwidth
 (and IOPS) on the disk holding the dataset (root; cgroup v1, see shared/notes/io.md): the
 page cache is dropped at every epoch start, so every loader reads "remote" storage at the
-cap. Each solar mode's limit is the ratio the cap allows it: bytes the plain DataLoader reads
+cap; the agents read with O_DIRECT there (solar run --direct-io), since simulated nodes share
+one page cache and one node's fetch would otherwise be another's free hit. Each solar mode's
+limit is the ratio the cap allows it: bytes the plain DataLoader reads
 / bytes its plan fetches (solar's own assignment for solar.torch.Loader; the script's
 DistributedSampler assignment for the transparent mode).
 
@@ -96,6 +98,9 @@ def solar_run(tool, dataset, a, rank_argv, extra=()):
                "--seed", str(a.seed), "--order", "torch", *extra,
                *([] if no_agent else ["-v"]),
                *(["--zero-copy"] if a.zero_copy and not no_agent and not transparent else []),
+               # Emulated nodes share this machine's page cache: under the cap, agents read
+               # with O_DIRECT so that one node's fetch does not become another's free hit.
+               *(["--direct-io"] if THROTTLE and not no_agent else []),
                "--", sys.executable, *rank_argv]
     p = subprocess.run(cmd, capture_output=True, text=True,
                        preexec_fn=THROTTLE.enter if THROTTLE else None)
