@@ -25,7 +25,7 @@ struct RunOptions {
   std::optional<std::string> ntasks, ranks_per_node;
   std::string nodes = "1", epochs, batch, seed = "0", imbalance = "0";
   std::string dataset, labels = "/label", buffer, order = "solar";
-  std::string plan_out;
+  std::string plan_out, stats_out;
   bool drop_last = false, no_agent = false, keep = false, verbose = false, zero_copy = false;
   bool direct_io = false, transparent = false, order_given = false, label = false;
   std::vector<std::string> command;
@@ -85,6 +85,7 @@ void run_run(const RunOptions& o) {
     c.order = *order;
     if (o.transparent && o.no_agent)
       throw ConfigError("--transparent", "needs agents; drop --no-agent");
+    if (!o.stats_out.empty()) check_output_file(o.stats_out, "--stats-out");
     c.drop_last = o.drop_last;
     buffer = BufferSpec::parse(o.buffer, "--buffer");
     if (o.command.empty())
@@ -124,6 +125,7 @@ void run_run(const RunOptions& o) {
   spec.transparent = o.transparent;
   spec.keep_run_dir = o.keep;
   spec.label_lines = o.label;
+  spec.stats_out = o.stats_out;
   try {
     const LaunchResult r = launch(spec);
     print_summary(r);
@@ -233,6 +235,12 @@ void add_run_commands(CLI::App& app) {
                 "does ('3: text'; right-aligned to the widest rank); lines are kept whole, never "
                 "mixed (up to 1 MiB a line)");
   run->add_option("--plan-out", o->plan_out, "Also save the plan here (for plan-dump)")
+      ->type_name(kFile);
+  run->add_option("--stats-out", o->stats_out,
+                  "Write every node's measured statistics here when the job ends (JSON: per "
+                  "epoch hits, fetched samples and bytes, storage read time, ranks' stall, wall "
+                  "time; each agent's head start; fields in agent/README.md); `solar report` "
+                  "draws it")
       ->type_name(kFile);
   run->add_flag("--keep-run-dir", o->keep, "Keep the plan, sockets and agent logs");
   run->add_flag("-v,--verbose", o->verbose, "Say what is planned");

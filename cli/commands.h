@@ -17,5 +17,6 @@ void add_plan_commands(CLI::App& app);     // plan, plan-dump (cmd_plan.cpp)
 void add_storage_commands(CLI::App& app);  // gen, verify, bench io (cmd_storage.cpp)
 void add_run_commands(CLI::App& app);      // run, stat (cmd_run.cpp)
 void add_bench_loader_command(CLI::App& app);  // bench loader (cmd_bench_loader.cpp)
+void add_report_command(CLI::App& app);  // report (cmd_report.cpp)
 
 }  // namespace solar::cli

@@ -285,12 +285,65 @@ std::string find_sibling(const std::string& name, const std::string& build_subdi
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    for (const fs::path& cand : {self.parent_path() / name,
-                                 self.parent_path().parent_path() / build_subdir / name})
+    // Beside this program, in its build tree, or where the install puts libraries
+    // (<prefix>/bin/solar -> <prefix>/<libdir>/libsolar_preload.so).
+    for (const fs::path& cand :
+         {self.parent_path() / name, self.parent_path().parent_path() / build_subdir / name,
+          (self.parent_path() / SOLAR_BIN_TO_LIBDIR / name).lexically_normal()})
       if (::access(cand.c_str(), X_OK) == 0) return cand.string();
   }
   return name;  // PATH
 }
+
+void check_output_file(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  const fs::path p = fs::absolute(path, ec);
+  if (ec || path.empty()) throw ConfigError(flag, fmt::format("'{}' is not a usable path", path));
+  if (fs::is_directory(p, ec))
+    throw ConfigError(flag, fmt::format("{} is a folder; give a file name", path));
+  const fs::path dir = p.parent_path();
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError(flag, fmt::format("the folder {} does not exist; create it first",
+                                        dir.string()));
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw ConfigError(flag, fmt::format("cannot write in {}: {}", dir.string(),
+                                        std::strerror(errno)));
+}
+
+namespace {
+
+// --stats-out: the agents' files, one object per node ("missing" where an agent left none).
+void write_run_stats(const std::string& out, const fs::path& dir, std::uint32_t nodes,
+                     bool agents) {
+  nlohmann::json list = nlohmann::json::array();
+  for (std::uint32_t m = 0; m < nodes; ++m) {
+    std::ifstream f(dir / fmt::format("node{}.stats.json", m));
+    nlohmann::json n;
+    if (!agents) {
+      n = {{"node", m}, {"missing", "no agent (--no-agent): ranks read directly"}};
+    } else if (!f) {
+      n = {{"node", m}, {"missing", "the agent wrote no statistics (it failed or was killed)"}};
+    } else {
+      try {
+        n = nlohmann::json::parse(f);
+      } catch (const std::exception& e) {
+        n = {{"node", m}, {"missing", fmt::format("unreadable statistics: {}", e.what())}};
+      }
+    }
+    list.push_back(std::move(n));
+  }
+  const nlohmann::json doc = {{"format_version", 1}, {"source", "solar run"}, {"nodes", list}};
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << doc.dump(1) << '\n';
+    if (!f.flush())
+      throw std::runtime_error(fmt::format("--stats-out: cannot write {}", tmp));
+  }
+  fs::rename(tmp, out);
+}
+
+}  // namespace
 
 nlohmann::json agent_stats(const std::string& socket_path, double timeout_s) {
   const int fd = connect_unix(socket_path);
@@ -393,6 +446,10 @@ LaunchResult launch(const LaunchSpec& spec) {
         if (spec.zero_copy) argv.push_back("--zero-copy");
         if (spec.direct_io) argv.push_back("--direct-io");
         if (spec.transparent) argv.push_back("--transparent");
+        if (!spec.stats_out.empty()) {
+          argv.push_back("--stats-out");
+          argv.push_back((dir / fmt::format("node{}.stats.json", m)).string());
+        }
         agents[m] = spawn(argv, base_env, log);
       }
       // Ready when its socket accepts a connection.
@@ -503,6 +560,7 @@ LaunchResult launch(const LaunchSpec& spec) {
     result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     if (labeller) labeller->finish(1.0);
     stop_agents(true);
+    if (!spec.stats_out.empty()) write_run_stats(spec.stats_out, dir, c.nodes, spec.agents);
   } catch (...) {
     for (pid_t p : ranks) ::kill(p, SIGKILL);
     for (pid_t p : ranks) ::waitpid(p, nullptr, 0);

@@ -48,6 +48,9 @@ struct LaunchSpec {
   // global rank ("3: ", right-aligned to the widest rank), whole lines only. Otherwise ranks
   // inherit our stdout/stderr.
   bool label_lines = false;
+  // Measured statistics (agent/README.md) of every node, merged into this JSON file when the
+  // job ends ("" = none): {"format_version", "source", "nodes": [per-node --stats-out]}.
+  std::string stats_out;
 };
 
 struct LaunchResult {
@@ -66,6 +69,10 @@ LaunchResult launch(const LaunchSpec& spec);
 
 // Asks an agent for its stats (JSON) over its socket; throws on failure.
 nlohmann::json agent_stats(const std::string& socket_path, double timeout_s = 5);
+
+// Throws ConfigError (flag) unless `path` can be written: its folder exists and is writable, and
+// it is not a folder itself. Checked before a job starts, not when it ends.
+void check_output_file(const std::string& path, const std::string& flag);
 
 // Where the solar-agent / other solar binaries are: next to this executable, or in the build
 // tree beside it, or on PATH.

@@ -1,0 +1,88 @@
+"""solar run --stats-out and solar report with real agents and ranks: the merged per-node
+statistics of a 2-node run, and the picture drawn from them, parsed back."""
+import json
+import os
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from test_data_path import SOLAR, TRAIN, run
+
+SAMPLES, EPOCHS = 400, 3
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture(scope="module")
+def stats(tmp_path_factory):
+    d = tmp_path_factory.mktemp("stats")
+    data = d / "d.h5"
+    run(SOLAR, "gen", data, "--samples", SAMPLES, "--preset", "tiny", "--no-progress")
+    out = d / "run.json"
+    run(SOLAR, "run", "-n", "4", "--nodes", "2", "--dataset", data, "--buffer", "40%",
+        "--epochs", EPOCHS, "--batch", "8", "--stats-out", out, "--", TRAIN, "--verify")
+    return out
+
+
+def test_stats_out_merges_every_nodes_epochs(stats):
+    doc = json.loads(stats.read_text())
+    assert doc["source"] == "solar run" and [n["node"] for n in doc["nodes"]] == [0, 1]
+    served = 0
+    for n in doc["nodes"]:
+        assert len(n["epochs"]) == EPOCHS, n
+        for e in n["epochs"]:
+            assert e["samples_served"] == e["hits"] + e["fetched_samples"]
+            served += e["samples_served"]
+        assert n["epochs"][0]["hits"] == 0  # nothing is resident before the first epoch
+        assert n["head_start"]["fetched_bytes"] >= 0
+    assert served == SAMPLES * EPOCHS
+    assert not os.path.exists(str(stats) + ".tmp")
+
+
+def test_stats_out_folder_is_checked_before_the_job(tmp_path):
+    p = run(SOLAR, "run", "-n", "1", "--dataset", "/nonexistent.h5", "--buffer", "1G",
+            "--epochs", "1", "--batch", "1", "--stats-out", tmp_path / "no" / "s.json", "--",
+            "true", check=False)
+    assert p.returncode == 2 and "--stats-out" in p.stderr and "does not exist" in p.stderr
+
+
+def test_report_draws_the_series_of_a_real_run(stats, tmp_path):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"modes": {
+        "baseline": {"per_epoch_s": [0.5, 0.5, 0.5]},
+        "solar": {"per_epoch_s": [0.4, 0.2, 0.2], "speedup": 1.875, "limit": 2.0}}}))
+    svg = tmp_path / "r.svg"
+    p = run(SOLAR, "report", stats, bench, "-o", svg)
+    assert "wrote" in p.stderr
+    root = ET.parse(svg).getroot()  # well-formed XML
+    assert root.tag == SVG + "svg"
+    panels = {g.get("data-title"): g for g in root.iter(SVG + "g") if g.get("class") == "panel"}
+    hit = next(g for t, g in panels.items() if t.startswith("Hit rate"))
+    series = {g.get("data-series"): g for g in hit.iter(SVG + "g") if g.get("class") == "series"}
+    assert set(series) == {"node 0", "node 1"}
+    doc = json.loads(stats.read_text())
+    for n in doc["nodes"]:
+        points = [float(c.get("data-value")) for c in series[f"node {n['node']}"].iter(SVG + "circle")]
+        want = [100 * e["hits"] / (e["hits"] + e["fetched_samples"]) for e in n["epochs"]]
+        assert points == pytest.approx(want, abs=1e-3)
+    load = next(g for t, g in panels.items() if t.startswith("Data-loading time"))
+    names = [g.get("data-series") for g in load.iter(SVG + "g") if g.get("class") == "series"]
+    assert names[0] == "PyTorch DataLoader" and names[1].startswith("solar.torch.Loader (1.88x)")
+    limit = [float(c.get("data-value")) for g in load.iter(SVG + "g")
+             if (g.get("data-series") or "").startswith("storage limit") for c in g.iter(SVG + "circle")]
+    assert limit == pytest.approx([0.25, 0.25, 0.25])
+
+
+@pytest.mark.parametrize("content,named", [
+    ("not json", "not JSON"),
+    ('{"a": 1}', "not a stats file"),
+    ('{"nodes": [{"node": 0, "missing": "killed"}]}', "no node has statistics"),
+    ('{"points": []}', 'non-empty "points"'),
+])
+def test_report_names_bad_input_in_one_line(tmp_path, content, named):
+    f = tmp_path / "in.json"
+    f.write_text(content)
+    p = run(SOLAR, "report", f, "-o", tmp_path / "x.svg", check=False)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(f) in lines[0] and named in lines[0], p.stderr
+    assert not (tmp_path / "x.svg").exists()
