@@ -476,6 +476,10 @@ LaunchResult launch(const LaunchSpec& spec) {
       }
     }
 
+    if (spec.agents && spec.verbose)
+      std::fprintf(stderr, "solar run: %u agent%s ready; watch them with: solar stat %s --watch\n",
+                   c.nodes, c.nodes == 1 ? "" : "s", dir.c_str());
+
     // Ranks: node-major, like srun's block distribution.
     const std::uint64_t W = c.world();
     const int master_port = 29500 + static_cast<int>(::getpid() % 20000);

@@ -51,6 +51,7 @@ struct LaunchSpec {
   // Measured statistics (agent/README.md) of every node, merged into this JSON file when the
   // job ends ("" = none): {"format_version", "source", "nodes": [per-node --stats-out]}.
   std::string stats_out;
+  bool verbose = false;  // say where the agents' sockets are (for solar stat)
 };
 
 struct LaunchResult {

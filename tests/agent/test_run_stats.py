@@ -86,3 +86,51 @@ def test_report_names_bad_input_in_one_line(tmp_path, content, named):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and str(f) in lines[0] and named in lines[0], p.stderr
     assert not (tmp_path / "x.svg").exists()
+
+
+def test_stat_watches_every_agent_of_a_run_and_redraws_on_a_terminal(tmp_path):
+    import pty
+    import re
+    import subprocess
+    import time
+    data = tmp_path / "d.h5"
+    run(SOLAR, "gen", data, "--samples", SAMPLES, "--preset", "tiny", "--no-progress")
+    job = subprocess.Popen([SOLAR, "run", "-v", "-n", "4", "--nodes", "2", "--dataset", data,
+                            "--buffer", "40%", "--epochs", "40", "--batch", "8", "--", TRAIN,
+                            "--compute-ms", "5"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "solar stat" not in line:
+            line = job.stderr.readline()
+            assert line, "solar run ended before its agents were ready"
+        folder = re.search(r"solar stat (\S+) --watch", line).group(1)
+        once = run(SOLAR, "stat", folder)
+        assert len(re.findall(r"^node [01]: .* hit rate", once.stdout, re.M)) == 2, once.stdout
+        assert once.stdout.count("  rank ") == 4
+        # --watch on a terminal: the same lines are redrawn (cursor up, clear) until the
+        # agents finish, then it exits by itself.
+        leader, follower = pty.openpty()
+        watch = subprocess.Popen([SOLAR, "stat", folder, "--watch"], stdout=follower,
+                                 stderr=follower)
+        os.close(follower)
+        out = b""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed: stat exited
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert watch.wait(timeout=60) == 0
+        os.close(leader)
+        text = out.decode(errors="replace")
+        assert "\x1b[" in text and "F\x1b[J" in text, text[:500]
+        assert "finished" in text and "samples/s" in text, text[-800:]
+    finally:
+        job.stderr.close()
+        if job.poll() is None:
+            job.terminate()
+        job.wait(timeout=60)
