@@ -130,9 +130,12 @@ def main():
     try:
         path = io.make_dataset(tool, a, tmp)
         val = io.make_dataset(tool, a, tmp, name="val.h5", samples=128, seed=a.seed + 1)
+        # --throttle: every mode on the same emulated shared storage (scripts/slow-storage).
+        io.THROTTLE = io.make_throttle(a.throttle, path)
         print(f"dataset {path}: {a.samples} samples; {a.nodes}x{a.ranks} ranks, batch {a.batch}, "
               f"{a.epochs} epochs, seed {a.seed}, solar buffer {a.buffer}, baseline "
-              f"num_workers={a.workers}, cold storage every epoch")
+              f"num_workers={a.workers}, cold storage every epoch" +
+              (f"; {io.THROTTLE.describe()}" if io.THROTTLE else ""))
         me = os.path.abspath(__file__)
         if a.repeat < 1:
             sys.exit("pytorch_e2e: --repeat must be at least 1")
@@ -172,6 +175,8 @@ def main():
                    zip(results["baseline"]["train_loss"], results["solar"]["train_loss"]))
         print(f"training loss, SOLAR vs baseline: largest relative difference {100 * diff:.2f}%")
     finally:
+        if io.THROTTLE:
+            io.THROTTLE.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -317,6 +317,7 @@ def main():
             runs["solar"] = []
         agent_ranks = 0
         plans = {}
+        head_start = None
 
         def run(mode, rank_argv, extra=()):
             before = THROTTLE.counters() if THROTTLE else None
@@ -357,9 +358,19 @@ def main():
                 out = os.path.join(tmp, f"solar-{k}")
                 os.makedirs(out)
                 drop_cache(path)
+                stats = os.path.join(out, "stats.json")
                 log = run("solar", [me, "--rank", "solar", "--out", out, "--library", lib,
-                                    "--workers", "0", "--epochs", str(a.epochs)])
+                                    "--workers", "0", "--epochs", str(a.epochs)],
+                          extra=[] if a.launcher == "srun" else ["--stats-out", stats])
                 plans["solar"] = planned(log)
+                if os.path.exists(stats):  # what the agents did before the ranks asked
+                    nodes = [n for n in json.load(open(stats))["nodes"] if "head_start" in n]
+                    head_start = {
+                        "seconds": max((n["head_start"].get("seconds") or 0) for n in nodes),
+                        "fetched_bytes": sum(n["head_start"]["fetched_bytes"] for n in nodes)}
+                    print(f"  agents' head start (not in the loading times): up to "
+                          f"{head_start['seconds']:.2f} s from ready to the first request, "
+                          f"{head_start['fetched_bytes'] / 2**20:.1f} MiB fetched by then")
                 g = gather(out, a.ranks * a.nodes)
                 runs["solar"].append(g["load"])
                 agent_ranks = g["agent_ranks"]
@@ -399,6 +410,7 @@ def main():
             line = (f"speedup {m}: {speed:.2f}x in total over {a.epochs} epochs "
                     f"({sum(base):.4f} s vs {sum(t):.4f} s)")
             entry = {"per_epoch_s": t, "total_s": sum(t), "speedup": speed,
+                     "head_start": head_start if m == "solar" else None,
                      "disk_bytes": disk.get(m if m == "solar" else ("transparent", best_t))}
             if plans.get(m):
                 fetches, accesses = plans[m]

@@ -93,3 +93,33 @@ def test_no_cgroup_is_left_behind(tmp_path):
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     after = set(os.listdir(slow_storage.V1_ROOT)) if os.path.isdir(slow_storage.V1_ROOT) else set()
     assert not [d for d in after - before if d.startswith("solar-slow-")]
+
+
+def test_disk_bytes_of_a_solar_run_agree_with_its_plan(tmp_path):
+    """The limit benchmarks print (plain bytes / planned bytes) rests on the plan's fetches
+    being what is read: under the cap, agents reading with O_DIRECT, the cgroup's own count
+    of bytes read from the disk is the plan's fetches (HDF5 metadata and O_DIRECT alignment
+    aside), and so is what the agents say they fetched."""
+    solar, train = os.environ.get("SOLAR_BIN"), os.environ.get("SOLAR_EXAMPLE_TRAIN")
+    if not solar or not train:
+        pytest.skip("needs SOLAR_BIN and SOLAR_EXAMPLE_TRAIN (ctest sets them)")
+    data = tmp_path / "d.h5"
+    subprocess.run([solar, "gen", data, "--samples", "96", "--preset", "small", "--no-progress"],
+                   check=True, capture_output=True, timeout=120)
+    controller_or_skip(data)
+    count, stats = tmp_path / "count.json", tmp_path / "stats.json"
+    p = subprocess.run([SCRIPT, "--bandwidth", "1G", "--data", data, "--evict", "--json", count,
+                        "--", solar, "run", "-v", "-n", "2", "--nodes", "2", "--dataset", data,
+                        "--buffer", "50%", "--epochs", "3", "--batch", "4", "--direct-io",
+                        "--stats-out", stats, "--", train, "--verify"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("verified (0 wrong), from the node agent") == 2, p.stdout
+    import re
+    fetches = int(re.search(r"plan: (\d+) remote fetches", p.stderr).group(1))
+    sample_bytes = 256 * 1024
+    planned = fetches * sample_bytes
+    nodes = json.loads(stats.read_text())["nodes"]
+    assert sum(e["fetched_bytes"] for n in nodes for e in n["epochs"]) == planned
+    disk = json.loads(count.read_text())["read_bytes"]
+    assert planned <= disk <= planned * 1.03 + 2 * 2**20, (disk, planned)
