@@ -308,6 +308,10 @@ def main():
               f"cold storage every epoch" +
               (f"; {THROTTLE.describe()}" if THROTTLE else ""))
         me = os.path.abspath(__file__)
+        if THROTTLE:  # programs and libraries share the disk: cache them before counting bytes
+            subprocess.run([sys.executable, "-c", "import torch, torch.distributed, h5py, numpy"],
+                           check=True, capture_output=True)
+            subprocess.run([tool, "--version"], check=True, capture_output=True)
         workers = [int(x) for x in a.workers.split(",")]
         runs = {w: [] for w in workers}
         disk = {}  # mode -> bytes the cgroup read from the disk in its (last) run
