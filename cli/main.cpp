@@ -1,7 +1,10 @@
 // solar: plan, inspect and run accelerated data loading for distributed training.
 #include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "commands.h"
@@ -11,7 +14,38 @@ int& solar::cli::exit_code() {
   return code;
 }
 
+namespace {
+
+// Ctrl-C, kill, a closed terminal: say so on stderr and end by the signal itself, so the
+// caller sees it (a shell's $? is 128+N, 130 for Ctrl-C) and a script running solar stops too.
+// The dispositions libinfinipath's constructor had put there (exit 1, silently) are gone by now
+// (storage/src/signals.h). `solar run` blocks these signals while its ranks run and forwards
+// them (cli/launcher.cpp, sigtimedwait), so this handler only sees the ones that come before
+// or after. A signal ignored when solar started (nohup, `&` in a script) stays ignored.
+extern "C" void on_terminating_signal(int sig) {
+  const char* text = sig == SIGINT    ? "solar: interrupted (SIGINT)\n"
+                     : sig == SIGTERM ? "solar: terminated (SIGTERM)\n"
+                                      : "solar: hung up (SIGHUP)\n";
+  [[maybe_unused]] const ssize_t n = ::write(2, text, std::strlen(text));
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);  // delivered when this handler returns: the process ends by the signal
+}
+
+void handle_terminating_signals() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction cur {};
+    if (::sigaction(sig, nullptr, &cur) != 0 || cur.sa_handler == SIG_IGN) continue;
+    struct sigaction act {};
+    act.sa_handler = on_terminating_signal;
+    sigemptyset(&act.sa_mask);
+    ::sigaction(sig, &act, nullptr);
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  handle_terminating_signals();
   CLI::App app{
       "solar: data loading for distributed deep-learning training.\n"
       "The whole shuffled access order of a run is known before it starts; solar plans it\n"

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "signals.h"
 #include "solar/storage/sample_source.h"
 
 namespace solar::storage::fabric {
@@ -45,6 +46,12 @@ fi_info* hints_for(const std::string& provider, bool thread_safe) {
 }  // namespace
 
 std::unique_ptr<Endpoint> Endpoint::open(const std::string& provider, const std::string& node) {
+  // Initialising the providers (psm's among them) must not leave handlers of theirs behind in
+  // the caller's process (signals.h): whatever changes here is put back as it was.
+  struct KeepSignals {
+    signals::Snapshot before;
+    ~KeepSignals() { before.restore(); }
+  } keep_signals;
   std::unique_ptr<Endpoint> e(new Endpoint());
   const bool bind = !node.empty() && provider != "shm";
   int rc = -FI_ENODATA;
