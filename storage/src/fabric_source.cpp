@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <fmt/format.h>
 #include <mutex>
+#include <optional>
+#include <spdlog/spdlog.h>
 #include <thread>
 
 #include "fabric.h"
@@ -75,6 +77,12 @@ struct FabricSource::Impl {
   std::mutex mu;
   std::unique_ptr<Session> session;
   std::atomic<std::uint64_t> bytes{0}, reconnects{0};
+  // The current outage (under mu): since when the server has been unreachable, and how many
+  // attempts were made. Shared by every read, so that once the window has passed, the reads
+  // that follow fail at their first attempt instead of waiting the window again each.
+  double reconnect_s = 30;
+  std::optional<Clock::time_point> outage_since;
+  unsigned outage_attempts = 0;
 
   std::unique_ptr<Session> open_session(bool first);
   void run_pieces(Session& s, std::vector<Piece>& pieces, std::vector<char>& done,
@@ -82,6 +90,8 @@ struct FabricSource::Impl {
   json request(Session& s, const json& msg);
   template <class Work>
   void with_retries(Work&& work);
+  // Within an outage: throws StorageError when the window has passed, else waits the backoff.
+  void next_attempt(const StorageError& e, bool first);
   double now() const {
     return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
   }
@@ -89,9 +99,23 @@ struct FabricSource::Impl {
 
 std::unique_ptr<Session> FabricSource::Impl::open_session(bool first) {
   auto s = std::make_unique<Session>();
+  const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(opt.timeout_s * 1000));
   try {
     tcp::resolver resolver(s->io);
-    asio::connect(s->sock, resolver.resolve(host, port));
+    const auto endpoints = resolver.resolve(host, port);
+    // Within timeout_s: an unreachable host must not hold the caller for the kernel's minutes.
+    boost::system::error_code ec = asio::error::would_block;
+    asio::async_connect(s->sock, endpoints,
+                        [&ec](const boost::system::error_code& e, const tcp::endpoint&) { ec = e; });
+    s->io.run_for(timeout);
+    if (ec == asio::error::would_block) {
+      s->sock.close();
+      s->io.restart();
+      s->io.run();  // the aborted connect's handler
+      ec = asio::error::timed_out;
+    }
+    if (ec) throw boost::system::system_error(ec);
+    s->sock.native_non_blocking(false);  // wire:: does blocking I/O with SO_RCVTIMEO
   } catch (const boost::system::system_error& e) {
     const std::string msg = fmt::format("{}: cannot connect to {}:{}: {}; is solar-stored running "
                                         "there?",
@@ -102,14 +126,18 @@ std::unique_ptr<Session> FabricSource::Impl::open_session(bool first) {
   const int ms = static_cast<int>(opt.timeout_s * 1000);
   timeval tv{ms / 1000, (ms % 1000) * 1000};
   ::setsockopt(s->sock.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(s->sock.native_handle(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   std::string token = opt.token;
   if (token.empty())
     if (const char* t = std::getenv("SOLAR_STORED_TOKEN")) token = t;
   const json reply = request(*s, {{"op", "hello"}, {"version", wire::kVersion}, {"token", token},
                                   {"dataset", name}});
-  if (!reply.value("ok", false))
-    throw StorageError(fmt::format("{}: the server refused: {}", uri,
-                                   reply.value("error", std::string("no reason given"))));
+  if (!reply.value("ok", false)) {
+    const std::string msg = fmt::format("{}: the server refused: {}", uri,
+                                        reply.value("error", std::string("no reason given")));
+    if (reply.value("retry", false)) throw TransientError(msg);  // busy: worth another try
+    throw StorageError(msg);
+  }
   try {
     const DatasetInfo i = wire::info_from_json(reply.at("info"));
     const std::string id = reply.at("identity").get<std::string>();
@@ -277,23 +305,48 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
   }
 }
 
+void FabricSource::Impl::next_attempt(const StorageError& e, bool first) {
+  const auto now = Clock::now();
+  if (!outage_since) {
+    outage_since = now;
+    outage_attempts = 0;
+    if (reconnect_s > 0)
+      spdlog::warn("{}; reconnecting for up to {:g} s (SOLAR_STORED_RECONNECT)", e.what(),
+                   reconnect_s);
+  }
+  ++outage_attempts;
+  const double waited = std::chrono::duration<double>(now - *outage_since).count();
+  if (waited >= reconnect_s)
+    throw StorageError(fmt::format(
+        "{} (gave up after {} attempt{} in {:.1f} s: solar-stored at {}:{} did not {} within "
+        "{:g} s; SOLAR_STORED_RECONNECT=SECONDS waits longer)",
+        e.what(), outage_attempts, outage_attempts == 1 ? "" : "s", waited, host, port,
+        first ? "accept the connection" : "come back", reconnect_s));
+  const double backoff = 0.1 * static_cast<double>(1u << std::min(outage_attempts - 1, 5u));
+  std::this_thread::sleep_for(
+      std::chrono::duration<double>(std::min({2.0, backoff, reconnect_s - waited})));
+}
+
+// A lost server is reconnected to for up to reconnect_s from the start of the outage, with
+// backoff 0.1 s · 2^k (at most 2 s); one warning when it starts, one line when it ends.
 template <class Work>
 void FabricSource::Impl::with_retries(Work&& work) {
-  for (unsigned attempt = 0;; ++attempt) {
+  for (;;) {
     try {
       if (!session) {
         session = open_session(false);
-        if (attempt > 0) ++reconnects;
+        if (outage_since) ++reconnects;
       }
       work(*session);
+      if (outage_since) {
+        spdlog::info("{}: the server is back after {:.1f} s; reading on", uri,
+                     std::chrono::duration<double>(Clock::now() - *outage_since).count());
+        outage_since.reset();
+      }
       return;
     } catch (const TransientError& e) {
       session.reset();  // closes the endpoint: nothing more lands in the caller's memory
-      if (attempt >= opt.retries)
-        throw StorageError(fmt::format("{} (gave up after {} attempt{})", e.what(), attempt + 1,
-                                       attempt ? "s" : ""));
-      std::this_thread::sleep_for(
-          std::chrono::milliseconds(std::min<std::uint64_t>(2000, 100ULL << attempt)));
+      next_attempt(e, false);
     } catch (...) {
       session.reset();  // its endpoint may be closed already (run_pieces); start afresh
       throw;
@@ -324,7 +377,30 @@ std::unique_ptr<FabricSource> FabricSource::connect(const std::string& uri,
     throw StorageError(fmt::format("source '{}': port '{}' is not a number in 1..65535", uri,
                                    im->port));
   if (options.timeout_s <= 0) throw StorageError("fabric timeout must be positive");
-  im->session = im->open_session(true);
+  im->reconnect_s = options.reconnect_s;
+  if (im->reconnect_s < 0) {
+    im->reconnect_s = 30;
+    if (const char* env = std::getenv("SOLAR_STORED_RECONNECT"); env && *env) {
+      char* end = nullptr;
+      const double v = std::strtod(env, &end);
+      if (end == env || *end || !(v >= 0) || v > 86400)
+        throw StorageError(fmt::format("SOLAR_STORED_RECONNECT='{}': expected seconds to keep "
+                                       "reconnecting to solar-stored, 0..86400",
+                                       env));
+      im->reconnect_s = v;
+    }
+  }
+  // A server that is not there is an error at once (a wrong address should not wait); one
+  // that answers busy is tried again within the reconnection window.
+  for (;;) {
+    try {
+      im->session = im->open_session(true);
+      break;
+    } catch (const TransientError& e) {
+      im->next_attempt(e, true);
+    }
+  }
+  im->outage_since.reset();
   return std::unique_ptr<FabricSource>(new FabricSource(std::move(im)));
 }
 

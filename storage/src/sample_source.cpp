@@ -90,7 +90,7 @@ std::unique_ptr<SampleSource> open_unchecked(std::string_view spec, const Source
     FabricOptions f;
     f.queue_depth = o.queue_depth;
     f.timeout_s = o.timeout_s;
-    f.retries = o.retries;
+    f.reconnect_s = o.reconnect_s;
     f.token = o.token;
     f.provider = o.provider;
     return FabricSource::connect(std::string(spec), f);

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <list>
 #include <mutex>
+#include <system_error>
 #include <spdlog/spdlog.h>
 #include <thread>
 #include <utility>
@@ -103,10 +105,22 @@ struct StorageServer::Impl {
 
   std::atomic<bool> stopping{false};
   std::thread progress;
+  // Connections that have not said hello yet (io thread only). Declared before `io`: the
+  // greetings still pending when the server stops are destroyed with it, and count down here.
+  unsigned greeting = 0;
+  // Refusals before authentication are logged 5 a second at most (a flood of strangers must
+  // not fill the disk); the rest are counted and reported in one line. io thread only.
+  struct Refusals {
+    std::chrono::steady_clock::time_point since{};
+    unsigned shown = 0;
+    std::uint64_t hidden = 0;
+  } refusals;
   asio::io_context io;
   tcp::acceptor acceptor{io};
+  asio::steady_timer accept_retry{io};
   std::uint16_t port = 0;
 
+  // An authenticated connection: one thread, blocking I/O, until it leaves.
   struct Connection {
     std::shared_ptr<tcp::socket> socket;
     std::atomic<Exported*> reading{nullptr};
@@ -116,9 +130,30 @@ struct StorageServer::Impl {
   std::mutex conns_mu;
   std::list<Connection> conns;
 
+  // A connection before its hello: read on the io thread (no thread of its own) into a buffer
+  // of at most wire::kMaxHello bytes, and closed if no hello comes within hello_timeout_s.
+  struct Greeting {
+    Greeting(Impl& im, std::shared_ptr<tcp::socket> s, std::string p)
+        : impl(im), sock(std::move(s)), peer(std::move(p)), timer(im.io) {
+      ++impl.greeting;
+    }
+    ~Greeting() { --impl.greeting; }
+    Impl& impl;
+    std::shared_ptr<tcp::socket> sock;
+    std::string peer;
+    asio::steady_timer timer;
+    unsigned char len[4] = {};
+    std::string body;
+    bool timed_out = false;
+  };
+
   void open_export(const Export& e);
   void accept();
-  void serve(Connection& c, const std::string& peer);
+  void greet(const std::shared_ptr<Greeting>& g);
+  void welcome(Greeting& g);
+  void refuse_busy(tcp::socket& s, const std::string& why);
+  void log_refusal(const std::string& peer, const std::string& why);
+  void serve(Connection& c, const std::string& peer, Exported* ex);
   void watch_exports();
   json hello_reply(const json& hello, Exported*& ex);
   Grant grant(const Exported& ex, json& reply);
@@ -179,6 +214,14 @@ StorageServer::StorageServer(ServerOptions options) : impl_(std::make_unique<Imp
   im.opt = std::move(options);
   if (im.opt.exports.empty())
     throw StorageError("--export: give at least one NAME=FILE.h5:/dataset");
+  if (im.opt.max_pending == 0 || im.opt.max_clients == 0 || !(im.opt.hello_timeout_s > 0))
+    throw StorageError("--max-pending, --max-clients and --hello-timeout must be > 0");
+  // Every connection is a descriptor: take the hard limit, as servers do (1024 is the usual
+  // soft one), so the caps above are what bounds the server.
+  if (rlimit nofile{}; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
   std::string provider = im.opt.provider;
   if (provider.empty() && !std::getenv("FI_PROVIDER")) provider = "tcp;ofi_rxm";
   im.ep = fabric::Endpoint::open(provider, im.opt.host == "0.0.0.0" ? "" : im.opt.host);
@@ -348,36 +391,11 @@ Grant StorageServer::Impl::grant(const Exported& ex, json& r) {
   return g;
 }
 
-void StorageServer::Impl::serve(Connection& c, const std::string& peer) {
+// After the hello: the requests of one authenticated client, on its own thread.
+void StorageServer::Impl::serve(Connection& c, const std::string& peer, Exported* ex) {
   tcp::socket& s = *c.socket;
   StagingSlot* slot = nullptr;
-  Exported* ex = nullptr;
   try {
-    timeval tv{10, 0};  // a stranger that never says hello does not hold a thread forever
-    ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    json reply = hello_reply(wire::receive(s), ex);
-    Grant granted;
-    if (reply["ok"].get<bool>()) {
-      try {
-        granted = grant(*ex, reply);
-      } catch (const StorageError& e) {
-        reply = {{"ok", false}, {"error", fmt::format("server cannot register memory: {}", e.what())}};
-      }
-    }
-    if (reply["ok"].get<bool>()) {
-      c.reading = ex;
-      if (ex->changed.load(std::memory_order_acquire))  // withdrawn meanwhile: no keys
-        reply = {{"ok", false}, {"error", "dataset '" + ex->spec.name + "' is withdrawn: " +
-                                              ex->changed_why}};
-    }
-    wire::send(s, reply);
-    if (!reply["ok"].get<bool>()) {
-      spdlog::warn("{}: refused: {}", peer, reply["error"].get<std::string>());
-      return;
-    }
-    tv = {0, 0};
-    ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    spdlog::info("{}: reading {}", peer, ex->spec.name);
     for (;;) {
       const json msg = wire::receive(s);
       release_slot(std::exchange(slot, nullptr));  // its runs were fetched before this message
@@ -434,7 +452,7 @@ void StorageServer::Impl::reap(bool all) {
   for (auto it = conns.begin(); it != conns.end();) {
     if (all && !it->finished) ::shutdown(it->socket->native_handle(), SHUT_RDWR);
     if (all || it->finished) {
-      it->thread.join();
+      if (it->thread.joinable()) it->thread.join();
       it = conns.erase(it);
     } else {
       ++it;
@@ -442,11 +460,46 @@ void StorageServer::Impl::reap(bool all) {
   }
 }
 
+// A refusal the peer may read (best effort, never blocking the io thread), then the close.
+void StorageServer::Impl::refuse_busy(tcp::socket& s, const std::string& why) {
+  const std::string f = wire::frame({{"ok", false}, {"retry", true}, {"error", why}});
+  [[maybe_unused]] const ssize_t n =
+      ::send(s.native_handle(), f.data(), f.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  boost::system::error_code ignored;
+  s.close(ignored);
+}
+
+void StorageServer::Impl::log_refusal(const std::string& peer, const std::string& why) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - refusals.since >= std::chrono::seconds(1)) {
+    if (refusals.hidden)
+      spdlog::warn("{} more connection{} refused or closed before authenticating (not shown)",
+                   refusals.hidden, refusals.hidden == 1 ? "" : "s");
+    refusals = {now, 0, 0};
+  }
+  if (refusals.shown < 5) {
+    ++refusals.shown;
+    spdlog::warn("{}: {}", peer, why);
+  } else {
+    ++refusals.hidden;
+  }
+}
+
 void StorageServer::Impl::accept() {
   acceptor.async_accept([this](boost::system::error_code ec, tcp::socket s) {
     if (ec) {
-      if (ec != asio::error::operation_aborted) spdlog::warn("accept: {}", ec.message());
-      if (acceptor.is_open()) accept();
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+      // Out of descriptors (or another transient failure): wait a little rather than spin,
+      // and say so every 10 s at most.
+      static std::chrono::steady_clock::time_point said{};
+      if (const auto now = std::chrono::steady_clock::now(); now - said >= std::chrono::seconds(10)) {
+        spdlog::warn("accept: {} (new connections wait)", ec.message());
+        said = now;
+      }
+      accept_retry.expires_after(std::chrono::milliseconds(100));
+      accept_retry.async_wait([this](const boost::system::error_code& e) {
+        if (!e && acceptor.is_open()) accept();
+      });
       return;
     }
     reap(false);
@@ -454,17 +507,137 @@ void StorageServer::Impl::accept() {
     const auto ep_ = s.remote_endpoint(pe);
     const std::string peer = pe ? "client" : fmt::format("{}:{}", ep_.address().to_string(), ep_.port());
     auto sock = std::make_shared<tcp::socket>(std::move(s));
-    std::lock_guard g(conns_mu);
-    Connection& c = conns.emplace_back();
-    c.socket = sock;
-    c.thread = std::thread([this, sock, peer, &c] {
-      serve(c, peer);
-      boost::system::error_code ignored;
-      sock->close(ignored);
-      c.finished = true;
-    });
+    if (greeting >= opt.max_pending) {
+      const std::string why = fmt::format("server busy: {} connections are waiting to "
+                                          "authenticate (--max-pending); try again",
+                                          greeting);
+      refuse_busy(*sock, why);
+      log_refusal(peer, "refused: " + why);
+    } else
+      greet(std::make_shared<Greeting>(*this, std::move(sock), peer));
     accept();
   });
+}
+
+void StorageServer::Impl::greet(const std::shared_ptr<Greeting>& g) {
+  g->timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(opt.hello_timeout_s)));
+  g->timer.async_wait([g](const boost::system::error_code& e) {
+    if (e) return;  // cancelled: the hello came
+    g->timed_out = true;
+    boost::system::error_code ignored;
+    g->sock->close(ignored);  // the pending read ends with operation_aborted
+  });
+  asio::async_read(*g->sock, asio::buffer(g->len, 4), [this, g](boost::system::error_code ec,
+                                                                std::size_t) {
+    if (ec) {
+      if (g->timed_out)
+        log_refusal(g->peer, fmt::format("no hello within {:g} s; closed", opt.hello_timeout_s));
+      return;
+    }
+    const std::uint32_t n = wire::frame_length(g->len);
+    if (n > wire::kMaxHello) {
+      // Refused before anything of that size is allocated.
+      g->timer.cancel();
+      const std::string why = fmt::format("protocol error: a {}-byte first message (a hello is "
+                                          "at most {} bytes); is the peer a solar client?",
+                                          n, wire::kMaxHello);
+      log_refusal(g->peer, "refused: " + why);
+      const std::string f = wire::frame({{"ok", false}, {"error", why}});
+      [[maybe_unused]] const ssize_t w =
+          ::send(g->sock->native_handle(), f.data(), f.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      boost::system::error_code ignored;
+      g->sock->close(ignored);
+      return;
+    }
+    g->body.resize(n);
+    asio::async_read(*g->sock, asio::buffer(g->body), [this, g](boost::system::error_code ec2,
+                                                                std::size_t) {
+      if (ec2) {
+        if (g->timed_out)
+          log_refusal(g->peer, fmt::format("no hello within {:g} s; closed", opt.hello_timeout_s));
+        return;
+      }
+      g->timer.cancel();
+      welcome(*g);
+    });
+  });
+}
+
+// The hello is here (io thread): check it, register the client's memory, reply, and hand an
+// accepted connection to a thread of its own.
+void StorageServer::Impl::welcome(Greeting& g) {
+  boost::system::error_code ignored;
+  tcp::socket& s = *g.sock;
+  // Blocking from here on (the session thread uses wire:: on the descriptor); a reply that
+  // cannot be written within a second is not waited for.
+  s.native_non_blocking(false, ignored);
+  timeval tv{1, 0};
+  ::setsockopt(s.native_handle(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  Exported* ex = nullptr;
+  json reply;
+  try {
+    reply = hello_reply(wire::parse_body(g.body), ex);
+  } catch (const std::exception& e) {  // not JSON, or fields of the wrong type
+    reply = {{"ok", false}, {"error", fmt::format("protocol error in the hello: {}", e.what())}};
+  }
+  g.body = std::string();
+  Grant granted;
+  if (reply["ok"].get<bool>()) {
+    try {
+      granted = grant(*ex, reply);
+    } catch (const StorageError& e) {
+      reply = {{"ok", false}, {"error", fmt::format("server cannot register memory: {}", e.what())}};
+    }
+  }
+  Connection* c = nullptr;
+  if (reply["ok"].get<bool>()) {
+    std::lock_guard lk(conns_mu);
+    std::size_t live = 0;
+    for (const auto& x : conns) live += !x.finished;
+    if (live >= opt.max_clients) {
+      reply = {{"ok", false}, {"retry", true},
+               {"error", fmt::format("server busy: {} clients connected (--max-clients); try "
+                                     "again", live)}};
+    } else {
+      c = &conns.emplace_back();
+      c->socket = g.sock;
+      c->reading = ex;
+    }
+  }
+  if (c && ex->changed.load(std::memory_order_acquire))  // withdrawn meanwhile: no keys
+    reply = {{"ok", false},
+             {"error", "dataset '" + ex->spec.name + "' is withdrawn: " + ex->changed_why}};
+  const bool ok = reply["ok"].get<bool>();
+  try {
+    wire::send(s, reply);
+  } catch (const boost::system::system_error&) {
+    if (c) c->finished = true;  // gone before the reply: nothing to serve
+    s.close(ignored);
+    return;
+  }
+  if (!ok) {
+    log_refusal(g.peer, "refused: " + reply["error"].get<std::string>());
+    if (c) c->finished = true;
+    s.close(ignored);
+    return;
+  }
+  tv = {0, 0};
+  ::setsockopt(s.native_handle(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  spdlog::info("{}: reading {}", g.peer, ex->spec.name);
+  try {
+    c->thread = std::thread([this, c, ex, peer = g.peer, granted = std::move(granted)]() mutable {
+      serve(*c, peer, ex);
+      granted = Grant();  // its keys read nothing once the client has gone
+      boost::system::error_code ignored2;
+      c->socket->close(ignored2);
+      c->finished = true;
+    });
+  } catch (const std::system_error& e) {  // no thread to be had: the client will retry
+    spdlog::error("{}: cannot start a thread for it: {}", g.peer, e.what());
+    s.close(ignored);
+    c->finished = true;
+  }
 }
 
 void StorageServer::run() {

@@ -46,6 +46,21 @@ int main(int argc, char** argv) {
                  "Size of each registered staging buffer for chunked/compressed datasets (at "
                  "least one sample) [64M]")
       ->type_name("SIZE");
+  app.add_option("--max-pending", o.max_pending,
+                 "Connections that may wait for their hello (before the token check) at once; "
+                 "each holds at most a 16 KiB buffer and no thread; more are refused as busy "
+                 "(clients retry) [256]")
+      ->type_name("UINT")
+      ->check(CLI::Range(1u, 1000000u).description(""));
+  app.add_option("--max-clients", o.max_clients,
+                 "Authenticated connections served at once, one thread each (a job's agents, "
+                 "and its ranks when they read directly); more are refused as busy [1024]")
+      ->type_name("UINT")
+      ->check(CLI::Range(1u, 1000000u).description(""));
+  app.add_option("--hello-timeout", o.hello_timeout_s,
+                 "Seconds a new connection has to say hello before it is closed [10]")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0.001, 3600.0).description(""));
   app.add_option("--ready-file", o.ready_file,
                  "Write HOST:PORT to this file once the server accepts connections");
   bool quiet = false;

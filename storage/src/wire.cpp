@@ -1,34 +1,91 @@
 #include "wire.h"
 
 #include <fmt/format.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
 
 namespace solar::storage::wire {
 namespace asio = boost::asio;
 
-void send(asio::ip::tcp::socket& s, const nlohmann::json& msg) {
-  const std::string body = msg.dump();
-  const std::uint32_t n = static_cast<std::uint32_t>(body.size());
-  unsigned char len[4] = {static_cast<unsigned char>(n), static_cast<unsigned char>(n >> 8),
-                          static_cast<unsigned char>(n >> 16),
-                          static_cast<unsigned char>(n >> 24)};
-  std::array<asio::const_buffer, 2> bufs{asio::buffer(len, 4), asio::buffer(body)};
-  asio::write(s, bufs);
+namespace {
+
+[[noreturn]] void fail(int err) {
+  if (err == EAGAIN || err == EWOULDBLOCK) err = ETIMEDOUT;  // SO_RCVTIMEO / SO_SNDTIMEO expired
+  throw boost::system::system_error(boost::system::error_code(err, boost::system::system_category()));
 }
 
-nlohmann::json receive(asio::ip::tcp::socket& s) {
-  unsigned char len[4];
-  asio::read(s, asio::buffer(len, 4));
-  const std::uint32_t n = len[0] | (len[1] << 8) | (len[2] << 16) | (std::uint32_t{len[3]} << 24);
-  if (n > kMaxMessage)
-    throw StorageError(fmt::format("protocol error: a {}-byte message (limit {}); is the peer a "
-                                   "solar-stored / solar client?",
-                                   n, kMaxMessage));
-  std::string body(n, '\0');
-  asio::read(s, asio::buffer(body));
+void send_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail(errno);
+    }
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+void recv_all(int fd, char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r == 0) throw boost::system::system_error(asio::error::eof);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      fail(errno);
+    }
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+}
+
+}  // namespace
+
+std::uint32_t frame_length(const unsigned char len[4]) {
+  return len[0] | (len[1] << 8) | (len[2] << 16) | (std::uint32_t{len[3]} << 24);
+}
+
+std::string frame(const nlohmann::json& msg) {
+  const std::string body = msg.dump();
+  const std::uint32_t n = static_cast<std::uint32_t>(body.size());
+  std::string out(4, '\0');
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + body;
+}
+
+nlohmann::json parse_body(const std::string& body) {
   auto j = nlohmann::json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     throw StorageError("protocol error: a message that is not a JSON object");
   return j;
+}
+
+void send(asio::ip::tcp::socket& s, const nlohmann::json& msg) {
+  const std::string f = frame(msg);
+  send_all(s.native_handle(), f.data(), f.size());
+}
+
+nlohmann::json receive(asio::ip::tcp::socket& s, std::uint32_t limit) {
+  const int fd = s.native_handle();
+  unsigned char len[4];
+  recv_all(fd, reinterpret_cast<char*>(len), 4);
+  const std::uint32_t n = frame_length(len);
+  if (n > limit)
+    throw StorageError(fmt::format("protocol error: a {}-byte message (limit {}); is the peer a "
+                                   "solar-stored / solar client?",
+                                   n, limit));
+  // Grown as the bytes come: a peer that announces a large message and sends nothing holds
+  // 64 KiB at most.
+  std::string body;
+  constexpr std::size_t kStep = 64 << 10;
+  while (body.size() < n) {
+    const std::size_t have = body.size(), take = std::min<std::size_t>(kStep, n - have);
+    body.resize(have + take);
+    recv_all(fd, body.data() + have, take);
+  }
+  return parse_body(body);
 }
 
 std::string to_hex(const std::vector<std::uint8_t>& bytes) {

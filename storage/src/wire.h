@@ -9,7 +9,13 @@
 //                                              is the client's until its next message
 //   done   {op}                              (no reply): the staged runs were fetched
 //   drop_cache {op}                         -> {ok}
-// Every reply with ok=false carries `error`, a message for people.
+// Every reply with ok=false carries `error`, a message for people, and `retry: true` when the
+// same request may succeed later (the server is busy).
+//
+// Limits: the server reads a connection's hello (before any token check) into a buffer of at
+// most kMaxHello bytes, refusing a larger announced length before allocating anything; after
+// the hello, messages may be up to kMaxMessage bytes, and a body's buffer grows only as its
+// bytes arrive, so an announced length alone costs nothing.
 #pragma once
 
 #include <utility>  // before asio (g++ 12: std::exchange)
@@ -26,10 +32,19 @@ namespace solar::storage::wire {
 
 inline constexpr int kVersion = 2;
 inline constexpr std::uint32_t kMaxMessage = 16u << 20;
+inline constexpr std::uint32_t kMaxHello = 16u << 10;
 
-// Throw boost::system::system_error on socket errors, StorageError on a malformed message.
+// Blocking I/O on the socket's descriptor (the socket must be in blocking mode), so that its
+// SO_RCVTIMEO / SO_SNDTIMEO apply: an expired one throws system_error(timed_out). Throw
+// boost::system::system_error on socket errors (eof when the peer closed), StorageError on a
+// malformed message or one longer than `limit`.
 void send(boost::asio::ip::tcp::socket& s, const nlohmann::json& msg);
-nlohmann::json receive(boost::asio::ip::tcp::socket& s);
+nlohmann::json receive(boost::asio::ip::tcp::socket& s, std::uint32_t limit = kMaxMessage);
+
+// The 4-byte little-endian length that starts every message.
+std::uint32_t frame_length(const unsigned char len[4]);
+std::string frame(const nlohmann::json& msg);  // length + body, ready to write
+nlohmann::json parse_body(const std::string& body);  // StorageError if not a JSON object
 
 std::string to_hex(const std::vector<std::uint8_t>& bytes);
 std::vector<std::uint8_t> from_hex(const std::string& hex);

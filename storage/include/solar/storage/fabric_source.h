@@ -6,9 +6,12 @@
 // read directly from the server's mapped file; chunked ones through a staging buffer the server
 // fills on request. Up to `queue_depth` reads are in flight. A read that fails (a CQ error, no
 // progress within `timeout_s`, the server closing the bootstrap connection) is retried on a new
-// connection up to `retries` times with exponential backoff; only reads that did not complete
-// are repeated, and a server that comes back with a different file is refused. When retries run
-// out the caller gets a StorageError, never partly-filled data reported as good.
+// connection, again and again with backoff (0.1 s doubling to 2 s) until `reconnect_s` have
+// passed since the server was lost: a restarted solar-stored is picked up where the read
+// stopped. Only reads that did not complete are repeated, and a server that comes back with a
+// different file is refused. One warning is logged when an outage starts and one line when it
+// ends. When the window has passed the caller gets a StorageError naming the server, never
+// partly-filled data reported as good.
 #pragma once
 
 #include <atomic>
@@ -21,8 +24,10 @@ namespace solar::storage {
 
 struct FabricOptions {
   unsigned queue_depth = 16;
-  double timeout_s = 30;
-  unsigned retries = 4;
+  double timeout_s = 30;  // a connect, hello or read with no progress this long fails
+  // Seconds to keep reconnecting after the server is lost (also while a busy server refuses
+  // the first connection); negative: $SOLAR_STORED_RECONNECT, else 30; 0: no second attempt.
+  double reconnect_s = -1;
   std::uint64_t request_bytes = 4ULL << 20;  // largest single fi_read
   std::string token;     // shared secret the server asks for; "" = $SOLAR_STORED_TOKEN
   std::string provider;  // "" = the server's provider (the client must use the same one)

@@ -101,7 +101,8 @@ struct SourceOptions {
   std::string label_dataset = "/label"; // HDF5 labels dataset ("" = none)
   unsigned queue_depth = 16;            // fabric reads in flight
   double timeout_s = 30;                // fabric: a read with no progress this long fails
-  unsigned retries = 4;                 // fabric: reconnect attempts after a failure
+  double reconnect_s = -1;              // fabric: seconds to reconnect after the server is
+                                        // lost; < 0: $SOLAR_STORED_RECONNECT, else 30
   std::string token;                    // fabric: shared token (else $SOLAR_STORED_TOKEN)
   std::string provider;                 // fabric: override (normally the server's)
   bool direct = false;                  // files: O_DIRECT reads (see Hdf5Options::direct)

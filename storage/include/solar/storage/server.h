@@ -3,7 +3,9 @@
 // their data region, so clients read them with one-sided RMA and no server CPU on the data
 // path; chunked or compressed ones are read by the server into a registered per-connection
 // staging buffer on request. A dedicated thread busy-polls the completion queue (providers
-// make no progress on the target side otherwise). Clients bootstrap over TCP (Boost.Asio).
+// make no progress on the target side otherwise). Clients bootstrap over TCP (Boost.Asio):
+// their hellos are read on the accepting thread with bounded buffers (ServerOptions limits),
+// and only an accepted client gets a thread.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,14 @@ struct ServerOptions {
   double throttle_latency_s = 0;         // emulation, added to every request
   std::uint64_t staging_bytes = 64ULL << 20;
   std::string ready_file;  // written (HOST:PORT) once the server accepts connections
+  // Bounds on what strangers can make the server hold before their token is checked: at most
+  // max_pending connections wait for their hello (each with a buffer of at most
+  // wire::kMaxHello = 16 KiB, read on the accepting thread: no thread of their own), each for
+  // hello_timeout_s at most; more are refused ("server busy", retry) and closed. Authenticated
+  // connections get a thread each, max_clients at most.
+  unsigned max_pending = 256;
+  unsigned max_clients = 1024;
+  double hello_timeout_s = 10;
 };
 
 class StorageServer {
