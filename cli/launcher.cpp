@@ -4,7 +4,9 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -19,6 +21,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <sstream>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -54,12 +57,13 @@ std::string tail_of(const fs::path& file, std::size_t lines = 5) {
   for (std::string l; std::getline(f, l);) all.push_back(l);
   std::string out;
   for (std::size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i)
-    out += "\n    " + (all[i].size() > 400 ? all[i].substr(0, 400) + " ..." : all[i]);
+    out += "\n    " + all[i];
   return out;
 }
 
 // fork + exec with signals unblocked; stdout/stderr inherited unless `log` is given, or
-// `out`/`err` (descriptors to put there; >= 0).
+// `out`/`err` (descriptors to put there; >= 0). The child gets SIGTERM when this thread dies
+// (PR_SET_PDEATHSIG): agents and ranks never outlive a `solar run` that was killed.
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
             const std::string& log, int out = -1, int err = -1) {
   std::vector<char*> args, envp;
@@ -67,9 +71,12 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>
   args.push_back(nullptr);
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
   if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(128 + SIGTERM);  // it died before the line above
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -257,6 +264,163 @@ bool wait_for(pid_t pid, double seconds, int* status) {
   }
 }
 
+// ---- the run folder after a kill -------------------------------------------------------------
+//
+// `solar run` removes its folder (plan, sockets, logs) when it ends, also after Ctrl-C or
+// SIGTERM. When it is killed outright (SIGKILL, the OOM killer) its agents and ranks get SIGTERM
+// (spawn's PR_SET_PDEATHSIG) and a watchdog, forked when the folder is made, removes the folder
+// once they are gone. A folder left anyway (the whole process group killed, the watchdog too)
+// carries its owner in solar-run.owner, and the next `solar run` of the same user with the same
+// TMPDIR removes it if that owner is dead.
+
+constexpr const char* kOwnerFile = "solar-run.owner";
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+// A process's start time (clock ticks after boot, /proc/PID/stat field 22); "" if it is gone.
+std::string start_time(pid_t pid) {
+  const std::string stat = read_first_line(fmt::format("/proc/{}/stat", pid));
+  const auto paren = stat.rfind(')');
+  if (paren == std::string::npos) return {};
+  std::istringstream rest(stat.substr(paren + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && (rest >> field); ++i) {
+    if (i == 3 && field == "Z") return {};  // a zombie is gone
+    if (i == 22) return field;
+  }
+  return {};
+}
+
+// Who owns a run folder: this boot, this pid namespace, this process and its start time (a pid
+// alone may be reused).
+std::string owner_line(pid_t pid) {
+  std::error_code ec;
+  return fmt::format("boot={} pidns={} pid={} start={}",
+                     read_first_line("/proc/sys/kernel/random/boot_id"),
+                     fs::read_symlink("/proc/self/ns/pid", ec).string(), pid, start_time(pid));
+}
+
+// Removes the run folders under `base` that a killed `solar run` of this user left: only those
+// with an owner file naming a process of this boot and pid namespace that no longer runs.
+void sweep_leftover_run_dirs(const fs::path& base) {
+  std::error_code ec;
+  const std::string mine = owner_line(::getpid());
+  const std::string here = mine.substr(0, mine.find(" pid="));
+  for (const auto& e : fs::directory_iterator(base, ec)) {
+    const std::string name = e.path().filename().string();
+    struct stat st {};
+    if (name.rfind("solar-run-", 0) != 0 || ::lstat(e.path().c_str(), &st) != 0 ||
+        !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
+    const std::string owner = read_first_line((e.path() / kOwnerFile).string());
+    const auto at = owner.find(" pid=");
+    if (at == std::string::npos || owner.substr(0, at) != here) continue;
+    pid_t pid = 0;
+    char start[64] = {};
+    if (std::sscanf(owner.c_str() + at, " pid=%d start=%63s", &pid, start) < 1 || pid <= 0)
+      continue;
+    if (start[0] && start_time(pid) == start) continue;  // still running
+    if (!start[0] && ::kill(pid, 0) == 0) continue;
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+  }
+}
+
+// The watchdog's side: waits on `in` for the agents' pids; at the all-clear (pid 0) it exits,
+// at end-of-file (the launcher died) it waits for the agents to stop, then removes `dir`.
+[[noreturn]] void watch_run_dir(int in, const std::string& dir) {
+  // Ctrl-C and the like are for the launcher, which cleans up itself and gives the all-clear.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::signal(sig, SIG_IGN);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  // Hold nothing of the launcher's: not its caller's pipes, not the ranks' output.
+  ::dup2(in, 3);
+  const int null = ::open("/dev/null", O_RDWR);
+  for (int fd = 0; fd < 3; ++fd)
+    if (null >= 0 && null != fd) ::dup2(null, fd);
+  if (::syscall(SYS_close_range, 4U, ~0U, 0U) != 0)
+    for (int fd = 4; fd < 65536; ++fd) ::close(fd);
+  ::prctl(PR_SET_NAME, "solar-run-watch");
+  std::vector<pid_t> agents;
+  std::vector<int> pidfds;
+  for (;;) {
+    std::int32_t pid = 0;
+    const ssize_t n = ::recv(3, &pid, sizeof pid, MSG_WAITALL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != sizeof pid) break;  // the launcher is gone
+    if (pid == 0) ::_exit(0);    // all clear: it removes the folder itself, or keeps it
+    agents.push_back(pid);
+    pidfds.push_back(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  }
+  // The agents got SIGTERM with their parent's death; they write into the folder until they stop.
+  auto gone = [&](std::size_t i) {
+    if (pidfds[i] >= 0) {
+      pollfd p{pidfds[i], POLLIN, 0};
+      return ::poll(&p, 1, 0) == 1;
+    }
+    return ::kill(agents[i], 0) != 0 || start_time(agents[i]).empty();
+  };
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  for (std::size_t i = 0; i < agents.size(); ++i) {
+    while (!gone(i) && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!gone(i)) {
+      if (pidfds[i] >= 0)
+        ::syscall(SYS_pidfd_send_signal, pidfds[i], SIGKILL, nullptr, 0U);
+      else
+        ::kill(agents[i], SIGKILL);
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  ::_exit(0);
+}
+
+// The launcher's side of the watchdog: forked at once (the process has one thread here).
+class RunDirWatch {
+ public:
+  explicit RunDirWatch(const fs::path& dir) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+      throw std::runtime_error(fmt::format("socketpair: {}", std::strerror(errno)));
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      ::close(sv[0]);
+      ::close(sv[1]);
+      throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
+    }
+    if (pid == 0) {
+      ::close(sv[0]);
+      watch_run_dir(sv[1], dir.string());
+    }
+    ::close(sv[1]);
+    pid_ = pid;
+    fd_ = sv[0];
+  }
+  ~RunDirWatch() {
+    agent(0);  // all clear
+    ::close(fd_);
+    ::waitpid(pid_, nullptr, 0);  // exits at once (unless the run loop reaped it already)
+  }
+  RunDirWatch(const RunDirWatch&) = delete;
+  RunDirWatch& operator=(const RunDirWatch&) = delete;
+  void agent(pid_t pid) {
+    const std::int32_t v = pid;
+    [[maybe_unused]] const ssize_t n = ::send(fd_, &v, sizeof v, MSG_NOSIGNAL);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
 }  // namespace
 
 PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
@@ -373,9 +537,20 @@ LaunchResult launch(const LaunchSpec& spec) {
   const PlanConfig& c = plan.config;
   LaunchResult result;
 
-  // A private run directory: plan, sockets, agent logs.
+  // A private run directory: plan, sockets, agent logs. What killed runs left is swept first,
+  // and a watchdog removes this one should this process be killed (see RunDirWatch).
+  {
+    const char* tmp = std::getenv("TMPDIR");
+    sweep_leftover_run_dirs(tmp && *tmp ? tmp : "/tmp");
+  }
   ScratchDir scratch("solar-run");
-  if (spec.keep_run_dir) scratch.keep();
+  std::optional<RunDirWatch> watch;
+  if (spec.keep_run_dir) {
+    scratch.keep();  // no owner file: never swept
+  } else {
+    std::ofstream(scratch.path() / kOwnerFile) << owner_line(::getpid()) << '\n';
+    watch.emplace(scratch.path());
+  }
   const fs::path& dir = scratch.path();
   const fs::path plan_path = dir / "plan";
   write_plan_file(plan, plan_path);
@@ -405,17 +580,17 @@ LaunchResult launch(const LaunchSpec& spec) {
   std::vector<pid_t> agents(c.nodes, -1);
   std::vector<std::string> sockets(c.nodes);
   auto stop_agents = [&](bool collect) {
-    std::vector<std::string> no_answer(c.nodes);  // an agent that failed or died at the end
     for (std::uint32_t m = 0; m < c.nodes; ++m) {
       if (agents[m] <= 0) continue;
       if (collect) {
         try {
           result.agents.push_back(agent_stats(sockets[m]));
         } catch (const std::exception& e) {
-          no_answer[m] = e.what();
+          result.problems.push_back(fmt::format("node {}: {}", m, e.what()));
         }
       }
       ::kill(agents[m], SIGTERM);
+      ::kill(agents[m], SIGCONT);  // a stopped agent acts on it
     }
     for (std::uint32_t m = 0; m < c.nodes; ++m) {
       if (agents[m] <= 0) continue;
@@ -425,11 +600,6 @@ LaunchResult launch(const LaunchSpec& spec) {
         ::waitpid(agents[m], &st, 0);
         result.problems.push_back(fmt::format("node {}: agent did not stop on SIGTERM; killed", m));
       }
-      if (!no_answer[m].empty())  // its own last words say why, not the socket's error
-        result.problems.push_back(fmt::format(
-            "node {}: the agent gave no statistics at the end of the run ({}) and exited with "
-            "status {}; its log ends:{}",
-            m, no_answer[m], exit_code_of(st), tail_of(dir / fmt::format("node{}.log", m))));
       agents[m] = -1;
     }
   };
@@ -457,6 +627,7 @@ LaunchResult launch(const LaunchSpec& spec) {
           argv.push_back((dir / fmt::format("node{}.stats.json", m)).string());
         }
         agents[m] = spawn(argv, base_env, log);
+        if (watch) watch->agent(agents[m]);
       }
       // Ready when its socket accepts a connection.
       const auto deadline = Clock::now() + std::chrono::seconds(60);

@@ -1,6 +1,10 @@
 // Runs a planned job on this machine: one solar-agent per simulated node, R ranks per node
 // with the SOLAR_* / torch.distributed environment, signals forwarded, everything stopped and
-// removed afterwards. Used by `solar run` and `solar bench loader`.
+// removed afterwards. Used by `solar run` and `solar bench loader`. Killed outright (SIGKILL),
+// it takes its agents and ranks with it (they get SIGTERM: PR_SET_PDEATHSIG) and a watchdog
+// process removes its run folder; a folder left anyway (the whole process group killed) is
+// removed by the next launch of the same user under the same TMPDIR once its owner is dead
+// (launcher.cpp, "the run folder after a kill").
 #pragma once
 
 #include <filesystem>
@@ -43,7 +47,7 @@ struct LaunchSpec {
   bool transparent = false;
   std::string preload_path;
   std::string agent_path;         // solar-agent binary ("" = next to solar, then PATH)
-  bool keep_run_dir = false;      // keep plan, sockets and logs (for debugging)
+  bool keep_run_dir = false;      // keep plan, sockets and logs (for debugging; never swept)
   // Like `srun -l`: every line a rank writes to stdout/stderr goes to ours prefixed with its
   // global rank ("3: ", right-aligned to the widest rank), whole lines only. Otherwise ranks
   // inherit our stdout/stderr.

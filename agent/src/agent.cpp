@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,10 +33,60 @@ std::uint64_t mem_available_bytes() {
   return ~std::uint64_t{0};
 }
 
+const char* what_is(mode_t m) {
+  if (S_ISREG(m)) return "a regular file";
+  if (S_ISDIR(m)) return "a folder";
+  if (S_ISLNK(m)) return "a symbolic link";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
+  return "something else";
+}
+
+// --socket: the path must be free, or hold the stale socket of a crashed agent (a socket file of
+// this user on which nobody answers), which is removed. Anything else stops the agent and is left
+// as it is: a file, a folder, a link, another user's socket, a socket another agent serves.
+void prepare_socket_path(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof addr.sun_path)
+    throw AgentError(fmt::format("--socket {}: a Unix socket path has 1 to {} bytes, this one {}",
+                                 path, sizeof addr.sun_path - 1, path.size()));
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    throw AgentError(fmt::format("--socket {}: {}", path, std::strerror(errno)));
+  }
+  if (!S_ISSOCK(st.st_mode))
+    throw AgentError(fmt::format("--socket {}: {} is there; the agent only replaces a stale "
+                                 "socket: remove it or choose another path",
+                                 path, what_is(st.st_mode)));
+  if (st.st_uid != ::geteuid())
+    throw AgentError(fmt::format("--socket {}: a socket of uid {} is there, not this user's; "
+                                 "left as it is: choose another path",
+                                 path, st.st_uid));
+  // Does anyone answer? Without blocking: a listener whose backlog is full answers EAGAIN.
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) throw AgentError(fmt::format("socket: {}", std::strerror(errno)));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int err = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 ? 0 : errno;
+  ::close(fd);
+  if (err == 0 || err == EAGAIN || err == EINPROGRESS)
+    throw AgentError(fmt::format("{}: another agent is serving this socket", path));
+  if (err != ECONNREFUSED)
+    throw AgentError(fmt::format("--socket {}: cannot tell whether this socket is in use ({}); "
+                                 "left as it is",
+                                 path, std::strerror(err)));
+  if (::unlink(path.c_str()) != 0)
+    throw AgentError(fmt::format("--socket {}: removing the stale socket: {}", path,
+                                 std::strerror(errno)));
+  spdlog::warn("removed stale socket {} (nobody answered on it)", path);
+}
+
 }  // namespace
 
 Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   check_stats_out(o.stats_out);  // now, not at exit
+  prepare_socket_path(o.socket);  // before anything is allocated
   // Plan: the header and this node's section only.
   PlanFile pf = [&] {
     try {
@@ -114,17 +166,8 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   if (o.transparent) setup_index();
   ranks_.resize(R_);
 
-  // Socket: private to this user. A stale socket file (a crashed agent) is replaced.
-  namespace fs = std::filesystem;
-  std::error_code ec;
+  // Socket: private to this user (its path was checked above).
   boost::system::error_code bec;
-  if (fs::exists(o.socket, ec)) {
-    stream::socket probe(io_);
-    probe.connect(stream::endpoint(o.socket), bec);
-    if (!bec) throw AgentError(fmt::format("{}: another agent is serving this socket", o.socket));
-    fs::remove(o.socket, ec);
-    spdlog::warn("removed stale socket {}", o.socket);
-  }
   const mode_t old = ::umask(0077);
   acceptor_.open();
   acceptor_.bind(stream::endpoint(o.socket), bec);
@@ -132,6 +175,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   if (bec) throw AgentError(fmt::format("{}: cannot bind: {}", o.socket, bec.message()));
   ::chmod(o.socket.c_str(), 0600);
   acceptor_.listen();
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   spdlog::info("node {}: {} steps, buffer {} slots × {} = {} ({} cache, {} ranks × {} batches "
                "of {} in rings), source {}",
                o.node, T_, buf_.slots, format_bytes(buf_.slot_bytes), format_bytes(bytes),
@@ -152,6 +196,7 @@ Agent::Impl::~Impl() {
   if (pace_.joinable()) pace_.join();
   if (base_) ::munmap(base_, buf_.map_bytes);
   if (memfd_ >= 0) ::close(memfd_);
+  if (reserve_fd_ >= 0) ::close(reserve_fd_);
 }
 
 int Agent::Impl::run() {
@@ -169,6 +214,10 @@ int Agent::Impl::run() {
   });
   accept();
   io_.run();
+  for (ThrottledLog* l :
+       {&fd_log_, &accept_log_, &stranger_log_, &bad_request_log_, &cap_log_, &queue_log_,
+        &xhello_log_})
+    l->flush();
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
@@ -195,6 +244,7 @@ int Agent::Impl::run() {
 void Agent::Impl::shutdown_io() {
   boost::system::error_code ec;
   acceptor_.close(ec);
+  accept_retry_.cancel();
   {
     std::lock_guard lk(mu_);
     for (auto& rs : ranks_)

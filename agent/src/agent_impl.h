@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -44,6 +45,33 @@ inline double seconds_since(Clock::time_point t) {
 
 // --stats-out: the folder exists and a file can be created in it; throws AgentError.
 void check_stats_out(const std::string& path);
+
+// Limits of the control socket (agent/README.md, "Connections and limits"): what a flood of
+// connections from the agent's own user can make it hold.
+// Connections that are not an attached rank (nothing said yet, stats requests, refused hellos):
+// beyond this many the oldest is closed, so a legitimate rank connecting after a flood is served.
+inline constexpr std::size_t kMaxUnattached = 128;
+// Replies queued on one connection that does not read them: beyond this it is closed.
+inline constexpr std::size_t kMaxQueuedBytes = std::size_t{4} << 20;
+// A request's payload may not exceed its op's size (checked on the header, before any
+// allocation): 8 bytes for hello/next/release, 0 for stats/shutdown, an xhello's size; 0 for an
+// op the agent does not take (the connection is closed).
+std::uint32_t max_request_payload(std::uint16_t op);
+
+// A warning a flood could repeat once per connection: at most `burst` lines per `every`, then
+// the number not logged with the next line let through; run() logs what is left at the end. Io
+// thread only.
+struct ThrottledLog {
+  explicit ThrottledLog(std::uint32_t burst_lines = 1) : burst(burst_lines) {}
+  std::uint32_t burst;
+  Clock::duration every = std::chrono::seconds(10);
+  Clock::time_point window{};  // when the current period began
+  std::uint32_t lines = 0;     // logged in it
+  std::uint64_t quiet = 0;     // not logged since the last line
+  std::string quiet_example;   // the latest of those
+  void warn(const std::string& what);
+  void flush();
+};
 
 class Agent::Impl {
  public:
@@ -105,6 +133,10 @@ class Agent::Impl {
 
   // Control server (the io thread).
   void accept();
+  void accept_failed(const boost::system::error_code& ec);
+  bool shed_one(int err);
+  std::string refuse_without_fd(int fd);
+  void unlist(Session& s);
   void on_message(const std::shared_ptr<Session>& s, protocol::Op op,
                   const std::vector<std::uint8_t>& payload);
   void on_hello(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& payload);
@@ -124,9 +156,13 @@ class Agent::Impl {
   void serve_waiting_locked();
   void send_batch_locked(RankState& rs, std::uint32_t r);
   void detach(const std::shared_ptr<Session>& s);
+  // Rank r will not be served (it left, or was refused): its admitted uses are dropped so that
+  // its cache slots can be reused.
+  void drop_rank_locked(std::uint32_t r);
   void read_more(const std::shared_ptr<Session>& s);
-  // Queues a message; writes go out in order, one at a time.
-  static void send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg);
+  // Queues a message; writes go out in order, one at a time. A connection with more than
+  // kMaxQueuedBytes queued is closed instead.
+  void send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg);
   // The stats document (stats.cpp): the run totals, the per-epoch records (per_epoch), the
   // head start and their totals. The stats reply is it, cut to fit one message; the log's last
   // line ("stopped: {...}") is all of it; --stats-out writes its measured part to a file.
@@ -211,6 +247,17 @@ class Agent::Impl {
 
   asio::io_context io_;
   stream::acceptor acceptor_;
+  asio::steady_timer accept_retry_{io_};  // accepting again after an error
+  // Kept open to be given up when the agent runs out of descriptors: the connection it then
+  // accepts is answered at once (its rank reads directly) instead of waiting unseen.
+  int reserve_fd_ = -1;
+  // Connections that are not an attached rank, oldest first (kMaxUnattached).
+  std::list<std::weak_ptr<Session>> unattached_;
+  // Io thread only.
+  ThrottledLog fd_log_, accept_log_, stranger_log_, bad_request_log_, cap_log_, queue_log_;
+  // An interposer refused (a transparent script on a batch agent): one per worker process is
+  // normal, a flood is not.
+  ThrottledLog xhello_log_{64};
   std::thread prefetch_;
   int exit_code_ = 0;
 };
@@ -224,6 +271,10 @@ struct Agent::Impl::Session : std::enable_shared_from_this<Session> {
   std::deque<std::vector<std::uint8_t>> out;
   int rank = -1;  // local rank once attached
   bool closed = false;
+  std::size_t out_bytes = 0;  // queued in `out`
+  bool dropping = false;      // too much queued: being closed
+  bool listed = false;        // in unattached_ at `where`
+  std::list<std::weak_ptr<Session>>::iterator where;
 };
 
 }  // namespace solar::agent

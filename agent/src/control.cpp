@@ -1,6 +1,9 @@
 // The control server (the io thread): the Unix socket, sessions, hellos and messages. See
 // agent_impl.h.
+#include <fcntl.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -16,33 +19,191 @@ namespace solar::agent {
 
 // ---- control server ------------------------------------------------------------------------
 
+std::uint32_t max_request_payload(std::uint16_t op) {
+  switch (static_cast<protocol::Op>(op)) {
+    case protocol::Op::hello:
+      return sizeof(protocol::Hello);
+    case protocol::Op::next:
+      return sizeof(protocol::Next);
+    case protocol::Op::release:
+      return sizeof(protocol::Release);
+    case protocol::Op::xhello:
+      return sizeof(solar_xhello);
+    default:  // stats and shutdown carry nothing; other ops are not requests
+      return 0;
+  }
+}
+
+void ThrottledLog::warn(const std::string& what) {
+  const auto now = Clock::now();
+  if (lines == 0 || now - window >= every) {
+    window = now;
+    lines = 0;
+  } else if (lines >= burst) {
+    ++quiet;
+    quiet_example = what;
+    return;
+  }
+  ++lines;
+  if (quiet)
+    spdlog::warn("{} ({} more like this before it, not logged)", what, quiet);
+  else
+    spdlog::warn("{}", what);
+  quiet = 0;
+  quiet_example.clear();
+}
+
+void ThrottledLog::flush() {
+  if (quiet) spdlog::warn("{} more like this, not logged; the latest: {}", quiet, quiet_example);
+  quiet = 0;
+}
+
 void Agent::Impl::accept() {
+  if (!acceptor_.is_open()) return;
   auto s = std::make_shared<Session>(io_);
   acceptor_.async_accept(s->sock, [this, s](const boost::system::error_code& ec) {
-    if (ec) return;  // closed
+    if (!acceptor_.is_open() || ec == asio::error::operation_aborted) return;  // stopping
+    if (ec) return accept_failed(ec);
     struct ucred cred {};
     socklen_t len = sizeof cred;
     if (::getsockopt(s->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
         cred.uid != ::geteuid()) {
-      spdlog::warn("refused a connection from uid {} pid {} (only uid {} may attach)", cred.uid,
-                   cred.pid, ::geteuid());
+      stranger_log_.warn(fmt::format("refused a connection from uid {} pid {} (only uid {} may "
+                                     "attach)",
+                                     cred.uid, cred.pid, ::geteuid()));
       boost::system::error_code ignored;
       s->sock.close(ignored);
     } else {
+      unattached_.push_back(s);
+      s->where = std::prev(unattached_.end());
+      s->listed = true;
+      if (unattached_.size() > kMaxUnattached) {
+        const auto oldest = unattached_.front().lock();
+        if (oldest) {
+          cap_log_.warn(fmt::format("more than {} connections are not attached ranks: closed the "
+                                    "oldest of them",
+                                    kMaxUnattached));
+          detach(oldest);
+        } else {
+          unattached_.pop_front();
+        }
+      }
       read_more(s);
     }
     accept();
   });
 }
 
+// Accepting failed: the agent keeps accepting, after a pause unless a connection could be shed.
+void Agent::Impl::accept_failed(const boost::system::error_code& ec) {
+  const bool out_of_fds = ec.category() == boost::system::system_category() &&
+                          (ec.value() == EMFILE || ec.value() == ENFILE);
+  if (out_of_fds && shed_one(ec.value())) return accept();  // more may wait: the same answer
+  if (!out_of_fds)
+    accept_log_.warn(fmt::format("accepting a connection failed: {}; retrying", ec.message()));
+  accept_retry_.expires_after(std::chrono::milliseconds(100));
+  accept_retry_.async_wait([this](const boost::system::error_code& e) {
+    if (!e) accept();
+  });
+}
+
+// Out of descriptors: the reserve descriptor is given up to accept the oldest waiting
+// connection, which is answered at once with an error (its rank reads directly, rather than
+// wait for an agent that never looks at it), and taken back. True when one was shed.
+bool Agent::Impl::shed_one(int err) {
+  if (reserve_fd_ < 0) reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  struct rlimit lim {};
+  ::getrlimit(RLIMIT_NOFILE, &lim);
+  const std::string limit = lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited")
+                                                          : std::to_string(lim.rlim_cur);
+  if (reserve_fd_ < 0) {
+    fd_log_.warn(fmt::format("out of file descriptors ({}; ulimit -n {}): a connection waits "
+                             "until one is free",
+                             std::strerror(err), limit));
+    return false;
+  }
+  ::close(reserve_fd_);
+  reserve_fd_ = -1;
+  int fd = -1;
+  pollfd lp{acceptor_.native_handle(), POLLIN, 0};
+  if (::poll(&lp, 1, 0) == 1)
+    fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+  std::string who;
+  if (fd >= 0) {
+    who = refuse_without_fd(fd);
+    ::close(fd);
+  }
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  fd_log_.warn(fmt::format("out of file descriptors ({}; ulimit -n {}): refused {} at once, "
+                           "which reads the dataset directly; raise the agent's limit (ulimit "
+                           "-n) to serve every rank",
+                           std::strerror(err), limit, who));
+  return true;
+}
+
+// The connection accepted on the reserve descriptor: a rank's hello (when it has arrived, as it
+// normally has) says which rank will not be served, so that its slots are not kept for it.
+// Returns who it was, for the log.
+std::string Agent::Impl::refuse_without_fd(int fd) {
+  struct ucred cred {};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::geteuid())
+    return fmt::format("a connection from uid {}", cred.uid);
+  std::uint8_t in[sizeof(protocol::Header) + sizeof(protocol::Hello)];
+  std::size_t got = 0;
+  const auto until = Clock::now() + std::chrono::milliseconds(100);
+  while (got < sizeof in) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) != 1) break;
+    const ssize_t n = ::recv(fd, in + got, sizeof in - got, MSG_DONTWAIT);
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  std::string who = fmt::format("a connection (pid {})", cred.pid);
+  protocol::Header h;
+  protocol::Hello hello;
+  std::memcpy(&h, in, sizeof h);
+  std::memcpy(&hello, in + sizeof h, sizeof hello);
+  if (got == sizeof in && protocol::acceptable(h) &&
+      h.op == static_cast<std::uint16_t>(protocol::Op::hello) && h.length == sizeof hello &&
+      hello.local_rank < R_ && !xindex_) {
+    std::lock_guard lk(mu_);
+    RankState& rs = ranks_[hello.local_rank];
+    if (!rs.attached && !rs.gone) {
+      drop_rank_locked(hello.local_rank);
+      who = fmt::format("local rank {} (pid {})", hello.local_rank, cred.pid);
+    }
+  }
+  const std::string why = "the agent is out of file descriptors (see its log)";
+  std::vector<std::uint8_t> out(sizeof(protocol::Header) + why.size());
+  protocol::put_frame(out.data(), protocol::Op::error, why.data(), why.size());
+  [[maybe_unused]] const ssize_t n = ::send(fd, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  return who;
+}
+
+void Agent::Impl::unlist(Session& s) {
+  if (!s.listed) return;
+  unattached_.erase(s.where);
+  s.listed = false;
+}
+
+// A header the agent reads the payload of: ours, and no longer than its op takes.
+static bool request_acceptable(const protocol::Header& h) {
+  return protocol::acceptable(h) && h.length <= max_request_payload(h.op);
+}
+
 // Reads whatever has arrived and handles every complete frame in it: a rank's release and next
-// requests, sent together, cost one read.
+// requests, sent together, cost one read. Nothing is allocated for a frame before its header is
+// checked against its op's size.
 void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
   std::size_t need = s->have + 4096;
   if (s->have >= sizeof(protocol::Header)) {
     protocol::Header h;
     std::memcpy(&h, s->in.data(), sizeof h);
-    if (protocol::acceptable(h)) need = std::max(need, sizeof h + h.length);
+    if (request_acceptable(h)) need = std::max(need, sizeof h + h.length);
   }
   if (s->in.size() < need) s->in.resize(std::max(need, s->in.size() * 2));
   s->sock.async_read_some(
@@ -54,9 +215,15 @@ void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
         while (!s->closed && s->have - off >= sizeof(protocol::Header)) {
           protocol::Header h;
           std::memcpy(&h, s->in.data() + off, sizeof h);
-          if (!protocol::acceptable(h)) {
-            spdlog::warn("malformed message (magic {:#x}, version {}, length {}): closing",
-                         h.magic, h.version, h.length);
+          if (!request_acceptable(h)) {
+            const std::string what = fmt::format(
+                "malformed or oversized request (magic {:#x}, version {}, op {}, length {}; at "
+                "most {} bytes for this op): closing the connection",
+                h.magic, h.version, h.op, h.length, max_request_payload(h.op));
+            if (s->rank >= 0)
+              spdlog::warn("rank {}: {}", s->rank, what);
+            else
+              bad_request_log_.warn(what);
             return detach(s);
           }
           if (s->have - off < sizeof h + h.length) break;
@@ -91,7 +258,10 @@ bool parse(const std::vector<std::uint8_t>& p, T& out) {
 void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
                              const std::vector<std::uint8_t>& payload) {
   auto refuse = [&](const std::string& why) {
-    spdlog::warn("rank {}: {}", s->rank, why);
+    if (s->rank >= 0)
+      spdlog::warn("rank {}: {}", s->rank, why);
+    else
+      bad_request_log_.warn("refused a request of a connection that is not a rank: " + why);
     send(s, frame(protocol::Op::error, why.data(), why.size()));
   };
   switch (op) {
@@ -142,8 +312,9 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
       spdlog::info("shutdown requested");
       asio::post(io_, [this] { shutdown_io(); });
       return;
-    default:
-      spdlog::warn("unknown op {}: closing the connection", static_cast<unsigned>(op));
+    default:  // not reached: max_request_payload refuses them first
+      bad_request_log_.warn(fmt::format("unknown op {}: closing the connection",
+                                        static_cast<unsigned>(op)));
       detach(s);
   }
 }
@@ -152,7 +323,7 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
                            const std::vector<std::uint8_t>& payload) {
   protocol::Hello h;
   auto refuse = [&](const std::string& why) {
-    spdlog::warn("hello refused: {}", why);
+    bad_request_log_.warn("hello refused: " + why);
     send(s, frame(protocol::Op::error, why.data(), why.size()));
   };
   if (!parse(payload, h)) return refuse("malformed hello");
@@ -172,6 +343,7 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
     rs.session = s;
   }
   s->rank = static_cast<int>(h.local_rank);
+  unlist(*s);
   protocol::HelloOk ok;
   ok.node = opt_.node;
   ok.ranks_per_node = R_;
@@ -195,7 +367,7 @@ void Agent::Impl::on_xhello(const std::shared_ptr<Session>& s,
                             const std::vector<std::uint8_t>& payload) {
   solar_xhello h{};
   auto refuse = [&](const std::string& why) {
-    spdlog::warn("interposer refused: {}", why);
+    xhello_log_.warn("interposer refused: " + why);
     send(s, frame(protocol::Op::error, why.data(), why.size()));
   };
   if (!parse(payload, h)) return refuse("malformed hello");
@@ -235,21 +407,13 @@ bool Agent::Impl::send_with_buffer_fd(const std::shared_ptr<Session>& s,
 void Agent::Impl::detach(const std::shared_ptr<Session>& s) {
   if (s->closed) return;
   s->closed = true;
+  unlist(*s);
   boost::system::error_code ec;
   s->sock.close(ec);
   if (s->rank < 0) return;
   std::lock_guard lk(mu_);
   RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
-  // Its cache slots are reclaimed: every admitted use not yet copied to its ring is dropped
-  // (a copy in flight drops its own).
-  const std::uint64_t from =
-      buf_.ring_depth ? rs.assembled + (rs.assembling ? 1 : 0) : rs.released;
-  for (std::uint64_t t = from; t < admitted_; ++t)
-    for (std::uint32_t a : accesses(t, static_cast<std::uint32_t>(s->rank)))
-      drop_use_locked(a & kSampleMask);
-  rs.gone = true;
-  rs.session.reset();
-  rs.waiting = false;
+  drop_rank_locked(static_cast<std::uint32_t>(s->rank));
   if (rs.cursor < T_)
     spdlog::warn("local rank {} left at step {} of {}; its slots are reclaimed", s->rank,
                  rs.cursor, T_);
@@ -257,18 +421,43 @@ void Agent::Impl::detach(const std::shared_ptr<Session>& s) {
     spdlog::info("local rank {} finished", s->rank);
 }
 
+void Agent::Impl::drop_rank_locked(std::uint32_t r) {
+  RankState& rs = ranks_[r];
+  // Every admitted use not yet copied to its ring is dropped (a copy in flight drops its own).
+  const std::uint64_t from =
+      buf_.ring_depth ? rs.assembled + (rs.assembling ? 1 : 0) : rs.released;
+  for (std::uint64_t t = from; t < admitted_; ++t)
+    for (std::uint32_t a : accesses(t, r)) drop_use_locked(a & kSampleMask);
+  rs.gone = true;
+  rs.session.reset();
+  rs.waiting = false;
+}
+
 void Agent::Impl::send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg) {
+  if (s->closed || s->dropping) return;
+  if (s->out_bytes + msg.size() > kMaxQueuedBytes) {  // it does not read its replies
+    s->dropping = true;
+    queue_log_.warn(fmt::format("{} has more than {} of replies it does not read: closing it",
+                                s->rank >= 0 ? fmt::format("rank {}", s->rank)
+                                             : std::string("a connection"),
+                                format_bytes(kMaxQueuedBytes)));
+    asio::post(io_, [this, s] { detach(s); });  // not now: the caller may hold mu_
+    return;
+  }
   const bool idle = s->out.empty();
+  s->out_bytes += msg.size();
   s->out.push_back(std::move(msg));
-  if (!idle || s->closed) return;
+  if (!idle) return;
   auto pump = std::make_shared<std::function<void()>>();
   *pump = [s, pump] {
     asio::async_write(s->sock, asio::buffer(s->out.front()),
                       [s, pump](const boost::system::error_code& ec, std::size_t) {
-                        if (ec) {
+                        if (ec || s->out.empty()) {
                           s->out.clear();
+                          s->out_bytes = 0;
                           return;
                         }
+                        s->out_bytes -= s->out.front().size();
                         s->out.pop_front();
                         if (!s->out.empty()) (*pump)();
                       });

@@ -85,7 +85,23 @@ struct Fnv {
   }
 };
 
-// Exactly n bytes or an error (EINTR retried).
+// SOLAR_AGENT_TIMEOUT: how long a rank waits for any reply of its agent (seconds; 0: no limit).
+constexpr double kDefaultAgentTimeout = 60;
+
+double agent_timeout_from_env() {
+  const char* v = std::getenv("SOLAR_AGENT_TIMEOUT");
+  if (!v || !*v) return kDefaultAgentTimeout;
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(v, &end);
+  if (errno || end == v || *end || !(x >= 0) || x > 1e9)
+    throw ClientError(fmt::format("SOLAR_AGENT_TIMEOUT='{}' is not a number of seconds (the "
+                                  "longest wait for the node agent; 0 for no limit)",
+                                  v));
+  return x;
+}
+
+// Exactly n bytes or an error (EINTR retried); errno is 0 when the peer closed the connection.
 bool write_all(int fd, const void* p, std::size_t n) {
   const auto* c = static_cast<const char*>(p);
   while (n) {
@@ -103,6 +119,7 @@ bool read_all(int fd, void* p, std::size_t n) {
   while (n) {
     const ssize_t r = ::recv(fd, c, n, 0);
     if (r < 0 && errno == EINTR) continue;
+    if (r == 0) errno = 0;
     if (r <= 0) return false;
     c += r;
     n -= static_cast<std::size_t>(r);
@@ -187,6 +204,7 @@ struct solar_loader {
   std::uint64_t sample_bytes = 0, label_bytes = 0;
 
   int sock = -1;
+  double agent_timeout = kDefaultAgentTimeout;  // seconds, 0: none (SOLAR_AGENT_TIMEOUT)
   std::byte* base = nullptr;
   std::size_t map_bytes = 0;
   solar::protocol::HelloOk hello{};
@@ -236,7 +254,17 @@ struct solar_loader {
     }
   }
 
-  // Connects and says hello; on any failure stays on the direct path.
+  // Why the agent stopped answering, from the errno of a failed send or receive.
+  std::string agent_gone(int err) const {
+    if (err == EAGAIN || err == EWOULDBLOCK)
+      return fmt::format("the agent did not answer within {:g} s (SOLAR_AGENT_TIMEOUT)",
+                         agent_timeout);
+    return "the agent went away";
+  }
+
+  // Connects and says hello; on any failure stays on the direct path. Every wait for the agent
+  // (the connection, each reply) is bounded by SOLAR_AGENT_TIMEOUT: a stopped or overloaded
+  // agent makes the rank read directly, never hang.
   void attach() {
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_un addr{};
@@ -246,10 +274,25 @@ struct solar_loader {
       std::fprintf(stderr, "solar: SOLAR_SOCKET path too long; reading directly\n");
       return;
     }
+    if (agent_timeout > 0) {
+      timeval tv{};
+      tv.tv_sec = static_cast<time_t>(agent_timeout);
+      tv.tv_usec = static_cast<suseconds_t>((agent_timeout - static_cast<double>(tv.tv_sec)) * 1e6);
+      if (tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;  // {0, 0} would mean no limit
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);  // also bounds connect
+    }
     std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      std::fprintf(stderr, "solar: no agent at %s (%s); reading %s directly\n",
-                   socket_path.c_str(), std::strerror(errno), dataset.c_str());
+      const int err = errno;
+      if (err == EAGAIN)
+        std::fprintf(stderr,
+                     "solar: the agent at %s accepted no connection within %g s "
+                     "(SOLAR_AGENT_TIMEOUT); reading %s directly\n",
+                     socket_path.c_str(), agent_timeout, dataset.c_str());
+      else
+        std::fprintf(stderr, "solar: no agent at %s (%s); reading %s directly\n",
+                     socket_path.c_str(), std::strerror(err), dataset.c_str());
       ::close(fd);
       return;
     }
@@ -257,32 +300,43 @@ struct solar_loader {
     const solar::protocol::Hello hi{local_rank, static_cast<std::uint32_t>(::getpid())};
     char out[sizeof(solar::protocol::Header) + sizeof hi];
     if (!write_all(fd, out, solar::protocol::put_frame(out, solar::protocol::Op::hello, &hi, sizeof hi)))
-      return drop_agent("the agent closed the connection");
-    // The reply carries the buffer's fd.
+      return drop_agent(errno == EAGAIN ? agent_gone(errno) : "the agent closed the connection");
+    // The reply's header carries the buffer's fd; then its payload.
     solar::protocol::Header rh;
-    struct iovec iov[2] = {{&rh, sizeof rh}, {&hello, sizeof hello}};
+    struct iovec iov{&rh, sizeof rh};
     alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
     struct msghdr mh {};
-    mh.msg_iov = iov;
-    mh.msg_iovlen = 2;
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
     mh.msg_control = control;
     mh.msg_controllen = sizeof control;
     ssize_t n;
     do n = ::recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
     while (n < 0 && errno == EINTR);
+    const int err = n < 0 ? errno : 0;
     int memfd = -1;
     for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
       if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
         std::memcpy(&memfd, CMSG_DATA(cm), sizeof(int));
-    if (n != static_cast<ssize_t>(sizeof rh + sizeof hello) ||
-        rh.op != static_cast<std::uint16_t>(solar::protocol::Op::hello_ok) || memfd < 0) {
+    auto refused = [&](const std::string& why) {
       if (memfd >= 0) ::close(memfd);
-      std::string why = "the agent refused this rank";
-      if (n >= static_cast<ssize_t>(sizeof rh) &&
-          rh.op == static_cast<std::uint16_t>(solar::protocol::Op::error))
-        why += " (see its log)";
-      return drop_agent(why);
-    }
+      drop_agent(why);
+    };
+    if (n != static_cast<ssize_t>(sizeof rh))
+      return refused(err == EAGAIN || err == EWOULDBLOCK
+                         ? agent_gone(err)
+                         : std::string("the agent closed the connection without answering (see "
+                                       "its log)"));
+    std::vector<std::uint8_t> body(solar::protocol::acceptable(rh) ? rh.length : 0);
+    if (!solar::protocol::acceptable(rh) || !read_all(fd, body.data(), body.size()))
+      return refused(solar::protocol::acceptable(rh) ? agent_gone(errno)
+                                                     : "unexpected reply from the agent");
+    if (rh.op == static_cast<std::uint16_t>(solar::protocol::Op::error))
+      return refused("the agent refused this rank: " + std::string(body.begin(), body.end()));
+    if (rh.op != static_cast<std::uint16_t>(solar::protocol::Op::hello_ok) ||
+        body.size() != sizeof hello || memfd < 0)
+      return refused("unexpected reply from the agent");
+    std::memcpy(&hello, body.data(), sizeof hello);
     if (hello.total_steps != T || hello.ranks_per_node != R || hello.samples != header.config.samples) {
       ::close(memfd);
       return drop_agent("the agent serves a different plan");
@@ -308,17 +362,21 @@ struct solar_loader {
     if (release_pending) len = put_release(out);
     len += solar::protocol::put_frame(out + len, solar::protocol::Op::next, &nx, sizeof nx);
     if (!write_all(sock, out, len)) {
-      drop_agent("the agent went away");
+      drop_agent(agent_gone(errno));
       return false;
     }
     solar::protocol::Header rh;
-    if (!read_all(sock, &rh, sizeof rh) || !solar::protocol::acceptable(rh)) {
-      drop_agent("the agent went away");
+    if (!read_all(sock, &rh, sizeof rh)) {
+      drop_agent(agent_gone(errno));
+      return false;
+    }
+    if (!solar::protocol::acceptable(rh)) {
+      drop_agent("unexpected reply from the agent");
       return false;
     }
     std::vector<std::uint8_t> payload(rh.length);
     if (!read_all(sock, payload.data(), payload.size())) {
-      drop_agent("the agent went away");
+      drop_agent(agent_gone(errno));
       return false;
     }
     const auto op = static_cast<solar::protocol::Op>(rh.op);
@@ -463,6 +521,7 @@ solar_loader* solar_open_env(void) {
     l->plan = pf.node(l->node);
     l->T = std::uint64_t{l->header.layout.steps} * l->header.config.epochs;
     if (const char* s = std::getenv("SOLAR_SOCKET"); s && *s) {
+      l->agent_timeout = agent_timeout_from_env();
       l->socket_path = s;
       l->attach();
     }

@@ -10,7 +10,11 @@
  * Environment: SOLAR_PLAN (plan file), SOLAR_NODE (node id in the plan), SOLAR_LOCAL_RANK (or
  * LOCAL_RANK), SOLAR_DATASET (FILE.h5[:/dataset] or fabric://host:port/name), SOLAR_LABELS
  * (labels dataset, default /label, empty for none), SOLAR_SOCKET (the agent; absent = read
- * directly). SOLAR_NODE and SOLAR_LOCAL_RANK default to 0 for a process started on its own
+ * directly), SOLAR_AGENT_TIMEOUT (seconds, default 60, 0 for no limit: the longest a rank waits
+ * for its agent, to accept the connection or to send any reply; past it the rank reads the
+ * dataset directly from the step where it was, as when the agent dies, and says so once on
+ * stderr; an agent that refuses a rank, e.g. out of file descriptors, makes it read directly at
+ * once). SOLAR_NODE and SOLAR_LOCAL_RANK default to 0 for a process started on its own
  * (with a warning on stderr when the plan has more ranks); a process that a launcher started as
  * one of several (WORLD_SIZE, SLURM_STEP_NUM_TASKS, OMPI_COMM_WORLD_SIZE or PMI_SIZE above 1)
  * must have them whenever the plan has more than one node or rank per node.
