@@ -57,7 +57,10 @@ std::string tail_of(const fs::path& file, std::size_t lines = 5) {
   for (std::string l; std::getline(f, l);) all.push_back(l);
   std::string out;
   for (std::size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i)
-    out += "\n    " + all[i];
+    // A long line (the stats JSON) is cut in the middle: an error's end says what follows.
+    out += "\n    " + (all[i].size() > 400
+                             ? all[i].substr(0, 200) + " ... " + all[i].substr(all[i].size() - 200)
+                             : all[i]);
   return out;
 }
 
@@ -580,13 +583,14 @@ LaunchResult launch(const LaunchSpec& spec) {
   std::vector<pid_t> agents(c.nodes, -1);
   std::vector<std::string> sockets(c.nodes);
   auto stop_agents = [&](bool collect) {
+    std::vector<std::string> no_answer(c.nodes);  // an agent that failed or died at the end
     for (std::uint32_t m = 0; m < c.nodes; ++m) {
       if (agents[m] <= 0) continue;
       if (collect) {
         try {
           result.agents.push_back(agent_stats(sockets[m]));
         } catch (const std::exception& e) {
-          result.problems.push_back(fmt::format("node {}: {}", m, e.what()));
+          no_answer[m] = e.what();
         }
       }
       ::kill(agents[m], SIGTERM);
@@ -600,6 +604,11 @@ LaunchResult launch(const LaunchSpec& spec) {
         ::waitpid(agents[m], &st, 0);
         result.problems.push_back(fmt::format("node {}: agent did not stop on SIGTERM; killed", m));
       }
+      if (!no_answer[m].empty())  // its own last words say why, not the socket's error
+        result.problems.push_back(fmt::format(
+            "node {}: the agent gave no statistics at the end of the run ({}) and exited with "
+            "status {}; its log ends:{}",
+            m, no_answer[m], exit_code_of(st), tail_of(dir / fmt::format("node{}.log", m))));
       agents[m] = -1;
     }
   };
