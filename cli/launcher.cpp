@@ -462,21 +462,6 @@ std::string find_sibling(const std::string& name, const std::string& build_subdi
   return name;  // PATH
 }
 
-void check_output_file(const std::string& path, const std::string& flag) {
-  std::error_code ec;
-  const fs::path p = fs::absolute(path, ec);
-  if (ec || path.empty()) throw ConfigError(flag, fmt::format("'{}' is not a usable path", path));
-  if (fs::is_directory(p, ec))
-    throw ConfigError(flag, fmt::format("{} is a folder; give a file name", path));
-  const fs::path dir = p.parent_path();
-  if (!fs::is_directory(dir, ec))
-    throw ConfigError(flag, fmt::format("the folder {} does not exist; create it first",
-                                        dir.string()));
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw ConfigError(flag, fmt::format("cannot write in {}: {}", dir.string(),
-                                        std::strerror(errno)));
-}
-
 namespace {
 
 // --stats-out: the agents' files, one object per node ("missing" where an agent left none).

@@ -75,10 +75,6 @@ LaunchResult launch(const LaunchSpec& spec);
 // Asks an agent for its stats (JSON) over its socket; throws on failure.
 nlohmann::json agent_stats(const std::string& socket_path, double timeout_s = 5);
 
-// Throws ConfigError (flag) unless `path` can be written: its folder exists and is writable, and
-// it is not a folder itself. Checked before a job starts, not when it ends.
-void check_output_file(const std::string& path, const std::string& flag);
-
 // Where the solar-agent / other solar binaries are: next to this executable, or in the build
 // tree beside it, or on PATH.
 std::string find_sibling(const std::string& name, const std::string& build_subdir);

@@ -2,6 +2,9 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <unistd.h>
 #include <cstdlib>
 #include <fmt/format.h>
 
@@ -241,6 +244,21 @@ std::string format_bytes(std::uint64_t bytes) {
   }
   if (u == 0) return fmt::format("{} B", bytes);
   return fmt::format("{:.{}f} {}", v, v < 10 ? 2 : (v < 100 ? 1 : 0), units[u]);
+}
+
+void check_output_file(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::absolute(path, ec);
+  if (ec || path.empty()) throw ConfigError(flag, fmt::format("'{}' is not a usable path", path));
+  if (std::filesystem::is_directory(p, ec))
+    throw ConfigError(flag, fmt::format("{} is a folder; give a file name", path));
+  const std::filesystem::path dir = p.parent_path();
+  if (!std::filesystem::is_directory(dir, ec))
+    throw ConfigError(flag, fmt::format("the folder {} does not exist; create it first",
+                                        dir.string()));
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw ConfigError(flag, fmt::format("cannot write in {}: {}", dir.string(),
+                                        std::strerror(errno)));
 }
 
 }  // namespace solar

@@ -188,23 +188,6 @@ void print_node_summaries(const State& s) {
   }
 }
 
-// --solar-stats: the folder must exist and be writable now, not when the step is over.
-void check_stats_path(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path p = fs::absolute(path, ec);
-  if (ec) throw ConfigError("--solar-stats", fmt::format("{}: {}", path, ec.message()));
-  if (fs::is_directory(p, ec))
-    throw ConfigError("--solar-stats", fmt::format("{} is a folder; give a file name", path));
-  const fs::path dir = p.parent_path();
-  if (!fs::is_directory(dir, ec))
-    throw ConfigError("--solar-stats",
-                      fmt::format("the folder {} does not exist; create it first", dir.string()));
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw ConfigError("--solar-stats", fmt::format("cannot write in {}: {}", dir.string(),
-                                                   std::strerror(errno)));
-}
-
 // The step's statistics in one file, the format `solar run --stats-out` writes: one object per
 // node in the agents' --stats-out format (agent/README.md), "missing" where a node has none.
 void write_step_stats(const State& s) {
@@ -260,7 +243,8 @@ int validate_options(spank_t, State& s) {
     s.options.add_environment([](const char* n) { return std::getenv(n); });
     if (!s.options.active()) return 0;
     s.options.validate();
-    if (!s.options.stats_path().empty()) check_stats_path(s.options.stats_path());
+    // --solar-stats: checked now, not when the step is over.
+    if (!s.options.stats_path().empty()) check_output_file(s.options.stats_path(), "--solar-stats");
     s.dataset = read_dataset(s);
     // What holds for any step shape (one node, one rank) fails now, before an allocation.
     plan_config_for_step(s.options, s.config, *s.dataset, 1, 1, node_memory_bytes());

@@ -138,4 +138,8 @@ const Scenario* find_scenario(std::string_view name);
 
 std::string format_bytes(std::uint64_t bytes);
 
+// Throws ConfigError (flag) unless a file can be written at `path`: its folder exists and is
+// writable, and it is not a folder itself. For output options checked before a job starts.
+void check_output_file(const std::string& path, const std::string& flag);
+
 }  // namespace solar
