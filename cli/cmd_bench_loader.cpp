@@ -21,6 +21,7 @@
 #include "options.h"
 #include "solar/core/planner.h"
 #include "solar/storage/sample_source.h"
+#include "throttle.h"
 
 namespace solar::cli {
 
@@ -35,7 +36,7 @@ struct BenchOptions {
   std::string readers = "4";
   bool zero_copy = false;
   double compute_ms = 0;
-  std::string remote_bandwidth;
+  std::string remote_bandwidth, throttle;
   double remote_latency_ms = 0;
   bool verify = false, json = false;
 };
@@ -112,6 +113,112 @@ double sum(const std::vector<double>& v) {
   return s;
 }
 
+// The report: per-epoch loading times of both, the storage's limit (what the plan's remote
+// bytes, and requests under an IOPS cap, take at the cap or the measured bandwidth), solar's
+// share of it, the agents' head start apart from the ranks' loading time, and under --throttle
+// the bytes and requests the disk served each phase against what each plan asked for.
+void throttle_report(const BenchOptions& o, const PlanConfig& c, const storage::DatasetInfo& info,
+                     const Plan& base_plan, const Plan& solar_plan, double bandwidth,
+                     const std::vector<double>& base, const std::vector<double>& ours,
+                     std::uint64_t iops, bool throttled, const DiskCounters& disk_base,
+                     const DiskCounters& disk_ours, const std::vector<nlohmann::json>& agents) {
+  const std::uint64_t sb = info.sample_bytes;
+  const Metrics& sm = solar_plan.metrics;
+  const Metrics& bm = base_plan.metrics;
+  // Time the storage needs at least for `bytes` in `requests` requests.
+  auto at_cap = [&](double bytes, double requests) {
+    return std::max(bytes / bandwidth, iops ? requests / double(iops) : 0.0);
+  };
+  // Requests per fetched sample: the plan's coalesced runs (solar), one per sample (baseline).
+  const double runs_per_fetch = sm.remote_fetches ? double(sm.remote_runs) / double(sm.remote_fetches) : 1;
+  std::vector<double> limit, vs_limit;
+  double base_limit = 0;
+  for (std::uint32_t e = 0; e < c.epochs; ++e) {
+    const auto& pe = sm.per_epoch[e];
+    limit.push_back(at_cap(double(pe.remote_fetches * sb), double(pe.remote_fetches) * runs_per_fetch));
+    vs_limit.push_back(limit.back() > 0 ? ours[e] / limit.back() : 0);
+    const auto& be = bm.per_epoch[e];
+    base_limit += at_cap(double(be.remote_fetches * sb), double(be.remote_fetches));
+  }
+  const double solar_limit = sum(limit);
+  const double limit_speedup = solar_limit > 0 ? base_limit / solar_limit : 0;
+  const double speedup = sum(ours) > 0 ? sum(base) / sum(ours) : 0;
+  // The agents' head start: fetched while the ranks started, before their first request. It
+  // is not in the ranks' loading time; charged at the limit's bandwidth, it is added back.
+  double head_s = 0, head_bytes = 0;
+  for (const auto& a : agents) {
+    if (!a.contains("head_start")) continue;
+    const auto& h = a["head_start"];
+    if (h.value("seconds", nlohmann::json()).is_number())
+      head_s = std::max(head_s, h["seconds"].get<double>());
+    head_bytes += h.value("fetched_bytes", 0.0);
+  }
+  const double charged_s = sum(ours) + head_bytes / bandwidth;
+  const double speedup_charged = charged_s > 0 ? sum(base) / charged_s : 0;
+  const std::uint64_t planned_base = bm.remote_fetches * sb, planned_ours = sm.remote_fetches * sb;
+  if (o.json) {
+    nlohmann::json j{{"baseline_seconds", base},
+                     {"solar_seconds", ours},
+                     {"speedup", speedup},
+                     {"speedup_charged", speedup_charged},
+                     {"hit_rate", sm.hit_rate()},
+                     {"bandwidth_bytes_per_s", bandwidth},
+                     {"iops", iops},
+                     {"limit_seconds", limit},
+                     {"solar_vs_limit", vs_limit},
+                     {"baseline_limit_seconds", base_limit},
+                     {"limit_speedup", limit_speedup},
+                     {"of_limit", limit_speedup > 0 ? speedup / limit_speedup : 0},
+                     {"of_limit_charged", limit_speedup > 0 ? speedup_charged / limit_speedup : 0},
+                     {"head_start", {{"seconds", head_s}, {"fetched_bytes", head_bytes}}},
+                     {"planned_bytes", {{"baseline", planned_base}, {"solar", planned_ours}}},
+                     {"planned_requests", {{"baseline", bm.remote_fetches}, {"solar", sm.remote_runs}}}};
+    if (throttled)
+      j["disk"] = {{"baseline", {{"bytes", disk_base.bytes}, {"requests", disk_base.requests}}},
+                   {"solar", {{"bytes", disk_ours.bytes}, {"requests", disk_ours.requests}}}};
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  auto list = [](const std::vector<double>& v) { return fmt::format("{:.4f}", fmt::join(v, ", ")); };
+  std::string storage = ", cold page cache";
+  if (throttled)
+    storage = fmt::format(" (emulated shared storage: the disk capped at {}/s{}, O_DIRECT reads)",
+                          format_bytes(std::uint64_t(bandwidth)),
+                          iops ? fmt::format(" and {} IOPS", iops) : "");
+  else if (!o.remote_bandwidth.empty() || o.remote_latency_ms > 0)
+    storage = fmt::format(" (remote storage emulated: solar-stored, {} in all, +{} ms per request)",
+                          o.remote_bandwidth.empty() ? "unthrottled" : o.remote_bandwidth,
+                          o.remote_latency_ms);
+  fmt::print("dataset {}: {} samples of {}; {} node(s) × {} ranks, batch {}, {} epochs, buffer {} "
+             "per node{}\n",
+             o.dataset, info.samples, format_bytes(sb), c.nodes, c.ranks_per_node, c.batch,
+             c.epochs, o.buffer, storage);
+  fmt::print("DataLoading time baseline each epoch: [{}]\n", list(base));
+  fmt::print("DataLoading time SOLAR each epoch: [{}]\n", list(ours));
+  fmt::print("total: baseline {:.3f} s, solar {:.3f} s: solar is {:.2f}× faster\n", sum(base),
+             sum(ours), speedup);
+  fmt::print("plan: hit rate {:.1f}%, {} remote fetches ({:.3f}× the lower bound)\n",
+             100 * sm.hit_rate(), sm.remote_fetches, sm.ratio_to_lower_bound());
+  fmt::print("limit each epoch (the plan's remote bytes{} at {}/s{}): [{}]\n",
+             iops ? " and requests" : "", format_bytes(std::uint64_t(bandwidth)),
+             throttled ? " (the cap)" : " (measured here)", list(limit));
+  fmt::print("solar / limit each epoch: [{}]\n", fmt::format("{:.2f}", fmt::join(vs_limit, ", ")));
+  fmt::print("limit of this storage: {:.2f}× (baseline {:.3f} s / solar {:.3f} s at the cap); "
+             "solar achieved {:.2f}× = {:.0f}% of it\n",
+             limit_speedup, base_limit, solar_limit, speedup,
+             limit_speedup > 0 ? 100 * speedup / limit_speedup : 0);
+  fmt::print("agents' head start (before the ranks' first request, not in the times above): "
+             "{:.2f} s, {} fetched; charged at the limit's bandwidth: {:.2f}× = {:.0f}% of the "
+             "limit\n",
+             head_s, format_bytes(std::uint64_t(head_bytes)), speedup_charged,
+             limit_speedup > 0 ? 100 * speedup_charged / limit_speedup : 0);
+  if (throttled)
+    fmt::print("read from the disk (the cgroup's counters): baseline {} in {} requests (planned "
+               "{}), solar {} in {} requests (planned {})\n",
+               format_bytes(disk_base.bytes), disk_base.requests, format_bytes(planned_base),
+               format_bytes(disk_ours.bytes), disk_ours.requests, format_bytes(planned_ours));
+}
+
 void run_bench(const BenchOptions& o) {
   PlanConfig c;
   std::uint32_t readers = 0;
@@ -125,6 +232,16 @@ void run_bench(const BenchOptions& o) {
     c.seed = parse_count(o.seed, "--seed", 0, ~std::uint64_t{0});
     readers = static_cast<std::uint32_t>(parse_count(o.readers, "--readers", 1, 256));
     if (!o.remote_bandwidth.empty()) parse_bytes(o.remote_bandwidth, "--remote-bandwidth");
+    if (!o.throttle.empty()) {
+      parse_throttle(o.throttle, "--throttle");
+      if (!o.remote_bandwidth.empty() || o.remote_latency_ms > 0)
+        throw ConfigError("--throttle", "caps the disk itself; --remote-bandwidth and "
+                                        "--remote-latency emulate storage another way: use one");
+      if (o.dataset.rfind("fabric://", 0) == 0)
+        throw ConfigError("--throttle", "caps a local disk: give --dataset as FILE.h5 (for "
+                                        "fabric:// data, cap solar-stored's disk with "
+                                        "scripts/slow-storage instead)");
+    }
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "solar bench loader: %s\n", e.what());
     exit_code() = kExitUsage;
@@ -173,9 +290,29 @@ void run_bench(const BenchOptions& o) {
   const Plan base_plan = make_plan(base_cfg);
   const Plan solar_plan = make_plan(solar_cfg);
 
-  // The limit's bandwidth: a cold sequential read of the dataset through the same storage path.
-  double bandwidth = 0;
-  {
+  // Emulated shared storage: this process and the ranks and agents it starts read the
+  // dataset's disk through a kernel cap; the phases read with O_DIRECT (every epoch from
+  // storage; simulated nodes do not share a page cache), and the cgroup counts their bytes.
+  std::unique_ptr<Throttle> throttle;
+  if (!o.throttle.empty()) {
+    const auto [bps, iops] = parse_throttle(o.throttle, "--throttle");
+    const std::string file = o.dataset.substr(0, o.dataset.rfind(".h5:") == std::string::npos
+                                                     ? std::string::npos
+                                                     : o.dataset.rfind(".h5:") + 3);
+    try {
+      throttle = std::make_unique<Throttle>(file, bps, iops);
+    } catch (const ThrottleUnavailable& e) {
+      std::fprintf(stderr, "solar bench loader: --throttle: %s\n", e.what());
+      exit_code() = kExitFailure;
+      return;
+    }
+    if (!o.json) std::fprintf(stderr, "solar bench loader: %s\n", throttle->describe().c_str());
+  }
+
+  // The limit's bandwidth: the cap, or a cold sequential read of the dataset through the same
+  // storage path.
+  double bandwidth = throttle ? double(throttle->bps()) : 0;
+  if (!throttle) {
     const std::string spec = source_for(c.nodes, "bw");
     auto s = storage::open_source(spec, so);
     s->drop_cache();
@@ -190,26 +327,37 @@ void run_bench(const BenchOptions& o) {
     bandwidth = double(info.samples * info.sample_bytes) / secs * (emulate ? c.nodes : 1);
   }
 
+  DiskCounters disk_base, disk_ours;
+  std::vector<nlohmann::json> agent_stats;
   auto phase = [&](const Plan& plan, bool agents, const std::string& spec, const char* tag) {
     {
       auto s = storage::open_source(spec, so);
       s->drop_cache();
     }
+    const DiskCounters before = throttle ? throttle->counters() : DiskCounters{};
     LaunchSpec ls;
     ls.plan = &plan;
     ls.dataset = spec;
     ls.labels = o.labels;
     ls.agents = agents;
     ls.zero_copy = o.zero_copy;
+    ls.direct_io = throttle != nullptr;
     ls.command = {find_sibling("solar-example-train", "slurm_examples"), "--quiet", "--report",
                   (dir / fmt::format("{}-%r.json", tag)).string()};
     if (!agents) ls.command.insert(ls.command.end(), {"--baseline", std::to_string(readers)});
+    if (!agents && throttle) ls.command.push_back("--direct-io");
     if (o.verify) ls.command.push_back("--verify");
     if (o.compute_ms > 0) ls.command.insert(ls.command.end(), {"--compute-ms", fmt::format("{}", o.compute_ms)});
     if (!o.json) std::fprintf(stderr, "solar bench loader: %s phase...\n", tag);
     const LaunchResult r = launch(ls);
     if (r.exit_code != 0)
       throw std::runtime_error(fmt::format("the {} phase failed (exit {})", tag, r.exit_code));
+    if (throttle) {
+      const DiskCounters after = throttle->counters();
+      (agents ? disk_ours : disk_base) = {after.bytes - before.bytes,
+                                          after.requests - before.requests};
+    }
+    if (agents) agent_stats = r.agents;
     return slowest_rank(dir, tag, world, c.epochs);
   };
   std::vector<double> base, ours;
@@ -222,46 +370,9 @@ void run_bench(const BenchOptions& o) {
     return;
   }
   server.reset();
-
-  std::vector<double> limit, vs_limit;
-  for (std::uint32_t e = 0; e < c.epochs; ++e) {
-    const auto& pe = solar_plan.metrics.per_epoch[e];
-    limit.push_back(double(pe.remote_fetches * info.sample_bytes) / bandwidth);
-    vs_limit.push_back(limit.back() > 0 ? ours[e] / limit.back() : 0);
-  }
-  const double speedup = sum(ours) > 0 ? sum(base) / sum(ours) : 0;
-  if (o.json) {
-    fmt::print("{}\n", nlohmann::json{{"baseline_seconds", base},
-                                      {"solar_seconds", ours},
-                                      {"speedup", speedup},
-                                      {"hit_rate", solar_plan.metrics.hit_rate()},
-                                      {"bandwidth_bytes_per_s", bandwidth},
-                                      {"limit_seconds", limit},
-                                      {"solar_vs_limit", vs_limit}}
-                           .dump(2));
-    return;
-  }
-  auto list = [](const std::vector<double>& v) { return fmt::format("{:.4f}", fmt::join(v, ", ")); };
-  fmt::print("dataset {}: {} samples of {}; {} node(s) × {} ranks, batch {}, {} epochs, buffer {} "
-             "per node{}\n",
-             o.dataset, info.samples, format_bytes(info.sample_bytes), c.nodes, c.ranks_per_node,
-             c.batch, c.epochs, o.buffer,
-             emulate ? fmt::format(" (remote storage emulated: solar-stored, {} in all, +{} ms "
-                                   "per request)",
-                                   o.remote_bandwidth.empty() ? "unthrottled" : o.remote_bandwidth,
-                                   o.remote_latency_ms)
-                     : ", cold page cache");
-  fmt::print("DataLoading time baseline each epoch: [{}]\n", list(base));
-  fmt::print("DataLoading time SOLAR each epoch: [{}]\n", list(ours));
-  fmt::print("total: baseline {:.3f} s, solar {:.3f} s: solar is {:.2f}× faster\n", sum(base),
-             sum(ours), speedup);
-  fmt::print("plan: hit rate {:.1f}%, {} remote fetches ({:.3f}× the lower bound)\n",
-             100 * solar_plan.metrics.hit_rate(), solar_plan.metrics.remote_fetches,
-             solar_plan.metrics.ratio_to_lower_bound());
-  fmt::print("limit each epoch (the plan's remote bytes at the {:.2f} GB/s measured here): [{}]\n",
-             bandwidth / 1e9, list(limit));
-  fmt::print("solar / limit each epoch: [{}]\n",
-             fmt::format("{:.2f}", fmt::join(vs_limit, ", ")));
+  throttle_report(o, c, info, base_plan, solar_plan, bandwidth, base, ours,
+                  throttle ? throttle->iops() : 0, throttle != nullptr, disk_base, disk_ours,
+                  agent_stats);
 }
 
 struct ServeOptions {
@@ -345,7 +456,8 @@ void add_bench_loader_command(CLI::App& app) {
       "Baseline (direct reads, one request per sample, K reader threads per rank, like a PyTorch\n"
       "DataLoader) against solar (agents + shared memory), same data and storage, one run.\n"
       "Files are read with a cold page cache; --remote-bandwidth/--remote-latency serve the file\n"
-      "through solar-stored with throttling to emulate a contended remote file system.");
+      "through solar-stored with throttling to emulate a contended remote file system; --throttle\n"
+      "caps the dataset's disk in the kernel instead (as scripts/slow-storage does).");
   loader->add_option("--dataset", o->dataset, "FILE.h5[:/dataset] (or fabric://...)")
       ->type_name(kSource)
       ->required();
@@ -368,6 +480,11 @@ void add_bench_loader_command(CLI::App& app) {
       ->type_name(kUint);
   loader->add_option("--compute-ms", o->compute_ms, "Compute per batch, both phases [0]")
       ->type_name(kFloat);
+  loader->add_option("--throttle", o->throttle,
+                     "Emulated shared storage: cap reads of the dataset's disk at BPS bytes/s "
+                     "(and IOPS requests/s) for both phases (cgroup blkio/io.max; root), read "
+                     "with O_DIRECT, and report the disk's own byte counts")
+      ->type_name("BPS[,IOPS]");
   loader->add_option("--remote-bandwidth", o->remote_bandwidth,
                      "EMULATION: aggregate storage bandwidth (e.g. 400M), split over the clients")
       ->type_name(kBytes);
