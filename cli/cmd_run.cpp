@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -29,6 +30,8 @@ struct RunOptions {
   std::string nodes = "1", epochs, batch, seed = "0", imbalance = "0";
   std::string dataset, labels = "/label", buffer, order = "solar";
   std::string plan_out, stats_out;
+  std::optional<std::string> start_epoch, start_step;  // resume (--start-epoch, --start-step)
+  std::string resume_from;                             // resume: a loader's state_dict as JSON
   bool drop_last = false, no_agent = false, keep = false, verbose = false, zero_copy = false;
   bool direct_io = false, transparent = false, order_given = false, label = false;
   std::vector<std::string> command;
@@ -63,11 +66,61 @@ void print_summary(const LaunchResult& r) {
                format_bytes(a["bytes_read"].get<std::uint64_t>()),
                hit + fetched > 0 ? 100 * hit / (hit + fetched) : 0.0,
                a["read_seconds"].get<double>());
+    if (const auto start = a.value("start_step", std::uint64_t{0}); start > 0)
+      fmt::print(stderr,
+                 "solar run: node {}: started at step {}: steps before it neither read nor "
+                 "served; {} samples read that the plan had in the buffer by then\n",
+                 a["node"].get<int>(), start, a.value("unplanned_fetched_samples", 0ULL));
     if (const auto& t = a.value("transparent", nlohmann::json()); t.is_object())
       fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(),
                  transparent_line(t, a["total_steps"].get<std::uint64_t>()));
   }
   for (const auto& p : r.problems) fmt::print(stderr, "solar run: {}\n", p);
+}
+
+// Resume: the global step the run starts at, from --start-epoch/--start-step or --resume-from
+// (the JSON of a loader's state_dict(): its "step", checked against the plan's shape). Throws
+// ConfigError naming the option.
+std::uint64_t resume_start(const RunOptions& o, const Plan& plan) {
+  const std::uint32_t spe = plan.layout.steps, epochs = plan.config.epochs;
+  if (!o.resume_from.empty()) {
+    if (o.start_epoch || o.start_step)
+      throw ConfigError("--resume-from", "give either it or --start-epoch/--start-step");
+    std::ifstream f(o.resume_from);
+    if (!f) throw ConfigError("--resume-from", fmt::format("cannot read {}", o.resume_from));
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(f);
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError("--resume-from", fmt::format("{} is not JSON ({}); give the loader's "
+                                                     "state_dict() saved with json.dump",
+                                                     o.resume_from, e.what()));
+    }
+    if (j.is_object() && j.contains("loader") && j["loader"].is_object()) j = j["loader"];
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_unsigned())
+      throw ConfigError("--resume-from", fmt::format("{} has no \"step\": give a solar.Loader "
+                                                     "state_dict() saved with json.dump",
+                                                     o.resume_from));
+    const std::pair<const char*, std::uint64_t> checked[] = {
+        {"steps_per_epoch", spe}, {"epochs", epochs}, {"world_size", plan.config.world()},
+        {"samples", plan.config.samples}, {"batch_size", plan.config.batch}};
+    for (const auto& [key, want] : checked)
+      if (j.contains(key) && j[key].is_number_unsigned() && j[key].get<std::uint64_t>() != want)
+        throw ConfigError("--resume-from",
+                          fmt::format("{} was saved with {} {}, this run's plan has {}: resume "
+                                      "with the run's own settings",
+                                      o.resume_from, key, j[key].get<std::uint64_t>(), want));
+    return start_global_step(std::nullopt, j["step"].get<std::uint64_t>(), spe, epochs,
+                             "--resume-from", "--resume-from");
+  }
+  if (!o.start_epoch && !o.start_step) return 0;
+  std::optional<std::uint64_t> e, st;
+  if (o.start_epoch) e = parse_count(*o.start_epoch, "--start-epoch", 0, ~std::uint64_t{0});
+  if (o.start_step) st = parse_count(*o.start_step, "--start-step", 0, ~std::uint64_t{0});
+  if (o.transparent && (e.value_or(0) || st.value_or(0)))
+    throw ConfigError("--start-step", "an unmodified script (--transparent) is not resumed by "
+                                      "solar: drop --transparent or the start");
+  return start_global_step(e, st, spe, epochs, "--start-epoch", "--start-step");
 }
 
 void run_run(const RunOptions& o) {
@@ -111,6 +164,17 @@ void run_run(const RunOptions& o) {
   Plan plan = make_plan(c);
   plan.dataset_identity = src->identity();  // agents and ranks refuse any other data
   src.reset();
+  std::uint64_t start = 0;
+  try {
+    start = resume_start(o, plan);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "solar run: %s\n", e.what());
+    exit_code() = kExitUsage;
+    return;
+  }
+  if (start > 0 && o.verbose)
+    fmt::print(stderr, "solar run: starting at step {} (epoch {}, step {} of it) of {}\n", start,
+               start / plan.layout.steps, start % plan.layout.steps, plan.total_steps());
   if (!o.plan_out.empty()) write_plan_file(plan, o.plan_out);
   if (o.verbose)
     fmt::print(stderr, "solar run: plan: {} remote fetches for {} accesses ({:.3f}× the lower "
@@ -130,6 +194,7 @@ void run_run(const RunOptions& o) {
   spec.label_lines = o.label;
   spec.stats_out = o.stats_out;
   spec.verbose = o.verbose;
+  spec.start_step = start;
   try {
     const LaunchResult r = launch(spec);
     print_summary(r);
@@ -358,6 +423,18 @@ void add_run_commands(CLI::App& app) {
                   "epoch hits, fetched samples and bytes, storage read time, ranks' stall, wall "
                   "time; each agent's head start; fields in agent/README.md); `solar report` "
                   "draws it")
+      ->type_name(kFile);
+  run->add_option("--start-epoch", o->start_epoch,
+                  "Resume (a requeued job, a training checkpoint): start at this epoch; the "
+                  "agents begin there and the ranks get only the rest of the plan [0]")
+      ->type_name(kUint);
+  run->add_option("--start-step", o->start_step,
+                  "Resume: start at this step of --start-epoch (without it: this global step) "
+                  "[0]")
+      ->type_name(kUint);
+  run->add_option("--resume-from", o->resume_from,
+                  "Resume at the step of a loader's state_dict() saved as JSON (json.dump; a "
+                  "\"loader\" key holding it also works); the plan's shape is checked")
       ->type_name(kFile);
   run->add_flag("--keep-run-dir", o->keep, "Keep the plan, sockets and agent logs");
   run->add_flag("-v,--verbose", o->verbose, "Say what is planned");

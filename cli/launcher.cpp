@@ -554,8 +554,10 @@ LaunchResult launch(const LaunchSpec& spec) {
   } restore{old};
 
   // The caller's environment, less the variables set below for each rank.
-  static const char* const kOurs[] = {"SOLAR_PLAN=",    "SOLAR_NODE=",   "SOLAR_LOCAL_RANK=",
-                                      "SOLAR_DATASET=", "SOLAR_LABELS=", "SOLAR_SOCKET="};
+  static const char* const kOurs[] = {"SOLAR_PLAN=",        "SOLAR_NODE=",
+                                      "SOLAR_LOCAL_RANK=",  "SOLAR_DATASET=",
+                                      "SOLAR_LABELS=",      "SOLAR_SOCKET=",
+                                      "SOLAR_START_EPOCH=", "SOLAR_START_STEP="};
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
@@ -616,6 +618,10 @@ LaunchResult launch(const LaunchSpec& spec) {
         if (spec.zero_copy) argv.push_back("--zero-copy");
         if (spec.direct_io) argv.push_back("--direct-io");
         if (spec.transparent) argv.push_back("--transparent");
+        if (spec.start_step > 0) {
+          argv.push_back("--start-step");
+          argv.push_back(std::to_string(spec.start_step));
+        }
         if (!spec.stats_out.empty()) {
           argv.push_back("--stats-out");
           argv.push_back((dir / fmt::format("node{}.stats.json", m)).string());
@@ -671,6 +677,11 @@ LaunchResult launch(const LaunchSpec& spec) {
               fmt::format("MASTER_PORT={}", master_port)})
           env.push_back(kv);
         if (spec.agents) env.push_back(fmt::format("SOLAR_SOCKET={}", sockets[m]));
+        if (spec.start_step > 0) {
+          const std::uint64_t spe = std::max<std::uint64_t>(spec.plan->layout.steps, 1);
+          env.push_back(fmt::format("SOLAR_START_EPOCH={}", spec.start_step / spe));
+          env.push_back(fmt::format("SOLAR_START_STEP={}", spec.start_step % spe));
+        }
         if (spec.agents && spec.transparent) {
           std::string preload = spec.preload_path.empty()
                                     ? find_sibling("libsolar_preload.so", "interpose")

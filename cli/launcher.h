@@ -56,6 +56,10 @@ struct LaunchSpec {
   // job ends ("" = none): {"format_version", "source", "nodes": [per-node --stats-out]}.
   std::string stats_out;
   bool verbose = false;  // say where the agents' sockets are (for solar stat)
+  // Resume: the global step the job starts at (checked against the plan by the caller). The
+  // agents get --start-step, the ranks SOLAR_START_EPOCH and SOLAR_START_STEP (the step within
+  // the epoch). 0: the whole plan.
+  std::uint64_t start_step = 0;
 };
 
 struct LaunchResult {

@@ -106,6 +106,17 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   }
   R_ = header_.config.ranks_per_node;
   T_ = std::uint64_t{header_.layout.steps} * header_.config.epochs;
+  if (o.start_step > T_)
+    throw AgentError(fmt::format("--start-step {} is beyond the end of the plan {} ({} steps: {} "
+                                 "epoch{} of {})",
+                                 o.start_step, o.plan, T_, header_.config.epochs,
+                                 header_.config.epochs == 1 ? "" : "s", header_.layout.steps));
+  if (o.start_step > 0 && o.transparent)
+    throw AgentError(fmt::format("--start-step {}: an unmodified script (--transparent) reads "
+                                 "its own order from its first step; resuming it is not "
+                                 "supported",
+                                 o.start_step));
+  start_ = o.start_step;
   epochs_.resize(header_.config.epochs);
   epoch_rank_stall_.assign(std::uint64_t{header_.config.epochs} * R_, 0.0);
 
@@ -165,6 +176,8 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   table_ = SlotTable(buf_.cache_slots);
   if (o.transparent) setup_index();
   ranks_.resize(R_);
+  for (RankState& rs : ranks_) rs.cursor = rs.released = rs.assembled = start_;
+  admitted_ = ready_ = start_;
 
   // Socket: private to this user (its path was checked above).
   boost::system::error_code bec;
@@ -176,6 +189,10 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   ::chmod(o.socket.c_str(), 0600);
   acceptor_.listen();
   reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (start_ > 0)
+    spdlog::info("node {}: starting at step {} (epoch {}, step {} of it): steps before it are "
+                 "not read or served",
+                 o.node, start_, start_ / header_.layout.steps, start_ % header_.layout.steps);
   spdlog::info("node {}: {} steps, buffer {} slots × {} = {} ({} cache, {} ranks × {} batches "
                "of {} in rings), source {}",
                o.node, T_, buf_.slots, format_bytes(buf_.slot_bytes), format_bytes(bytes),

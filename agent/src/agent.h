@@ -37,6 +37,11 @@ struct AgentOptions {
   // written atomically (temporary file + rename), mode 0600. Checked at start-up: its folder
   // must exist and be writable. Empty: none.
   std::string stats_out;
+  // Resume: the global step (epoch × steps per epoch + step) the agent starts at. Steps before
+  // it are never read or served; the buffer starts empty, so samples the plan expects resident
+  // at this step are read when a step from here on first needs them (counted as
+  // unplanned_fetched_samples). At most the plan's total steps; not with `transparent`.
+  std::uint64_t start_step = 0;
 };
 
 // Thrown for anything that stops the agent from starting: names the input and the fix.

@@ -187,6 +187,10 @@ class Agent::Impl {
   std::mutex mu_;
   std::condition_variable slot_freed_;
   SlotTable table_;  // the cache slots: free, resident, pinned, zombie
+  std::uint64_t start_ = 0;     // --start-step: the first step read and served
+  // Samples read because a step needed them though the plan has them resident (after a start
+  // at step > 0: the plan's buffer at that step, which a restarted agent does not have).
+  std::uint64_t unplanned_ = 0;
   std::uint64_t admitted_ = 0;  // steps < admitted_ have slots and count their uses
   std::uint64_t ready_ = 0;     // steps < ready_ are read and servable
   struct ReadJob {

@@ -354,6 +354,7 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
   ok.slots = buf_.slots;
   ok.total_steps = T_;
   ok.steps_per_epoch = header_.layout.steps;
+  ok.start_step = start_;
   if (!send_with_buffer_fd(s, frame(protocol::Op::hello_ok, &ok, sizeof ok))) {
     spdlog::warn("rank {}: could not send the hello reply", h.local_rank);
     return detach(s);

@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   app.add_option("--stats-out", o.stats_out,
                  "At exit, write the run's measured statistics here as JSON (per epoch, head "
                  "start, totals; agent/README.md), atomically, mode 0600. Its folder must exist");
+  app.add_option("--start-step", o.start_step,
+                 "Resume: start at this global step (epoch x steps per epoch + step); earlier "
+                 "steps are neither read nor served [0]");
   app.add_option("--io-threads", o.io_threads, "Parallel storage requests per read [8]");
   app.add_option("--readers", o.readers, "Steps read concurrently [4]");
   app.add_option("--staging-steps", o.staging_steps,

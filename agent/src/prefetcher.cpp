@@ -23,7 +23,7 @@ namespace solar::agent {
 void Agent::Impl::prefetch_loop() {
   std::vector<std::uint32_t> incoming, slots, reading;
   try {
-    for (std::uint64_t t = 0; t < T_; ++t) {
+    for (std::uint64_t t = start_; t < T_; ++t) {
       incoming.clear();
       std::unique_lock lk(mu_);
       if (stopping_ || !fatal_.empty()) return;
@@ -38,6 +38,23 @@ void Agent::Impl::prefetch_loop() {
         for (std::uint32_t x = run.first; x < run.first + run.count; ++x) want(x);
       // Peer transfers between agents are not implemented yet: read those from storage.
       for (const PeerFetch& pf : plan_.schedule.peers_at(t)) want(pf.sample);
+      // Every sample the step uses must be here or coming. The plan guarantees it for a run
+      // from step 0; an agent started later (--start-step) lacks what the plan kept from
+      // earlier steps, and reads it now, for the first step that needs it. The plan's
+      // resident set at this step contains it, so the slots suffice.
+      for (std::uint32_t r = 0; r < R_; ++r) {
+        if (ranks_[r].gone) continue;
+        for (std::uint32_t a : accesses(t, r)) {
+          const std::uint32_t x = a & kSampleMask;
+          if (table_.resident(x)) {
+            table_.resurrect(x);
+            continue;
+          }
+          if (std::find(incoming.begin(), incoming.end(), x) != incoming.end()) continue;
+          incoming.push_back(x);
+          ++unplanned_;
+        }
+      }
       slots.clear();
       const auto wait_from = Clock::now();
       for (std::size_t i = 0; i < incoming.size(); ++i) {

@@ -173,6 +173,8 @@ nlohmann::json Agent::Impl::stats_document() {
          {"sample_bytes", sample_bytes_},
          {"ranks_per_node", R_},
          {"mode", opt_.transparent ? "transparent" : opt_.zero_copy ? "zero_copy" : "ring"},
+         {"start_step", start_},
+         {"unplanned_fetched_samples", unplanned_},
          {"ready_steps", ready_},
          {"ahead_steps",
           static_cast<std::int64_t>(ready_) - static_cast<std::int64_t>(min_cursor)},
@@ -197,6 +199,7 @@ nlohmann::json Agent::Impl::stats_document() {
       head.fetched_bytes = bytes_read_;
       head.ready_steps = ready_;
     }
+    head.ready_steps -= start_;  // read by then (steps before the start never are)
     epochs_done = epochs_done_;
     std::copy(std::begin(xsnap_), std::end(xsnap_), xsnap);
     slot_wait = slot_wait_seconds_;
@@ -310,6 +313,8 @@ void Agent::Impl::write_stats_out(const nlohmann::json& doc) {
       {"steps_per_epoch", header_.layout.steps},
       {"ranks_per_node", R_},
       {"sample_bytes", sample_bytes_},
+      {"start_step", start_},
+      {"unplanned_fetched_samples", doc["unplanned_fetched_samples"]},
       {"error", doc["error"]},
       {"epochs", doc["per_epoch"]},
       {"head_start", doc["head_start"]},

@@ -210,6 +210,10 @@ struct solar_loader {
   solar::protocol::HelloOk hello{};
 
   std::uint64_t cursor = 0;
+  // Resume: SOLAR_START_EPOCH / SOLAR_START_STEP were set (the launcher's or the plugin's start);
+  // without them the rank starts where its agent does (the hello reply's start_step).
+  bool start_given = false;
+  std::uint64_t first = 0;  // the step the loader started at
   bool holding = false;
   bool holding_from_agent = false;
   // A release is sent with the next request (one write instead of two); close() flushes it.
@@ -341,6 +345,19 @@ struct solar_loader {
       ::close(memfd);
       return drop_agent("the agent serves a different plan");
     }
+    if (hello.start_step > T) {
+      ::close(memfd);
+      return drop_agent("the agent's start step is beyond the plan");
+    }
+    if (!start_given) {
+      cursor = hello.start_step;  // the agent serves steps from its start on
+    } else if (hello.start_step > cursor) {
+      ::close(memfd);
+      return drop_agent(fmt::format("the agent starts at step {} but this rank at step {} "
+                                    "(SOLAR_START_EPOCH/SOLAR_START_STEP): it does not serve the "
+                                    "steps in between",
+                                    hello.start_step, cursor));
+    }
     map_bytes = hello.slots * hello.slot_bytes;
     // Not MAP_POPULATE: populating the whole buffer up front costs more than it saves (on
     // shadow-paged VMs, 3x more on the first pass over the buffer).
@@ -351,6 +368,37 @@ struct solar_loader {
     base = static_cast<std::byte*>(p);
     sample_bytes = hello.sample_bytes;
     label_bytes = hello.label_bytes;
+    // This rank starts after the agent's start: the agent runs its plan in order, so the
+    // steps in between are taken and released (read by the agent, not copied here).
+    const std::uint64_t want = cursor;
+    cursor = hello.start_step;
+    skip_with_agent(want);
+  }
+
+  // Takes and releases the agent's steps from the cursor up to `step` (the agent runs its plan
+  // in order); once the agent is gone the rest is a cursor move.
+  void skip_with_agent(std::uint64_t step) {
+    while (cursor < step && sock >= 0) {
+      if (!next_from_agent()) break;
+      release_pending = true;
+      release_step = cursor;
+      ++cursor;
+    }
+    cursor = std::max(cursor, step);
+  }
+
+  // An agent that stops after a failure (e.g. its dataset file changed) sends one error frame
+  // before it closes the connection: its reason, when it is there to read without waiting.
+  std::optional<std::string> last_words() const {
+    solar::protocol::Header rh;
+    if (::recv(sock, &rh, sizeof rh, MSG_DONTWAIT | MSG_PEEK) != static_cast<ssize_t>(sizeof rh) ||
+        !solar::protocol::acceptable(rh) ||
+        rh.op != static_cast<std::uint16_t>(solar::protocol::Op::error))
+      return std::nullopt;
+    std::vector<char> buf(sizeof rh + rh.length);
+    const ssize_t n = ::recv(sock, buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n != static_cast<ssize_t>(buf.size())) return std::nullopt;
+    return "the agent refused: " + std::string(buf.begin() + sizeof rh, buf.end());
   }
 
   // The agent path: true with the batch filled, false if the agent is gone (fall back).
@@ -520,12 +568,35 @@ solar_loader* solar_open_env(void) {
                                     l->local_rank, l->R));
     l->plan = pf.node(l->node);
     l->T = std::uint64_t{l->header.layout.steps} * l->header.config.epochs;
+    {  // Resume: where the launcher (solar run --start-*, srun --solar-start-*) starts the job.
+      auto start_var = [](const char* name) -> std::optional<std::uint64_t> {
+        const char* v = std::getenv(name);
+        if (!v || !*v) return std::nullopt;
+        try {
+          return solar::parse_count(v, name, 0, ~std::uint64_t{0});
+        } catch (const solar::ConfigError& e) {
+          throw ClientError(e.what());
+        }
+      };
+      const auto e = start_var("SOLAR_START_EPOCH"), st = start_var("SOLAR_START_STEP");
+      if (e || st) {
+        try {
+          l->cursor = solar::start_global_step(e, st, l->header.layout.steps,
+                                               l->header.config.epochs, "SOLAR_START_EPOCH",
+                                               "SOLAR_START_STEP");
+        } catch (const solar::ConfigError& err) {
+          throw ClientError(fmt::format("{} (plan {})", err.what(), plan_path));
+        }
+        l->start_given = true;
+      }
+    }
     if (const char* s = std::getenv("SOLAR_SOCKET"); s && *s) {
       l->agent_timeout = agent_timeout_from_env();
       l->socket_path = s;
       l->attach();
     }
     if (l->sock < 0) l->open_source();  // fail now, not at the first batch
+    l->first = l->cursor;
     g_last_error.clear();
     return l.release();
   } catch (const std::exception& e) {
@@ -588,20 +659,22 @@ int solar_skip_to(solar_loader* l, uint64_t global_step) {
                                     "steps: {} epochs of {})",
                                     global_step, l->T, l->header.config.epochs,
                                     l->header.layout.steps));
+    if (global_step < l->first)
+      throw ClientError(fmt::format("solar_skip_to: step {} is before step {}, where this "
+                                    "launch started (SOLAR_START_EPOCH/SOLAR_START_STEP or the "
+                                    "agent's start): its agent never serves earlier steps; "
+                                    "launch the job at step {} (solar run --start-step, srun "
+                                    "--solar-start-step)",
+                                    global_step, l->first, global_step));
     if (global_step < l->cursor)
       throw ClientError(fmt::format("solar_skip_to: step {} was already served (the next step is "
                                     "{}); steps run forward only: open a new loader",
                                     global_step, l->cursor));
     // With an agent: it runs the plan in order, so the steps before are taken and released
-    // (its reads happen; nothing is copied here). Without one (or once it is gone): a cursor
-    // move, no reads.
-    while (l->cursor < global_step && l->sock >= 0) {
-      if (!l->next_from_agent()) break;  // the agent went away: the rest is a cursor move
-      l->release_pending = true;
-      l->release_step = l->cursor;
-      ++l->cursor;
-    }
-    l->cursor = global_step;
+    // (its reads happen; nothing is copied here). Without one (or once it is gone), or to the
+    // step the loader is at (the agent's start after a resumed launch): a cursor move, no
+    // reads.
+    l->skip_with_agent(global_step);
     g_last_error.clear();
     return 0;
   } catch (const std::exception& e) {

@@ -261,4 +261,27 @@ void check_output_file(const std::string& path, const std::string& flag) {
                                         std::strerror(errno)));
 }
 
+std::uint64_t start_global_step(std::optional<std::uint64_t> epoch,
+                                std::optional<std::uint64_t> step, std::uint32_t steps_per_epoch,
+                                std::uint32_t epochs, const std::string& epoch_flag,
+                                const std::string& step_flag) {
+  const std::uint64_t total = std::uint64_t{steps_per_epoch} * epochs;
+  const std::string length = fmt::format("the plan has {} steps: {} epoch{} of {}", total, epochs,
+                                         epochs == 1 ? "" : "s", steps_per_epoch);
+  const std::uint64_t e = epoch.value_or(0), s = step.value_or(0);
+  if (epoch && e > epochs)
+    throw ConfigError(epoch_flag, fmt::format("epoch {} is beyond the end of the plan ({}; "
+                                              "epochs are 0..{})",
+                                              e, length, epochs - 1));
+  if (epoch && s >= steps_per_epoch && !(e == epochs && s == 0))
+    throw ConfigError(step_flag, fmt::format("step {} of epoch {} does not exist ({}; steps "
+                                             "within an epoch are 0..{})",
+                                             s, e, length, steps_per_epoch - 1));
+  if (s > total || e * steps_per_epoch > total - s)
+    throw ConfigError(epoch ? epoch_flag : step_flag,
+                      fmt::format("start at step {} is beyond the end of the plan ({})",
+                                  s > total ? s : e * steps_per_epoch + s, length));
+  return e * steps_per_epoch + s;
+}
+
 }  // namespace solar

@@ -384,6 +384,14 @@ class Loader:
         self.world_size = int(_lib_.solar_world_size(h))
         self.batch_size = int(_lib_.solar_batch_per_rank(h))
         self.plan_fingerprint = f"{_lib_.solar_plan_fingerprint(h):016x}"
+        # A resumed launch (solar run --start-step, srun --solar-start-step) starts the loader
+        # and its agent at a later step: iteration continues that step's epoch from there.
+        self.start_step = int(_lib_.solar_position(h))
+        if self.start_step:
+            self._taken = self.start_step
+            self._resume_at = self.start_step
+            self._next_epoch = min(self.start_step // self.steps_per_epoch, self.epochs) \
+                if self.steps_per_epoch else 0
 
         try:
             f_shape, f_dtype, f_ldtype = dataset_layout(self.dataset_spec, labels_name)
@@ -572,7 +580,10 @@ class Loader:
         policy, buffer); strict=False accepts another plan with a warning, as long as the step
         is in it. A state from any rank of the run fits every rank (all ranks are at the same
         step in data-parallel training). Without an agent nothing is read to get there; with
-        one, the steps before are taken and released (the agent runs its plan in order)."""
+        one, the steps before are taken and released (the agent runs its plan in order),
+        unless the job was launched at the state's step (`solar run --resume-from STATE.json`
+        or `--start-step`, `srun --solar-start-step`): then the agent starts there and this is
+        a cursor move."""
         self._need_open()
         if not isinstance(state, dict):
             raise TypeError(f"solar.Loader.load_state_dict: expected a dict from state_dict(), "
@@ -602,6 +613,11 @@ class Loader:
             raise ValueError(f"solar.Loader.load_state_dict: step {step} is beyond the end of "
                              f"the plan ({total} steps: {self.epochs} epochs of "
                              f"{self.steps_per_epoch})")
+        if step < self.start_step:
+            raise ValueError(f"solar.Loader.load_state_dict: the state's step {step} is before "
+                             f"step {self.start_step}, where this job was launched (solar run "
+                             "--start-step / srun --solar-start-step, or the agent's start): "
+                             f"launch it at step {step} to resume from this state")
         if step < self._taken:
             raise ValueError(f"solar.Loader.load_state_dict: this loader is already at step "
                              f"{self._taken}, past the state's step {step}; load the state "

@@ -23,6 +23,10 @@ def main():
     ap.add_argument("--torch", action="store_true")
     ap.add_argument("--views", action="store_true", help="also check the zero-copy views")
     ap.add_argument("--library", help="libsolar.so to use (solar run drops SOLAR_* variables)")
+    ap.add_argument("--stop-after-step", type=int,
+                    help="after this global step, save state_dict() as JSON (--state) and stop")
+    ap.add_argument("--state", help="the state file (%%r: the rank): written with "
+                    "--stop-after-step, else loaded (load_state_dict) when it exists")
     a = ap.parse_args()
     if a.library:
         os.environ["SOLAR_LIBRARY"] = a.library
@@ -38,8 +42,16 @@ def main():
     with h5py.File(path, "r") as f:
         seed = int(f["data"].attrs["solar_seed"])
     bad = batches = 0
+    state = a.state.replace("%r", str(loader.rank)) if a.state else None
+    if state and a.stop_after_step is None and os.path.exists(state):
+        import json
+        with open(state) as f:
+            loader.load_state_dict(json.load(f))
+    stopped = False
     with loader, open(os.path.join(a.record, f"rank-{loader.rank}.txt"), "w") as rec:
-        for epoch in range(loader.epochs):
+        for epoch in range(loader.epoch, loader.epochs):
+            if stopped:
+                break
             loader.set_epoch(epoch)
             kept = []  # this epoch's copies: none may change while held (pooled memory)
             for batch in loader:
@@ -56,6 +68,12 @@ def main():
                 rec.write(f"{batch.step} {batch.epoch} {batch.weight!r} "
                           + " ".join(map(str, batch.indices)) + "\n")
                 batches += 1
+                if a.stop_after_step is not None and batch.step == a.stop_after_step:
+                    import json
+                    with open(state, "w") as f:
+                        json.dump(loader.state_dict(), f)
+                    stopped = True
+                    break
             for indices, data in kept:
                 for k, idx in enumerate(indices):
                     bad += np.asarray(data[k]).tobytes() != expected(seed, int(idx),

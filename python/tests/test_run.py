@@ -85,3 +85,33 @@ def test_torch_order_global_batches_and_weights(workdir, dataset):
             got = Counter(i for _, _, smp in steps[epoch * per_epoch + j] for i in smp)
             assert got == want, f"epoch {epoch} step {j}"
     del torch
+
+
+def test_state_dict_resume_under_solar_run_starts_the_agents_there(workdir, dataset):
+    """A checkpoint's state_dict saved as JSON, and the job launched again with `solar run
+    --resume-from` it: the agents start at its step, load_state_dict is a cursor move (nothing
+    re-read), and every batch from there is the uninterrupted run's, every byte checked."""
+    import json
+    out, plan, full = solar_run(workdir, "resume-full", dataset, "--buffer", "40%")
+    spe = max(full[0]) // 2 + 1
+    stop = spe + spe // 2  # mid-epoch 1
+    state = os.path.join(workdir, "resume-state-%r.json")
+    out, _, first = solar_run(workdir, "resume-first", dataset, "--buffer", "40%",
+                              rank_args=["--stop-after-step", stop, "--state", state])
+    for rank in range(4):
+        assert first[rank] == {s: v for s, v in full[rank].items() if s <= stop}, rank
+    saved = json.load(open(state.replace("%r", "0")))
+    assert saved["step"] == stop + 1
+    stats = os.path.join(workdir, "resume-stats.json")
+    out, _, rest = solar_run(workdir, "resume-second", dataset, "--buffer", "40%",
+                             "--resume-from", state.replace("%r", "0"), "--stats-out", stats,
+                             rank_args=["--state", state])
+    assert out.count("0 wrong, from the node agent") == 4, out
+    assert "continuing from step" not in out, out
+    for rank in range(4):
+        assert rest[rank] == {s: v for s, v in full[rank].items() if s > stop}, rank
+    for node in json.load(open(stats))["nodes"]:
+        assert node["start_step"] == stop + 1
+        e0, e1 = node["epochs"]
+        assert e0["batches_served"] == 0 and e0["fetched_samples"] == 0
+        assert e1["batches_served"] == (2 * spe - stop - 1) * 2

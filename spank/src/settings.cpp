@@ -111,6 +111,11 @@ const std::vector<OptionSpec>& option_specs() {
        "solar: the script is unmodified (h5py + DistributedSampler): its reads of the dataset "
        "file are served from the node buffer (implies --solar-order=torch; give the script's "
        "seed, batch and epochs)"},
+      {"start-epoch", "SOLAR_START_EPOCH", "E",
+       "solar: resume (requeued job, training checkpoint): start at this epoch; the agents "
+       "begin there and the ranks get only the rest of the plan [0]"},
+      {"start-step", "SOLAR_START_STEP", "S",
+       "solar: resume at this step of --solar-start-epoch (without it: this global step) [0]"},
       {"verbose", "SOLAR_VERBOSE", nullptr, "solar: say what is planned and each node's hits"},
       {"stats", "SOLAR_STATS", "PATH",
        "solar: write the step's measured statistics (per node and epoch: hits, fetches, bytes, "
@@ -133,6 +138,8 @@ void JobOptions::set(int field, const std::string& text) {
     case batch: parse_count(text, flag, 1, kMaxSamples); break;
     case seed: parse_count(text, flag, 0, ~std::uint64_t{0}); break;
     case imbalance: parse_count(text, flag, 0, kMaxSamples); break;
+    case start_epoch:
+    case start_step: parse_count(text, flag, 0, ~std::uint64_t{0}); break;
     case order:
       if (!parse_order_mode(text))
         throw ConfigError(flag, fmt::format("'{}' is not solar or torch", text));
@@ -178,7 +185,9 @@ bool JobOptions::is_transparent() const {
 bool JobOptions::active() const {
   if (off()) return false;
   for (int f = 0; f < kFields; ++f)
-    if (f != enable && f != verbose && f != transparent && f != stats && value[f]) return true;
+    if (f != enable && f != verbose && f != transparent && f != stats && f != start_epoch &&
+        f != start_step && value[f])
+      return true;
   return false;
 }
 
@@ -205,6 +214,18 @@ PlanConfig JobOptions::partial_config() const {
                                  : 0;
   c.order = value[order] ? *parse_order_mode(*value[order]) : OrderMode::solar;
   return c;
+}
+
+std::uint64_t JobOptions::start_step_in(std::uint32_t steps_per_epoch,
+                                        std::uint32_t epochs) const {
+  std::optional<std::uint64_t> e, st;
+  if (value[start_epoch])
+    e = parse_count(*value[start_epoch], "--solar-start-epoch", 0, ~std::uint64_t{0});
+  if (value[start_step])
+    st = parse_count(*value[start_step], "--solar-start-step", 0, ~std::uint64_t{0});
+  if (!e && !st) return 0;
+  return start_global_step(e, st, steps_per_epoch, epochs, "--solar-start-epoch",
+                           "--solar-start-step");
 }
 
 BufferSpec JobOptions::buffer_spec() const {

@@ -61,7 +61,7 @@ const std::vector<OptionSpec>& option_specs();
 
 struct JobOptions {
   enum Field : int { dataset, labels, buffer, epochs, batch, seed, order, imbalance, transparent,
-                     verbose, stats, enable, kFields };
+                     start_epoch, start_step, verbose, stats, enable, kFields };
   // Raw text per field, and where it came from (command line beats environment).
   std::optional<std::string> value[kFields];
   bool from_command_line[kFields] = {};
@@ -88,6 +88,10 @@ struct JobOptions {
   // --solar-stats: where srun writes the step's measured statistics ("" = nowhere); relative
   // paths are srun's working directory's.
   std::string stats_path() const { return value[stats].value_or(""); }
+  // Resume (--solar-start-epoch, --solar-start-step): the global step the step starts at in a
+  // plan of `steps_per_epoch` × `epochs` steps (0 when neither is given). Throws ConfigError
+  // naming the option and the plan's length when it is beyond the end.
+  std::uint64_t start_step_in(std::uint32_t steps_per_epoch, std::uint32_t epochs) const;
   // The plan's inputs except the dataset's shape and the step's nodes and ranks.
   PlanConfig partial_config() const;
   BufferSpec buffer_spec() const;

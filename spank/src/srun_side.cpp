@@ -290,6 +290,16 @@ int plan_step(spank_t sp, State& s) {
   }
   Plan plan = make_plan(c);
   plan.dataset_identity = s.dataset->identity;
+  std::uint64_t start = 0;  // resume: --solar-start-epoch / --solar-start-step
+  try {
+    start = s.options.start_step_in(plan.layout.steps, c.epochs);
+    if (start > 0 && s.options.is_transparent())
+      throw ConfigError("--solar-start-step", "an unmodified script (--solar-transparent) is not "
+                                              "resumed by solar: drop one of them");
+  } catch (const ConfigError& e) {
+    error(e.what());
+    return -1;
+  }
   const std::string path = plan_path(s.config, job, step);
   try {
     write_plan_file(plan, path);
@@ -317,6 +327,15 @@ int plan_step(spank_t sp, State& s) {
       error(fmt::format("setenv {}: {}", name, std::strerror(errno)));
       return -1;
     }
+  // The start, as the ranks' libsolar reads it (the step within its epoch) and the nodes'
+  // slurmstepd passes it to the agents (solar-agent --start-step, from the plan's steps).
+  if (start > 0) {
+    ::setenv("SOLAR_START_EPOCH", std::to_string(start / plan.layout.steps).c_str(), 1);
+    ::setenv("SOLAR_START_STEP", std::to_string(start % plan.layout.steps).c_str(), 1);
+  } else {
+    ::unsetenv("SOLAR_START_EPOCH");
+    ::unsetenv("SOLAR_START_STEP");
+  }
   if (s.options.is_verbose()) {
     if (!note.empty()) info(note);
     info(fmt::format("plan {} for {} nodes x {} ranks, batch {}, {} epochs: {} remote fetches for "
@@ -325,6 +344,10 @@ int plan_step(spank_t sp, State& s) {
                      path, nodes, tasks / nodes, c.batch, c.epochs, plan.metrics.remote_fetches,
                      plan.metrics.accesses, plan.metrics.ratio_to_lower_bound(),
                      format_bytes(c.buffer_bytes), ms));
+    if (start > 0)
+      info(fmt::format("starting at step {} (epoch {}, step {} of it) of {}", start,
+                       start / plan.layout.steps, start % plan.layout.steps,
+                       plan.total_steps()));
   }
   return 0;
 }

@@ -106,6 +106,25 @@ int start_node_agent(spank_t sp, State& s) {
             "--labels", job_env(sp, "SOLAR_LABELS").value_or("/label"),
             "--socket", l.socket};
   if (s.config.zero_copy) l.args.push_back("--zero-copy");
+  // Resume: srun exported the start as the ranks read it (epoch, step within it).
+  if (const auto se = job_env(sp, "SOLAR_START_EPOCH"), ss = job_env(sp, "SOLAR_START_STEP");
+      se || ss) {
+    try {
+      const PlanHeader h = PlanFile::open(plan).header();
+      auto num = [](const std::optional<std::string>& v) -> std::optional<std::uint64_t> {
+        if (!v || v->empty()) return std::nullopt;
+        return parse_count(*v, "SOLAR_START_STEP", 0, ~std::uint64_t{0});
+      };
+      const std::uint64_t start = start_global_step(num(se), num(ss), h.layout.steps,
+                                                    h.config.epochs, "SOLAR_START_EPOCH",
+                                                    "SOLAR_START_STEP");
+      if (start > 0) l.args.insert(l.args.end(), {"--start-step", std::to_string(start)});
+    } catch (const std::exception& e) {
+      s.problem = e.what();
+      s.fail_tasks = true;  // the ranks would refuse it too
+      return 0;
+    }
+  }
   const bool transparent = job_env(sp, "SOLAR_TRANSPARENT").value_or("0") == "1";
   if (transparent) l.args.push_back("--transparent");
   l.env = agent_environment(sp, s.config);

@@ -26,6 +26,36 @@ JobOptions basic() {
   return o;
 }
 
+TEST(JobOptions, StartEpochAndStepResumeTheStep) {
+  JobOptions o = basic();
+  EXPECT_EQ(o.start_step_in(10, 3), 0u);
+  o.set(JobOptions::start_epoch, "1");
+  o.set(JobOptions::start_step, "3");
+  EXPECT_EQ(o.start_step_in(10, 3), 13u);
+  EXPECT_THROW(o.set(JobOptions::start_step, "-1"), ConfigError);
+  o.set(JobOptions::start_epoch, "3");
+  try {
+    o.start_step_in(10, 3);
+    FAIL() << "a start beyond the plan was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-start-epoch");
+    EXPECT_NE(std::string(e.what()).find("the plan has 30 steps: 3 epochs of 10"),
+              std::string::npos)
+        << e.what();
+  }
+  JobOptions only;  // a start alone does not turn solar on
+  only.set(JobOptions::start_step, "5");
+  EXPECT_FALSE(only.active());
+  JobOptions env;  // SOLAR_START_* from the environment, outside a solar step
+  std::map<std::string, std::string> vars = {{"SOLAR_DATASET", "/d.h5"},
+                                             {"SOLAR_START_STEP", "7"}};
+  env.add_environment([&](const char* n) {
+    const auto it = vars.find(n);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+  EXPECT_EQ(env.start_step_in(10, 3), 7u);
+}
+
 TEST(PluginConfig, DefaultsAndKeys) {
   const PluginConfig d = PluginConfig::parse({});
   EXPECT_EQ(d.on_error, OnError::fallback);
@@ -207,7 +237,12 @@ TEST(DatasetShape, ParsesTheSolarToolsReplyAndRejectsGarbage) {
   EXPECT_EQ(d.sample_bytes, 262144U);
   EXPECT_EQ(d.label_bytes, 4U);
   EXPECT_EQ(d.identity, "file inode 1 size 2 mtime 3.000000004");
-  for (const char* bad : {"", "not json", R"({"samples":48})", R"({"samples":"x"})"}) {
+  // Counts that are not non-negative integers: get<std::uint64_t> of -1.5 or 1e300 was
+  // undefined behaviour (fuzz.spank_settings).
+  for (const char* bad : {"", "not json", R"({"samples":48})", R"({"samples":"x"})",
+                          R"({"samples":-1.5,"sample_bytes":1,"label_bytes":0,"identity":"i"})",
+                          R"({"samples":1,"sample_bytes":1e300,"label_bytes":0,"identity":"i"})",
+                          R"({"samples":1,"sample_bytes":1,"label_bytes":-4,"identity":"i"})"}) {
     try {
       DatasetShape::parse(bad);
       ADD_FAILURE() << "accepted " << bad;

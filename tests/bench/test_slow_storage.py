@@ -126,3 +126,58 @@ def test_disk_bytes_of_a_solar_run_agree_with_its_plan(tmp_path):
     assert sum(e["fetched_bytes"] for n in nodes for e in n["epochs"]) == planned
     disk = json.loads(count.read_text())["read_bytes"]
     assert planned <= disk <= planned * 1.03 + 2 * 2**20, (disk, planned)
+
+
+def test_bench_loader_under_the_cap_counts_what_each_phase_read(tmp_path):
+    """`solar bench loader --throttle`: both phases under one kernel cap, reading with O_DIRECT;
+    the cgroup's counts of each phase's disk bytes agree with what each plan asked for (the
+    baseline every sample every epoch, solar the plan's fetches), and the printed limit is
+    those planned bytes at the cap."""
+    solar = os.environ.get("SOLAR_BIN")
+    if not solar or not os.environ.get("SOLAR_EXAMPLE_TRAIN"):
+        pytest.skip("needs SOLAR_BIN and SOLAR_EXAMPLE_TRAIN (ctest sets them)")
+    data = tmp_path / "d.h5"
+    subprocess.run([solar, "gen", data, "--samples", "96", "--preset", "small", "--no-progress"],
+                   check=True, capture_output=True, timeout=120)
+    controller_or_skip(data)
+    job = [solar, "bench", "loader", "--dataset", data, "--nodes", "2", "-n", "2", "--buffer",
+           "50%", "--epochs", "3", "--batch", "4", "--verify", "--json"]
+    # Once uncapped, so that the programs' own pages are cached and the counts are the data's.
+    subprocess.run(job, check=True, capture_output=True, timeout=300)
+    p = subprocess.run([*job, "--throttle", "1G,100000"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    sample = 256 * 1024
+    planned = r["planned_bytes"]
+    assert planned["baseline"] == 96 * 3 * sample
+    assert 0 < planned["solar"] < planned["baseline"]
+    for phase in ("baseline", "solar"):
+        disk = r["disk"][phase]["bytes"]
+        assert planned[phase] <= disk <= planned[phase] * 1.03 + 2 * 2**20, (phase, disk, planned)
+        assert r["disk"][phase]["requests"] > 0
+    # Bandwidth-bound at this cap: the limit is the ratio of planned bytes.
+    assert r["bandwidth_bytes_per_s"] == 2**30 and r["iops"] == 100000
+    assert abs(r["limit_speedup"] - planned["baseline"] / planned["solar"]) < 1e-6, r
+    assert abs(sum(r["limit_seconds"]) - planned["solar"] / 2**30) < 1e-6, r
+    assert r["of_limit"] == pytest.approx(r["speedup"] / r["limit_speedup"])
+    assert r["head_start"]["fetched_bytes"] <= planned["solar"]
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--throttle", "lots"], "--throttle: "),
+    (["--throttle", "1G,x"], "--throttle (requests/s after the comma)"),
+    (["--throttle", "1G", "--remote-bandwidth", "1M"], "use one"),
+    (["--throttle", "1G", "--remote-latency", "2"], "use one"),
+])
+def test_bench_loader_bad_throttle_is_named(tmp_path, extra, named):
+    solar = os.environ.get("SOLAR_BIN")
+    if not solar:
+        pytest.skip("needs SOLAR_BIN (ctest sets it)")
+    data = tmp_path / "d.h5"
+    subprocess.run([solar, "gen", data, "--samples", "8", "--preset", "tiny", "--no-progress"],
+                   check=True, capture_output=True, timeout=120)
+    p = subprocess.run([solar, "bench", "loader", "--dataset", data, *extra],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert named in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -71,6 +71,7 @@ class Resume : public ::testing::Test {
 
   void SetUp() override {
     for (const char* v : {"SOLAR_SOCKET", "SOLAR_NODE", "SOLAR_LOCAL_RANK", "LOCAL_RANK",
+                          "SOLAR_START_EPOCH", "SOLAR_START_STEP",
                           "WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE",
                           "PMI_SIZE", "SOLAR_LABELS"})
       ::unsetenv(v);
@@ -183,6 +184,57 @@ TEST_F(Resume, SkipToRefusesWhatItCannotDo) {
   l.skip_to(total);
   EXPECT_FALSE(l.next());
   EXPECT_EQ(solar_skip_to(nullptr, 0), -1);
+}
+
+// A resumed launch (solar run --start-epoch/--start-step, srun --solar-start-*) sets
+// SOLAR_START_EPOCH and SOLAR_START_STEP: the loader starts there, skip_to it is a cursor move,
+// an earlier step is refused, and a start beyond the plan names the plan's length.
+TEST_F(Resume, StartFromTheLaunchersEnvironment) {
+  std::vector<Step> full;
+  std::uint64_t spe = 0, total = 0;
+  {
+    solar::Loader l;
+    spe = l.steps_per_epoch();
+    total = spe * l.epochs();
+    full = drain(l);
+  }
+  ::setenv("SOLAR_START_EPOCH", "1", 1);
+  ::setenv("SOLAR_START_STEP", "2", 1);
+  {
+    solar::Loader l;
+    EXPECT_EQ(l.position(), spe + 2);
+    l.skip_to(spe + 2);  // the checkpoint's step: nothing to do
+    try {
+      l.skip_to(spe);
+      FAIL() << "a step before the launch's start was accepted";
+    } catch (const solar::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("where this launch started"), std::string::npos)
+          << e.what();
+    }
+    const auto rest = drain(l);
+    ASSERT_EQ(rest.size(), total - spe - 2);
+    EXPECT_TRUE(std::equal(rest.begin(), rest.end(), full.begin() + static_cast<long>(spe + 2)));
+  }
+  ::unsetenv("SOLAR_START_EPOCH");
+  ::setenv("SOLAR_START_STEP", std::to_string(spe + 2).c_str(), 1);  // a global step alone
+  {
+    solar::Loader l;
+    EXPECT_EQ(l.position(), spe + 2);
+  }
+  ::setenv("SOLAR_START_STEP", std::to_string(total + 1).c_str(), 1);
+  EXPECT_EQ(solar_open_env(), nullptr);
+  EXPECT_NE(std::string(solar_last_error()).find("beyond the end of the plan (the plan has " +
+                                                 std::to_string(total) + " steps: 3 epochs of " +
+                                                 std::to_string(spe) + ")"),
+            std::string::npos)
+      << solar_last_error();
+  ::setenv("SOLAR_START_EPOCH", "1", 1);
+  ::setenv("SOLAR_START_STEP", std::to_string(spe).c_str(), 1);
+  EXPECT_EQ(solar_open_env(), nullptr);
+  EXPECT_NE(std::string(solar_last_error()).find("SOLAR_START_STEP: step"), std::string::npos)
+      << solar_last_error();
+  ::unsetenv("SOLAR_START_EPOCH");
+  ::unsetenv("SOLAR_START_STEP");
 }
 
 TEST_F(Resume, FingerprintIdentifiesThePlanNotTheRank) {

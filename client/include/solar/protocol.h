@@ -3,7 +3,8 @@
 // passes its shared-memory buffer (a memfd) once, with SCM_RIGHTS, in the hello reply, and a
 // batch is a list of (sample id, slot) pairs into it.
 //
-//   rank → agent   hello {local_rank, pid}       agent → rank   hello_ok {...} + the buffer fd
+//   rank → agent   hello {local_rank, pid}       agent → rank   hello_ok {..., start_step} + the
+//                                                               buffer fd
 //   rank → agent   next {step}                   agent → rank   batch {step, n, n×{sample, slot}}
 //                                                               or end (no more steps)
 //   rank → agent   release {step}                (no reply)
@@ -88,6 +89,9 @@ struct HelloOk {
   std::uint64_t total_steps = 0;
   std::uint32_t steps_per_epoch = 0;
   std::uint32_t reserved = 0;
+  // The global step the agent starts at (solar-agent --start-step; 0 for a whole run): it
+  // serves steps from there on only, so a rank's first `next` is for this step.
+  std::uint64_t start_step = 0;
 };
 
 struct Next {

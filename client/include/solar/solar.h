@@ -14,7 +14,11 @@
  * for its agent, to accept the connection or to send any reply; past it the rank reads the
  * dataset directly from the step where it was, as when the agent dies, and says so once on
  * stderr; an agent that refuses a rank, e.g. out of file descriptors, makes it read directly at
- * once). SOLAR_NODE and SOLAR_LOCAL_RANK default to 0 for a process started on its own
+ * once), SOLAR_START_EPOCH / SOLAR_START_STEP (resume: the loader starts at global step
+ * epoch × steps per epoch + step, set by `solar run --start-epoch/--start-step` and `srun
+ * --solar-start-epoch/--solar-start-step`; the step is within the epoch, or any global step
+ * without an epoch; beyond the plan's end is an error naming its length; unset: the loader
+ * starts where its agent starts, step 0 without one). SOLAR_NODE and SOLAR_LOCAL_RANK default to 0 for a process started on its own
  * (with a warning on stderr when the plan has more ranks); a process that a launcher started as
  * one of several (WORLD_SIZE, SLURM_STEP_NUM_TASKS, OMPI_COMM_WORLD_SIZE or PMI_SIZE above 1)
  * must have them whenever the plan has more than one node or rank per node.
@@ -82,18 +86,20 @@ SOLAR_API uint32_t solar_batch_per_rank(const solar_loader* loader);
  * saved position is only meaningful for the plan it was taken with. */
 SOLAR_API uint64_t solar_plan_fingerprint(const solar_loader* loader);
 
-/* The global step the next solar_next_batch returns (0 for a new loader; the plan's total steps,
- * epochs × steps per epoch, once every batch has been taken). */
+/* The global step the next solar_next_batch returns (for a new loader its start: 0, or the
+ * resumed launch's start step; the plan's total steps, epochs × steps per epoch, once every
+ * batch has been taken). */
 SOLAR_API uint64_t solar_position(const solar_loader* loader);
 /* Moves the loader so that the next solar_next_batch returns global step `global_step`: to
  * resume a run from a checkpoint (solar_position saved with it). Forward only: global_step at
  * least solar_position and at most the plan's total steps (which means nothing is left); no
- * batch may be held. Without an agent this only moves the cursor (no reads). With an agent the
- * steps before are taken and released in order, because the agent runs its plan in order (it
- * reads what those steps needed and evicts as planned); an agent-level start step, so that a
- * requeued job's agents begin at the resume point, belongs to the requeue-resume work of a later
- * issue. 0 on success, -1 with solar_last_error(): a step beyond the end, a step already served,
- * a batch still held. */
+ * batch may be held. Without an agent, or to solar_position itself, this only moves the cursor
+ * (no reads): a launch resumed at the checkpoint's step (solar run --start-step, srun
+ * --solar-start-step) starts its agents and loaders there, so skipping to it costs nothing. With
+ * an agent and a later step, the steps before are taken and released in order, because the
+ * agent runs its plan in order (it reads what those steps needed and evicts as planned). 0 on
+ * success, -1 with solar_last_error(): a step beyond the end, a step already served or before
+ * the launch's start, a batch still held. */
 SOLAR_API int solar_skip_to(solar_loader* loader, uint64_t global_step);
 
 /* Takes the next batch: 1 and *out set; 0 when every epoch is done; -1 on error. The previous

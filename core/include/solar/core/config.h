@@ -85,6 +85,16 @@ inline constexpr std::uint32_t kMaxEpochs = 1000000;
 std::uint64_t parse_count(std::string_view text, const std::string& flag, std::uint64_t lo,
                           std::uint64_t hi);
 
+// The global step a resumed run starts at (solar run --start-epoch/--start-step, srun
+// --solar-start-epoch/--solar-start-step, libsolar's SOLAR_START_EPOCH/SOLAR_START_STEP):
+// epoch × steps_per_epoch + step. `step` is the step within `epoch`; without an epoch it may
+// be any global step. The start may be the plan's end (nothing left), not beyond it: throws
+// ConfigError naming the flag and the plan's length.
+std::uint64_t start_global_step(std::optional<std::uint64_t> epoch,
+                                std::optional<std::uint64_t> step, std::uint32_t steps_per_epoch,
+                                std::uint32_t epochs, const std::string& epoch_flag,
+                                const std::string& step_flag);
+
 // Parses "512", "16M", "1.5G", "2T" (binary multiples, B optional) into bytes. Throws
 // ConfigError(flag, ...) on garbage, negative values or overflow of 64 bits.
 std::uint64_t parse_bytes(std::string_view text, const std::string& flag);
