@@ -86,7 +86,7 @@ class BaselineReader {
     std::size_t done = 0;
   };
 
-  BaselineReader(unsigned readers, const std::string& labels) {
+  BaselineReader(unsigned readers, const std::string& labels, bool direct) {
     const solar::PlanFile pf = solar::PlanFile::open(need("SOLAR_PLAN"));
     header_ = pf.header();
     node_ = static_cast<std::uint32_t>(std::stoul(need("SOLAR_NODE")));
@@ -97,6 +97,7 @@ class BaselineReader {
     solar::storage::SourceOptions so;
     so.label_dataset = labels;
     so.io_threads = 1;
+    so.direct = direct;  // no page cache: every epoch comes from storage
     src_ = solar::storage::open_source(need("SOLAR_DATASET"), so);
     sample_bytes_ = src_->info().sample_bytes;
     label_bytes_ = src_->info().has_labels ? src_->info().label_bytes : 0;
@@ -195,7 +196,7 @@ class BaselineReader {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool verify = false, quiet = false, touch = false, device_copy = false;
+  bool verify = false, quiet = false, touch = false, device_copy = false, direct_io = false;
   double compute_ms = 0;
   unsigned baseline = 0;
   std::string record, report;
@@ -210,6 +211,9 @@ int main(int argc, char** argv) {
   app.add_option("--baseline", baseline,
                  "Do not use libsolar: read this rank's samples directly, one request per "
                  "sample, with this many reader threads (what a PyTorch DataLoader does)");
+  app.add_flag("--direct-io", direct_io,
+               "With --baseline: read with O_DIRECT, so every epoch comes from storage (as from "
+               "a shared file system whose data does not fit a node's page cache)");
   app.add_flag("--touch", touch,
                "Copy every sample out of its batch (as into a training tensor) and time it "
                "against a private memcpy of the same bytes (reported with --report)");
@@ -223,7 +227,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<solar::Loader> loader;
     std::unique_ptr<BaselineReader> direct;
     const std::string labels = std::getenv("SOLAR_LABELS") ? std::getenv("SOLAR_LABELS") : "/label";
-    if (baseline) direct = std::make_unique<BaselineReader>(baseline, labels);
+    if (baseline) direct = std::make_unique<BaselineReader>(baseline, labels, direct_io);
     else loader = std::make_unique<solar::Loader>();
     const std::uint32_t rank = loader ? loader->rank() : direct->rank();
     const std::uint32_t epochs = loader ? loader->epochs() : direct->epochs();
