@@ -29,6 +29,7 @@
 
 #include "agent.h"
 #include "buffer_layout.h"
+#include "request_reader.h"
 #include "slot_table.h"
 #include "solar/protocol.h"
 #include "solar/transparent.h"
@@ -53,10 +54,6 @@ void check_stats_out(const std::string& path);
 inline constexpr std::size_t kMaxUnattached = 128;
 // Replies queued on one connection that does not read them: beyond this it is closed.
 inline constexpr std::size_t kMaxQueuedBytes = std::size_t{4} << 20;
-// A request's payload may not exceed its op's size (checked on the header, before any
-// allocation): 8 bytes for hello/next/release, 0 for stats/shutdown, an xhello's size; 0 for an
-// op the agent does not take (the connection is closed).
-std::uint32_t max_request_payload(std::uint16_t op);
 
 // A warning a flood could repeat once per connection: at most `burst` lines per `every`, then
 // the number not logged with the next line let through; run() logs what is left at the end. Io
@@ -269,8 +266,7 @@ class Agent::Impl {
 struct Agent::Impl::Session : std::enable_shared_from_this<Session> {
   explicit Session(asio::io_context& io) : sock(io) {}
   stream::socket sock;
-  std::vector<std::uint8_t> in;  // received, not yet handled: in[0, have)
-  std::size_t have = 0;
+  RequestReader reader;  // received, not yet handled
   std::vector<std::uint8_t> payload;
   std::deque<std::vector<std::uint8_t>> out;
   int rank = -1;  // local rank once attached

@@ -19,21 +19,6 @@ namespace solar::agent {
 
 // ---- control server ------------------------------------------------------------------------
 
-std::uint32_t max_request_payload(std::uint16_t op) {
-  switch (static_cast<protocol::Op>(op)) {
-    case protocol::Op::hello:
-      return sizeof(protocol::Hello);
-    case protocol::Op::next:
-      return sizeof(protocol::Next);
-    case protocol::Op::release:
-      return sizeof(protocol::Release);
-    case protocol::Op::xhello:
-      return sizeof(solar_xhello);
-    default:  // stats and shutdown carry nothing; other ops are not requests
-      return 0;
-  }
-}
-
 void ThrottledLog::warn(const std::string& what) {
   const auto now = Clock::now();
   if (lines == 0 || now - window >= every) {
@@ -190,32 +175,21 @@ void Agent::Impl::unlist(Session& s) {
   s.listed = false;
 }
 
-// A header the agent reads the payload of: ours, and no longer than its op takes.
-static bool request_acceptable(const protocol::Header& h) {
-  return protocol::acceptable(h) && h.length <= max_request_payload(h.op);
-}
-
 // Reads whatever has arrived and handles every complete frame in it: a rank's release and next
 // requests, sent together, cost one read. Nothing is allocated for a frame before its header is
 // checked against its op's size.
 void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
-  std::size_t need = s->have + 4096;
-  if (s->have >= sizeof(protocol::Header)) {
-    protocol::Header h;
-    std::memcpy(&h, s->in.data(), sizeof h);
-    if (request_acceptable(h)) need = std::max(need, sizeof h + h.length);
-  }
-  if (s->in.size() < need) s->in.resize(std::max(need, s->in.size() * 2));
+  const auto space = s->reader.space();
   s->sock.async_read_some(
-      asio::buffer(s->in.data() + s->have, s->in.size() - s->have),
+      asio::buffer(space.data(), space.size()),
       [this, s](const boost::system::error_code& e, std::size_t n) {
         if (e) return detach(s);
-        s->have += n;
-        std::size_t off = 0;
-        while (!s->closed && s->have - off >= sizeof(protocol::Header)) {
-          protocol::Header h;
-          std::memcpy(&h, s->in.data() + off, sizeof h);
-          if (!request_acceptable(h)) {
+        s->reader.received(n);
+        protocol::Header h;
+        while (!s->closed) {
+          const auto got = s->reader.next(h, s->payload);
+          if (got == RequestReader::Next::more) break;
+          if (got == RequestReader::Next::malformed) {
             const std::string what = fmt::format(
                 "malformed or oversized request (magic {:#x}, version {}, op {}, length {}; at "
                 "most {} bytes for this op): closing the connection",
@@ -226,15 +200,9 @@ void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
               bad_request_log_.warn(what);
             return detach(s);
           }
-          if (s->have - off < sizeof h + h.length) break;
-          s->payload.assign(s->in.begin() + static_cast<std::ptrdiff_t>(off + sizeof h),
-                            s->in.begin() + static_cast<std::ptrdiff_t>(off + sizeof h + h.length));
-          off += sizeof h + h.length;
           on_message(s, static_cast<protocol::Op>(h.op), s->payload);
         }
         if (s->closed) return;
-        std::memmove(s->in.data(), s->in.data() + off, s->have - off);
-        s->have -= off;
         read_more(s);
       });
 }
@@ -244,13 +212,6 @@ std::vector<std::uint8_t> frame(protocol::Op op, const void* body, std::size_t n
   std::vector<std::uint8_t> out(sizeof(protocol::Header) + n);
   protocol::put_frame(out.data(), op, body, n);
   return out;
-}
-
-template <class T>
-bool parse(const std::vector<std::uint8_t>& p, T& out) {
-  if (p.size() != sizeof(T)) return false;
-  std::memcpy(&out, p.data(), sizeof(T));
-  return true;
 }
 }  // namespace
 
@@ -271,7 +232,8 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
       return on_xhello(s, payload);
     case protocol::Op::next: {
       protocol::Next n;
-      if (!parse(payload, n) || s->rank < 0) return refuse("next before hello, or malformed");
+      if (!decode_payload(std::span(payload), n) || s->rank < 0)
+        return refuse("next before hello, or malformed");
       std::lock_guard lk(mu_);
       RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
       if (n.step != rs.cursor)
@@ -288,7 +250,8 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
     }
     case protocol::Op::release: {
       protocol::Release rl;
-      if (!parse(payload, rl) || s->rank < 0) return refuse("release before hello, or malformed");
+      if (!decode_payload(std::span(payload), rl) || s->rank < 0)
+        return refuse("release before hello, or malformed");
       std::lock_guard lk(mu_);
       RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
       if (rl.step != rs.released || rl.step >= rs.cursor)
@@ -312,7 +275,7 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
       spdlog::info("shutdown requested");
       asio::post(io_, [this] { shutdown_io(); });
       return;
-    default:  // not reached: max_request_payload refuses them first
+    default:  // not reached: request_acceptable refuses other ops (read_more closes those)
       bad_request_log_.warn(fmt::format("unknown op {}: closing the connection",
                                         static_cast<unsigned>(op)));
       detach(s);
@@ -326,7 +289,7 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
     bad_request_log_.warn("hello refused: " + why);
     send(s, frame(protocol::Op::error, why.data(), why.size()));
   };
-  if (!parse(payload, h)) return refuse("malformed hello");
+  if (!decode_payload(std::span(payload), h)) return refuse("malformed hello");
   if (xindex_)  // the unmodified ranks' reads pace this agent; batches would pace it twice
     return refuse("this agent serves an unmodified script's file reads (--transparent); solar's "
                   "loader reads directly in this step");
@@ -371,7 +334,7 @@ void Agent::Impl::on_xhello(const std::shared_ptr<Session>& s,
     xhello_log_.warn("interposer refused: " + why);
     send(s, frame(protocol::Op::error, why.data(), why.size()));
   };
-  if (!parse(payload, h)) return refuse("malformed hello");
+  if (!decode_payload(std::span(payload), h)) return refuse("malformed hello");
   if (!xindex_)
     return refuse("this agent serves batches, not file reads (start it with --transparent)");
   static_assert(static_cast<int>(protocol::Op::xhello) == SOLAR_OP_XHELLO &&

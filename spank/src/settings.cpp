@@ -269,19 +269,30 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
 }
 
 DatasetShape DatasetShape::parse(const std::string& line) {
+  auto unreadable = [](const std::string& why) {
+    return ConfigError("--solar-dataset",
+                       fmt::format("unreadable reply from `solar dataset-info` ({}); is the "
+                                   "plugstack.conf solar= tool from the same release?",
+                                   why));
+  };
+  // A size or count: a non-negative JSON integer (get<std::uint64_t> of -1.5 or 1e300 is
+  // undefined behaviour: fuzz.spank_settings).
+  auto count = [&](const nlohmann::json& j, const char* key) {
+    const nlohmann::json& v = j.at(key);
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
+      throw unreadable(fmt::format("{} is {}", key, v.dump()));
+    return v.get<std::uint64_t>();
+  };
   try {
     const auto j = nlohmann::json::parse(line);
     DatasetShape d;
-    d.samples = j.at("samples").get<std::uint64_t>();
-    d.sample_bytes = j.at("sample_bytes").get<std::uint64_t>();
-    d.label_bytes = j.at("label_bytes").get<std::uint64_t>();
+    d.samples = count(j, "samples");
+    d.sample_bytes = count(j, "sample_bytes");
+    d.label_bytes = count(j, "label_bytes");
     d.identity = j.at("identity").get<std::string>();
     return d;
   } catch (const nlohmann::json::exception& e) {
-    throw ConfigError("--solar-dataset",
-                      fmt::format("unreadable reply from `solar dataset-info` ({}); is the "
-                                  "plugstack.conf solar= tool from the same release?",
-                                  e.what()));
+    throw unreadable(e.what());
   }
 }
 

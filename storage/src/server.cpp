@@ -334,16 +334,16 @@ void StorageServer::Impl::release_slot(StagingSlot* s) {
   s->busy = false;
 }
 
-json StorageServer::Impl::hello_reply(const json& hello, Exported*& ex) {
-  auto fail = [](const std::string& msg) { return json{{"ok", false}, {"error", msg}}; };
-  if (hello.value("op", "") != "hello")
-    return fail("protocol error: the first message must be hello");
-  if (hello.value("version", 0) != wire::kVersion)
+json StorageServer::Impl::hello_reply(const json& msg, Exported*& ex) {
+  auto fail = [](const std::string& text) { return json{{"ok", false}, {"error", text}}; };
+  const wire::Hello hello = wire::parse_hello(msg);
+  if (hello.op != "hello") return fail("protocol error: the first message must be hello");
+  if (hello.version != wire::kVersion)
     return fail(fmt::format("protocol version {} is not supported (server speaks {}); use the "
                             "same solar release on both sides",
-                            hello.value("version", 0), wire::kVersion));
+                            hello.version, wire::kVersion));
   if (!opt.token.empty()) {
-    const std::string t = hello.value("token", "");
+    const std::string& t = hello.token;
     unsigned char diff = t.size() != opt.token.size();
     for (std::size_t i = 0; i < t.size() && i < opt.token.size(); ++i)
       diff |= static_cast<unsigned char>(t[i] ^ opt.token[i]);
@@ -351,7 +351,7 @@ json StorageServer::Impl::hello_reply(const json& hello, Exported*& ex) {
       return fail("token rejected: this server requires a token; set SOLAR_STORED_TOKEN to the "
                   "one solar-stored was started with");
   }
-  const std::string name = hello.value("dataset", "");
+  const std::string& name = hello.dataset;
   ex = nullptr;
   std::string names;
   for (auto& x : exports) {
@@ -399,7 +399,14 @@ void StorageServer::Impl::serve(Connection& c, const std::string& peer, Exported
     for (;;) {
       const json msg = wire::receive(s);
       release_slot(std::exchange(slot, nullptr));  // its runs were fetched before this message
-      const std::string op = msg.value("op", "");
+      wire::Request req;
+      try {
+        req = wire::parse_request(msg);
+      } catch (const StorageError& e) {
+        wire::send(s, {{"ok", false}, {"error", e.what()}});
+        continue;
+      }
+      const std::string& op = req.op;
       if (op == "bye") return;
       if (op == "done") continue;  // staged runs fetched: the slot was released above
       if (op == "drop_cache") {
@@ -407,29 +414,21 @@ void StorageServer::Impl::serve(Connection& c, const std::string& peer, Exported
         ex->source->drop_cache();
         wire::send(s, {{"ok", true}});
       } else if (op == "stage") {
-        std::vector<SampleRun> runs;
         try {
-          for (const auto& r : msg.at("runs"))
-            runs.push_back({r.at(0).get<std::uint64_t>(), r.at(1).get<std::uint64_t>()});
-        } catch (const json::exception&) {
-          wire::send(s, {{"ok", false}, {"error", "protocol error: bad runs in stage request"}});
-          continue;
-        }
-        const DatasetInfo& info = ex->source->info();
-        try {
-          check_runs(info, runs, "fabric export " + ex->spec.name);
-          const std::uint64_t bytes = total_samples(runs) * info.sample_bytes;
-          if (ex->rma || bytes > staging_bytes)
-            throw StorageError(fmt::format("stage request of {} bytes refused (staging buffer "
-                                           "{} bytes; contiguous exports are read directly)",
-                                           bytes, staging_bytes));
+          const std::uint64_t bytes = wire::staged_bytes(ex->source->info(), req.runs,
+                                                         staging_bytes,
+                                                         "fabric export " + ex->spec.name);
+          if (ex->rma)
+            throw StorageError(fmt::format("stage request of {} bytes refused (contiguous "
+                                           "exports are read directly)",
+                                           bytes));
           if (!slot) slot = acquire_slot(&c);
           if (!slot) {
             wire::send(s, {{"ok", false}, {"retry", true},
                            {"error", "server busy: every staging buffer is in use"}});
             continue;
           }
-          ex->source->read(runs, slot->buf.get());
+          ex->source->read(req.runs, slot->buf.get());
           wire::send(s, {{"ok", true}, {"bytes", bytes}, {"key", slot->region.key()},
                          {"base", slot->region.base()}});
         } catch (const StorageError& e) {
@@ -447,8 +446,6 @@ void StorageServer::Impl::serve(Connection& c, const std::string& peer, Exported
   release_slot(slot);
 }
 
-// Connections' threads never close their sockets (only shut them down): the descriptors read
-// here stay theirs until the erase below closes them.
 void StorageServer::Impl::reap(bool all) {
   std::lock_guard g(conns_mu);
   for (auto it = conns.begin(); it != conns.end();) {
@@ -631,10 +628,8 @@ void StorageServer::Impl::welcome(Greeting& g) {
     c->thread = std::thread([this, c, ex, peer = g.peer, granted = std::move(granted)]() mutable {
       serve(*c, peer, ex);
       granted = Grant();  // its keys read nothing once the client has gone
-      // Shut down, not closed: the client sees the end now, and the descriptor stays valid
-      // until reap() joins this thread and drops the socket. A close here would race with
-      // reap(true) reading the descriptor to shut it down (and could shut down a reused one).
-      ::shutdown(c->socket->native_handle(), SHUT_RDWR);
+      boost::system::error_code ignored2;
+      c->socket->close(ignored2);
       c->finished = true;
     });
   } catch (const std::system_error& e) {  // no thread to be had: the client will retry

@@ -114,6 +114,76 @@ std::vector<std::uint8_t> from_hex(const std::string& hex) {
   return out;
 }
 
+namespace {
+// A non-negative JSON integer. (get<std::uint64_t> converts any number, and -1.5 or 1e300 that
+// way is undefined behaviour: fuzz.stored_wire.)
+bool is_count(const nlohmann::json& v) {
+  return v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0);
+}
+
+std::uint64_t count_of(const nlohmann::json& v) {
+  if (!is_count(v))
+    throw StorageError(fmt::format("protocol error: bad dataset description ({} is not a count)",
+                                   v.dump()));
+  return v.get<std::uint64_t>();
+}
+
+// A string field, "" when absent.
+std::string text_field(const nlohmann::json& msg, const char* key, const char* what) {
+  const auto it = msg.find(key);
+  if (it == msg.end()) return {};
+  if (!it->is_string())
+    throw StorageError(fmt::format("protocol error: the {}'s \"{}\" is not a string", what, key));
+  return it->get<std::string>();
+}
+}  // namespace
+
+Hello parse_hello(const nlohmann::json& msg) {
+  Hello h;
+  h.op = text_field(msg, "op", "hello");
+  h.token = text_field(msg, "token", "hello");
+  h.dataset = text_field(msg, "dataset", "hello");
+  if (const auto it = msg.find("version"); it != msg.end()) {
+    if (!it->is_number_integer())
+      throw StorageError("protocol error: the hello's \"version\" is not an integer");
+    h.version = it->get<std::int64_t>();
+  }
+  return h;
+}
+
+Request parse_request(const nlohmann::json& msg) {
+  Request r;
+  r.op = text_field(msg, "op", "request");
+  if (r.op != "stage") return r;
+  const auto it = msg.find("runs");
+  if (it == msg.end() || !it->is_array())
+    throw StorageError("protocol error: bad runs in stage request");
+  for (const auto& run : *it) {
+    if (!run.is_array() || run.size() != 2 || !is_count(run[0]) || !is_count(run[1]))
+      throw StorageError("protocol error: bad runs in stage request");
+    r.runs.push_back({run[0].get<std::uint64_t>(), run[1].get<std::uint64_t>()});
+  }
+  return r;
+}
+
+std::uint64_t staged_bytes(const DatasetInfo& info, std::span<const SampleRun> runs,
+                           std::uint64_t limit, const std::string& source) {
+  check_runs(info, runs, source);
+  // Counted against the limit run by run: a request repeating runs could otherwise wrap the
+  // total bytes around 64 bits, pass the check and overrun the buffer (fuzz.stored_wire).
+  const std::uint64_t most = info.sample_bytes ? limit / info.sample_bytes : ~std::uint64_t{0};
+  std::uint64_t samples = 0;
+  for (const SampleRun& r : runs) {
+    if (r.count > most - samples)
+      throw StorageError(fmt::format("stage request of more than {} samples of {} bytes refused "
+                                     "(staging buffer {} bytes; contiguous exports are read "
+                                     "directly)",
+                                     most, info.sample_bytes, limit));
+    samples += r.count;
+  }
+  return samples * info.sample_bytes;
+}
+
 nlohmann::json to_json(const DatasetInfo& i) {
   nlohmann::json j = {{"samples", i.samples},
                       {"shape", i.sample_shape},
@@ -130,18 +200,21 @@ nlohmann::json to_json(const DatasetInfo& i) {
 DatasetInfo info_from_json(const nlohmann::json& j) {
   DatasetInfo i;
   try {
-    i.samples = j.at("samples").get<std::uint64_t>();
-    i.sample_shape = j.at("shape").get<std::vector<std::uint64_t>>();
+    i.samples = count_of(j.at("samples"));
+    const nlohmann::json& shape = j.at("shape");
+    if (!shape.is_array())
+      throw StorageError("protocol error: bad dataset description (shape is not an array)");
+    for (const auto& d : shape) i.sample_shape.push_back(count_of(d));
     auto dt = parse_dtype(j.at("dtype").get<std::string>());
     auto lt = parse_dtype(j.at("label_dtype").get<std::string>());
     if (!dt || !lt) throw StorageError("protocol error: unknown dtype");
     i.dtype = *dt;
     i.label_dtype = *lt;
-    i.sample_bytes = j.at("sample_bytes").get<std::uint64_t>();
+    i.sample_bytes = count_of(j.at("sample_bytes"));
     i.has_labels = j.at("has_labels").get<bool>();
-    i.label_bytes = j.at("label_bytes").get<std::uint64_t>();
+    i.label_bytes = count_of(j.at("label_bytes"));
     i.layout = j.at("layout").get<std::string>();
-    if (j.contains("seed")) i.seed = j["seed"].get<std::uint64_t>();
+    if (j.contains("seed")) i.seed = count_of(j["seed"]);
   } catch (const nlohmann::json::exception& e) {
     throw StorageError(fmt::format("protocol error: bad dataset description ({})", e.what()));
   }

@@ -23,6 +23,7 @@
 #include <boost/asio.hpp>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,27 @@ nlohmann::json parse_body(const std::string& body);  // StorageError if not a JS
 
 std::string to_hex(const std::vector<std::uint8_t>& bytes);
 std::vector<std::uint8_t> from_hex(const std::string& hex);
+
+// A client's first message (before any token check), its fields as sent: absent ones are empty
+// or 0. StorageError ("protocol error: ...") when a field has the wrong type.
+struct Hello {
+  std::string op, token, dataset;
+  std::int64_t version = 0;
+};
+Hello parse_hello(const nlohmann::json& msg);
+
+// A request after the hello: its op and, for stage, its runs. StorageError ("protocol error:
+// ...") when the op is not a string or the runs are not [[first, count], ...] of counts.
+struct Request {
+  std::string op;
+  std::vector<SampleRun> runs;
+};
+Request parse_request(const nlohmann::json& msg);
+
+// The bytes a stage request's `runs` take: StorageError (naming `source`) when a run is outside
+// the dataset or they exceed `limit`, the staging buffer's size.
+std::uint64_t staged_bytes(const DatasetInfo& info, std::span<const SampleRun> runs,
+                           std::uint64_t limit, const std::string& source);
 
 nlohmann::json to_json(const DatasetInfo& info);
 DatasetInfo info_from_json(const nlohmann::json& j);

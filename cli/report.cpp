@@ -1,0 +1,366 @@
+// solar report's reading and drawing (report.h): one SVG picture from measured statistics and
+// benchmark results.
+//
+// Inputs (JSON, recognised by their shape):
+//   stats      `solar run --stats-out`, `srun --solar-stats`: {"nodes":[{node, epochs:[...]}]}, or
+//              one agent's `solar-agent --stats-out` file: {node, epochs:[...]}
+//   benchmark  `bench/pytorch_io.py --json`: {"modes":{"baseline":{per_epoch_s}, "solar":{...,
+//              limit}, ...}}
+//   sweep      `bench/sweep`: {"points":[{label, speedup, limit, ...}]}
+// Panels, one per kind present: per-epoch loading time of each loader with the storage's limit;
+// hit rate (and ranks' stall) per epoch and node; the sweep's speedup against its limit.
+//
+// SVG is written directly (no plotting library): the tool stays free of Python and of a
+// display, the output is plain text a test can parse, and the picture needs only lines, bars,
+// axes and labels.
+#include "report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace solar::cli {
+namespace {
+
+using nlohmann::json;
+
+struct Series {
+  std::string name;
+  std::string colour;
+  std::vector<double> y;  // NaN: no value
+  bool dashed = false;
+};
+
+struct LinePanel {
+  std::string title, y_label, x_label;
+  std::vector<Series> series;
+  double y_max_hint = 0;  // e.g. 100 for percentages
+};
+
+struct BarPanel {
+  std::string title, y_label;
+  std::vector<std::string> groups;  // one per point
+  std::vector<Series> series;       // y[i]: the value for group i
+};
+
+const char* kColours[] = {"#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e",
+                          "#8c564b", "#e377c2", "#17becf"};
+
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+// A round axis maximum and its tick step (1, 2 or 5 × 10^k). Kept where a double can count
+// ticks: near its largest value the axis's end rounded up to infinity and near its smallest the
+// step was 0, and either way the ticks never ended (fuzz.report).
+std::pair<double, double> nice_axis(double max) {
+  if (!(max > 0) || !std::isfinite(max)) max = 1;
+  max = std::clamp(max, 1e-200, 1e300);
+  const double raw = max / 5;
+  const double mag = std::pow(10, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * mag >= raw) {
+      step = m * mag;
+      break;
+    }
+  return {std::ceil(max / step - 1e-9) * step, step};
+}
+
+std::string tick_text(double v, double step) {
+  const int decimals = step >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(step) - 1e-9));
+  return fmt::format("{:.{}f}", v, decimals);
+}
+
+constexpr double kWidth = 1040, kPanelH = 340, kLeft = 80, kRight = 280, kTop = 40, kBottom = 70;
+
+// Frame, title, y axis with ticks; returns the y scale.
+double frame(std::ostringstream& o, double y0, const std::string& title,
+             const std::string& y_label, double y_max, double* step_out) {
+  const auto [ymax, step] = nice_axis(y_max);
+  *step_out = step;
+  const double h = kPanelH - kTop - kBottom, x1 = kWidth - kRight;
+  o << fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"16\" font-weight=\"bold\">{}</text>\n",
+                   kLeft, y0 + 24, esc(title));
+  o << fmt::format("<text transform=\"translate({},{}) rotate(-90)\" text-anchor=\"middle\" "
+                   "font-size=\"12\">{}</text>\n",
+                   20, y0 + kTop + h / 2, esc(y_label));
+  for (double v = 0; v <= ymax + step / 2; v += step) {
+    const double y = y0 + kTop + h - v / ymax * h;
+    o << fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n",
+                     kLeft, y, x1, y);
+    o << fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\" font-size=\"11\">{}</text>\n",
+                     kLeft - 6, y + 4, tick_text(v, step));
+  }
+  o << fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#000\"/>\n", kLeft,
+                   y0 + kTop, y0 + kTop + h);
+  o << fmt::format("<line x1=\"{0}\" y1=\"{2}\" x2=\"{1}\" y2=\"{2}\" stroke=\"#000\"/>\n", kLeft,
+                   x1, y0 + kTop + h);
+  return ymax;
+}
+
+void legend(std::ostringstream& o, double y0, const std::vector<Series>& series) {
+  double y = y0 + kTop + 8;
+  for (const Series& s : series) {
+    o << fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" "
+                     "stroke-width=\"3\"{4}/>\n",
+                     kWidth - kRight + 16, y, kWidth - kRight + 40, s.colour,
+                     s.dashed ? " stroke-dasharray=\"6,4\"" : "");
+    o << fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\">{}</text>\n",
+                     kWidth - kRight + 46, y + 4, esc(s.name));
+    y += 20;
+  }
+}
+
+void draw_lines(std::ostringstream& o, double y0, const LinePanel& p) {
+  std::size_t n = 0;
+  double top = p.y_max_hint;
+  for (const Series& s : p.series) {
+    n = std::max(n, s.y.size());
+    for (double v : s.y)
+      if (std::isfinite(v)) top = std::max(top, v);
+  }
+  double step = 0;
+  const double ymax = frame(o, y0, p.title, p.y_label, top * (p.y_max_hint > 0 ? 1 : 1.05),
+                            &step);
+  const double h = kPanelH - kTop - kBottom, w = kWidth - kRight - kLeft - 20;
+  auto x_of = [&](std::size_t i) {
+    return kLeft + 10 + (n > 1 ? w * static_cast<double>(i) / static_cast<double>(n - 1) : w / 2);
+  };
+  const std::size_t every = std::max<std::size_t>(1, n / 20);
+  for (std::size_t i = 0; i < n; i += every)
+    o << fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\">{}"
+                     "</text>\n",
+                     x_of(i), y0 + kTop + h + 16, i);
+  o << fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"12\">{}</text>\n",
+                   kLeft + w / 2, y0 + kTop + h + 36, esc(p.x_label));
+  for (const Series& s : p.series) {
+    o << fmt::format("<g class=\"series\" data-series=\"{}\">\n", esc(s.name));
+    std::string pts;
+    for (std::size_t i = 0; i < s.y.size(); ++i) {
+      if (!std::isfinite(s.y[i])) continue;
+      const double x = x_of(i), y = y0 + kTop + h - s.y[i] / ymax * h;
+      pts += fmt::format("{:.1f},{:.1f} ", x, y);
+      o << fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\" "
+                       "data-value=\"{:.6g}\"/>\n",
+                       x, y, s.colour, s.y[i]);
+    }
+    o << fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{}/>\n",
+                     pts, s.colour, s.dashed ? " stroke-dasharray=\"6,4\"" : "");
+    o << "</g>\n";
+  }
+  legend(o, y0, p.series);
+}
+
+void draw_bars(std::ostringstream& o, double y0, const BarPanel& p) {
+  double top = 0;
+  for (const Series& s : p.series)
+    for (double v : s.y)
+      if (std::isfinite(v)) top = std::max(top, v);
+  double step = 0;
+  const double ymax = frame(o, y0, p.title, p.y_label, top * 1.05, &step);
+  const double h = kPanelH - kTop - kBottom, w = kWidth - kRight - kLeft - 20;
+  const std::size_t n = p.groups.size(), k = p.series.size();
+  const double gw = n ? w / static_cast<double>(n) : w;
+  const double bw = std::max(1.0, gw * 0.8 / static_cast<double>(std::max<std::size_t>(k, 1)));
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = kLeft + 10 + gw * static_cast<double>(i) + gw / 2;
+    o << fmt::format("<text transform=\"translate({:.1f},{}) rotate(20)\" font-size=\"9\">{}"
+                     "</text>\n",
+                     x - 20, y0 + kTop + h + 12, esc(p.groups[i]));
+  }
+  for (std::size_t j = 0; j < k; ++j) {
+    const Series& s = p.series[j];
+    o << fmt::format("<g class=\"series\" data-series=\"{}\">\n", esc(s.name));
+    for (std::size_t i = 0; i < s.y.size() && i < n; ++i) {
+      if (!std::isfinite(s.y[i])) continue;
+      const double x =
+          kLeft + 10 + gw * static_cast<double>(i) + gw * 0.1 + bw * static_cast<double>(j);
+      const double bh = s.y[i] / ymax * h;
+      o << fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
+                       "fill=\"{}\" data-value=\"{:.6g}\"><title>{}: {:.3g}</title></rect>\n",
+                       x, y0 + kTop + h - bh, bw, bh, s.colour, s.y[i], esc(p.groups[i]),
+                       s.y[i]);
+    }
+    o << "</g>\n";
+  }
+  legend(o, y0, p.series);
+}
+
+[[noreturn]] void bad(const std::string& path, const std::string& why) {
+  throw BadInput(fmt::format("{}: {}", path, why));
+}
+
+double num(const json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : NAN;
+}
+
+std::vector<double> numbers(const json& a) {
+  std::vector<double> v;
+  if (a.is_array())
+    for (const json& x : a) v.push_back(x.is_number() ? x.get<double>() : NAN);
+  return v;
+}
+
+// The loaders' per-epoch loading times (pytorch_io --json) with each one's limit.
+LinePanel benchmark_panel(const json& j, const std::string& path) {
+  const json& modes = j.at("modes");
+  if (!modes.is_object() || !modes.contains("baseline"))
+    bad(path, "a benchmark result needs modes.baseline (bench/pytorch_io.py --json)");
+  LinePanel p{"Data-loading time per epoch (" + std::filesystem::path(path).filename().string() +
+                  ")",
+              "seconds (slowest rank)", "epoch", {}, 0};
+  std::size_t c = 0;
+  const std::vector<double> base = numbers(modes["baseline"].value("per_epoch_s", json()));
+  for (const auto& [name, m] : modes.items()) {
+    std::string label = name == "baseline" ? "PyTorch DataLoader" : name == "solar"
+                                                                      ? "solar.torch.Loader"
+                                                                      : name;
+    if (name == "solar" || name == "transparent")
+      if (const double s = num(m, "speedup"); std::isfinite(s))
+        label += fmt::format(" ({:.2f}x)", s);
+    p.series.push_back({label, kColours[c++ % 8], numbers(m.value("per_epoch_s", json()))});
+  }
+  // What the storage allows solar: the baseline's time over the plan's byte ratio.
+  if (modes.contains("solar"))
+    if (const double limit = num(modes["solar"], "limit"); std::isfinite(limit) && limit > 0) {
+      Series s{fmt::format("storage limit for solar ({:.2f}x)", limit), "#555", {}, true};
+      for (double b : base) s.y.push_back(b / limit);
+      p.series.push_back(std::move(s));
+    }
+  return p;
+}
+
+// Hit rate and stall per epoch, one series per node.
+std::vector<LinePanel> stats_panels(const json& j, const std::string& path) {
+  std::vector<json> nodes;
+  if (j.contains("nodes")) {
+    if (!j["nodes"].is_array()) bad(path, "\"nodes\" is not an array");
+    for (const json& n : j["nodes"]) nodes.push_back(n);
+  } else {
+    nodes.push_back(j);
+  }
+  const std::string file = std::filesystem::path(path).filename().string();
+  LinePanel hit{"Hit rate per epoch (" + file + ")", "% of samples served from the buffer",
+                "epoch", {}, 100};
+  LinePanel stall{"Ranks' wait for batches per epoch (" + file + ")",
+                  "seconds (slowest rank, summed over its batches)", "epoch", {}, 0};
+  std::size_t c = 0, missing = 0;
+  bool any_stall = false;
+  for (const json& n : nodes) {
+    if (n.contains("missing")) {
+      ++missing;
+      continue;
+    }
+    if (!n.contains("epochs") || !n["epochs"].is_array())
+      bad(path, "a node's statistics need an \"epochs\" array (solar run --stats-out, "
+                "srun --solar-stats or solar-agent --stats-out)");
+    const std::string name = fmt::format("node {}", n.value("node", json(0)).dump());
+    Series h{name, kColours[c % 8], {}}, st{name, kColours[c % 8], {}};
+    ++c;
+    for (const json& e : n["epochs"]) {
+      const double hits = num(e, "hits"), fetched = num(e, "fetched_samples");
+      h.y.push_back(hits + fetched > 0 ? 100 * hits / (hits + fetched) : NAN);
+      const double s = num(e, "stall_max_rank_seconds");
+      any_stall = any_stall || std::isfinite(s);
+      st.y.push_back(s);
+    }
+    hit.series.push_back(std::move(h));
+    stall.series.push_back(std::move(st));
+  }
+  if (hit.series.empty())
+    bad(path, fmt::format("no node has statistics ({} missing: the agents did not run or were "
+                          "killed)", missing));
+  std::vector<LinePanel> out{std::move(hit)};
+  if (any_stall) out.push_back(std::move(stall));
+  return out;
+}
+
+BarPanel sweep_panel(const json& j, const std::string& path) {
+  if (!j["points"].is_array() || j["points"].empty())
+    bad(path, "a sweep needs a non-empty \"points\" array (bench/sweep)");
+  BarPanel p{"Sweep: solar's speedup over the PyTorch DataLoader and the storage's limit",
+             "x the DataLoader's loading time", {}, {}};
+  Series speed{"solar speedup", kColours[1], {}}, limit{"limit (plain / planned bytes)", "#999",
+                                                        {}};
+  for (const json& pt : j["points"]) {
+    p.groups.push_back(pt.value("label", std::string("?")));
+    speed.y.push_back(num(pt, "speedup"));
+    limit.y.push_back(num(pt, "limit"));
+  }
+  p.series = {std::move(speed), std::move(limit)};
+  return p;
+}
+
+}  // namespace
+
+Report report_svg(const std::vector<ReportInput>& inputs, const std::string& title) {
+  std::vector<LinePanel> lines;
+  std::vector<BarPanel> bars;
+  for (const ReportInput& in : inputs) {
+    const std::string& path = in.name;
+    json j;
+    try {
+      j = json::parse(in.text);
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
+      bad(path, fmt::format("not JSON: {}", e.what()));
+    }
+    if (!j.is_object()) bad(path, "not a JSON object");
+    try {
+      if (j.contains("modes")) {
+        lines.push_back(benchmark_panel(j, path));
+      } else if (j.contains("points")) {
+        bars.push_back(sweep_panel(j, path));
+      } else if (j.contains("nodes") || j.contains("epochs")) {
+        for (LinePanel& p : stats_panels(j, path)) lines.push_back(std::move(p));
+      } else {
+        bad(path, "not a stats file (solar run --stats-out, srun --solar-stats), a benchmark "
+                  "result (bench/pytorch_io.py --json) or a sweep (bench/sweep)");
+      }
+    } catch (const json::exception& e) {
+      bad(path, fmt::format("unexpected content: {}", e.what()));
+    }
+  }
+  const double height = 50 + kPanelH * static_cast<double>(lines.size() + bars.size());
+  std::ostringstream o;
+  o << fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+                   "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
+                   "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\">\n"
+                   "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+                   "<text x=\"{2}\" y=\"30\" font-size=\"20\">{3}</text>\n",
+                   kWidth, height, kLeft, esc(title));
+  double y = 50;
+  for (const LinePanel& p : lines) {
+    o << "<g class=\"panel\" data-title=\"" << esc(p.title) << "\">\n";
+    draw_lines(o, y, p);
+    o << "</g>\n";
+    y += kPanelH;
+  }
+  for (const BarPanel& p : bars) {
+    o << "<g class=\"panel\" data-title=\"" << esc(p.title) << "\">\n";
+    draw_bars(o, y, p);
+    o << "</g>\n";
+    y += kPanelH;
+  }
+  o << "</svg>\n";
+  return {o.str(), lines.size() + bars.size()};
+}
+
+}  // namespace solar::cli
