@@ -459,3 +459,123 @@ def test_installed_package_runs_the_example_job(cluster, dataset):
     cluster.settle()
     left = agents_running(os.path.join(bindir, "solar-agent"))
     assert not left, f"staged agents outlived the job: {left}"
+
+
+ISOLATION_PROBE = r"""
+import json, os, socket, sys
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "open"
+    except PermissionError:
+        out[name] = "denied"
+    except OSError as e:
+        out[name] = f"error {e.errno}"
+for path in json.loads(sys.argv[1]):
+    def read(p=path):
+        with open(p, "rb") as f:
+            f.read(1)
+    attempt(path, read)
+for path in json.loads(sys.argv[2]):
+    attempt(path, lambda p=path: os.listdir(p))
+for path in json.loads(sys.argv[3]):
+    def connect(p=path):
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(p)
+        finally:
+            s.close()
+    attempt(path, connect)
+print(json.dumps(out))
+"""
+
+
+def proc_status(pid):
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            fields[k] = v.split()
+    return fields
+
+
+def test_another_user_cannot_read_a_jobs_buffer(cluster, dataset):
+    """Issue 14, isolation: a job of `nobody`; the agents run as nobody with no privilege left
+    (all four uids and gids, no supplementary groups, no capabilities), and another
+    unprivileged user (`daemon`) can reach the buffer through none of: the agent's or a rank's
+    /proc/PID/fd (the memfd itself), /proc/PID/mem, /proc/PID/map_files, the socket, a file in
+    the run folder or /dev/shm. After the job nothing of it is left (clean_after)."""
+    import json
+    import pwd
+    nobody, daemon = pwd.getpwnam("nobody"), pwd.getpwnam("daemon")
+    job = subprocess.Popen(
+        ["runuser", "-u", "nobody", "--", "env", f"SLURM_CONF={cluster.env['SLURM_CONF']}",
+         "srun", "-N2", "--ntasks-per-node=2", *solar_args(dataset), TRAIN, "--compute-ms=40",
+         "--verify"], env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=cluster.root)
+    try:
+        def ranks():
+            found = []
+            for pid in os.listdir("/proc"):
+                try:
+                    if pid.isdigit() and os.readlink(f"/proc/{pid}/exe") == os.path.realpath(TRAIN):
+                        found.append(int(pid))
+                except OSError:
+                    pass
+            return found
+
+        def buffer_fds(pid, where="fd"):
+            """The agent's descriptor of the buffer (fd), or a rank's mapping (map_files)."""
+            fds = []
+            try:
+                for fd in os.listdir(f"/proc/{pid}/{where}"):
+                    if os.readlink(f"/proc/{pid}/{where}/{fd}").startswith("/memfd:solar-buffer"):
+                        fds.append(f"/proc/{pid}/{where}/{fd}")
+            except OSError:
+                pass
+            return fds
+
+        def ready():
+            agents, rs = agents_running(), ranks()
+            return (len(agents) == 2 and len(rs) == 4 and all(buffer_fds(p) for p in agents)
+                    and all(buffer_fds(p, "map_files") for p in rs) and agents + rs)
+        procs = wait_until(ready, timeout=120, what="the job's agents and ranks holding the buffer")
+        agents = agents_running()
+        # The agents run as the job's user, never root, and keep no privilege.
+        for pid in agents:
+            st = proc_status(pid)
+            assert st["Uid"] == [str(nobody.pw_uid)] * 4, st["Uid"]
+            assert st["Gid"] == [str(nobody.pw_gid)] * 4, st["Gid"]
+            assert set(st.get("Groups", [])) <= {str(nobody.pw_gid)}, st.get("Groups")
+            assert int(st["CapEff"][0], 16) == 0 and int(st["CapPrm"][0], 16) == 0, st
+        files = [fd for p in procs for fd in buffer_fds(p) + buffer_fds(p, "map_files")]
+        files += [f"/proc/{p}/mem" for p in procs] + [f"/proc/{p}/environ" for p in procs]
+        dirs = [f"/proc/{p}/fd" for p in procs] + [f"/proc/{p}/map_files" for p in procs]
+        socks = []
+        for root, ds, fs in os.walk(cluster.run_dir):
+            dirs += [os.path.join(root, d) for d in ds]
+            for name in fs:
+                (socks if name.endswith(".sock") else files).append(os.path.join(root, name))
+        for name in os.listdir("/dev/shm"):
+            path = os.path.join("/dev/shm", name)
+            if os.stat(path).st_uid == nobody.pw_uid:
+                files.append(path)
+        assert socks, "no agent socket found under the run folder"
+        probe = subprocess.run(
+            ["setpriv", f"--reuid={daemon.pw_uid}", f"--regid={daemon.pw_gid}", "--clear-groups",
+             "/usr/bin/python3", "-c", ISOLATION_PROBE, json.dumps(files), json.dumps(dirs),
+             json.dumps(socks)], capture_output=True, text=True, timeout=60)
+        assert probe.returncode == 0, probe.stderr
+        seen = json.loads(probe.stdout)
+        # Paths of processes that ended meanwhile ("error 2") prove nothing either way; the
+        # buffer's own descriptors of live processes must be among the denied.
+        opened = {p: r for p, r in seen.items() if r == "open"}
+        assert not opened, opened
+        alive = [f for f in files if ("/fd/" in f or "/map_files/" in f) and os.path.exists(f)]
+        assert alive and all(seen[f] == "denied" for f in alive), (alive, seen)
+        assert all(seen[s] == "denied" for s in socks), seen
+    finally:
+        out, err = job.communicate(timeout=240)
+    assert job.returncode == 0, out + err
+    assert out.count("verified (0 wrong), from the node agent") == 4, out + err
