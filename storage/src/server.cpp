@@ -446,6 +446,8 @@ void StorageServer::Impl::serve(Connection& c, const std::string& peer, Exported
   release_slot(slot);
 }
 
+// Connections' threads never close their sockets (only shut them down): the descriptors read
+// here stay theirs until the erase below closes them.
 void StorageServer::Impl::reap(bool all) {
   std::lock_guard g(conns_mu);
   for (auto it = conns.begin(); it != conns.end();) {
@@ -628,8 +630,10 @@ void StorageServer::Impl::welcome(Greeting& g) {
     c->thread = std::thread([this, c, ex, peer = g.peer, granted = std::move(granted)]() mutable {
       serve(*c, peer, ex);
       granted = Grant();  // its keys read nothing once the client has gone
-      boost::system::error_code ignored2;
-      c->socket->close(ignored2);
+      // Shut down, not closed: the client sees the end now, and the descriptor stays valid
+      // until reap() joins this thread and drops the socket. A close here would race with
+      // reap(true) reading the descriptor to shut it down (and could shut down a reused one).
+      ::shutdown(c->socket->native_handle(), SHUT_RDWR);
       c->finished = true;
     });
   } catch (const std::system_error& e) {  // no thread to be had: the client will retry
