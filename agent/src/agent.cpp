@@ -126,6 +126,9 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   so.label_dataset = o.labels;
   so.direct = o.direct_io;
   so.expect_identity = header_.dataset_identity;
+  // Unmodified ranks read whatever the path holds (the interposer serves only the file the
+  // agent holds); batch ranks depend on this agent, which stops when the path changes.
+  so.check_path = !o.transparent;
   try {
     source_ = storage::open_source(o.dataset, so);
   } catch (const std::exception& e) {
@@ -211,6 +214,8 @@ Agent::Impl::~Impl() {
   std::error_code ec;
   std::filesystem::remove(opt_.socket, ec);
   if (pace_.joinable()) pace_.join();
+  watch_wake_.notify_all();
+  if (watch_.joinable()) watch_.join();
   if (base_) ::munmap(base_, buf_.map_bytes);
   if (memfd_ >= 0) ::close(memfd_);
   if (reserve_fd_ >= 0) ::close(reserve_fd_);
@@ -223,6 +228,7 @@ int Agent::Impl::run() {
   for (unsigned i = 0; i < std::max(1U, opt_.readers); ++i)
     readers_.emplace_back([this] { reader_loop(); });
   if (opt_.transparent) pace_ = std::thread([this] { pace_loop(); });
+  else watch_ = std::thread([this] { watch_loop(); });
   asio::signal_set signals(io_, SIGTERM, SIGINT);
   signals.async_wait([this](const boost::system::error_code& ec, int sig) {
     if (ec) return;
@@ -241,10 +247,12 @@ int Agent::Impl::run() {
   }
   slot_freed_.notify_all();
   job_ready_.notify_all();
+  watch_wake_.notify_all();
   prefetch_.join();
   for (auto& r : readers_) r.join();
   readers_.clear();
   if (pace_.joinable()) pace_.join();
+  if (watch_.joinable()) watch_.join();
   // Nobody watches the file from now on: ranks still running read it themselves.
   if (xindex_) {
     std::uint64_t none = 0;  // keep a FILE_CHANGED already there
@@ -264,8 +272,21 @@ void Agent::Impl::shutdown_io() {
   accept_retry_.cancel();
   {
     std::lock_guard lk(mu_);
-    for (auto& rs : ranks_)
-      if (rs.session) rs.session->sock.close(ec);
+    // After a failure the ranks are told why before the connection closes (one error frame,
+    // not waiting: libsolar reads it when its next request finds the connection closed).
+    const std::string why = fatal_.empty() ? "" : "the agent stopped: " + fatal_;
+    std::vector<std::uint8_t> msg(sizeof(protocol::Header) +
+                                  std::min<std::size_t>(why.size(), 4096));
+    if (!why.empty())
+      protocol::put_frame(msg.data(), protocol::Op::error, why.data(), msg.size() - sizeof(protocol::Header));
+    for (auto& rs : ranks_) {
+      if (!rs.session) continue;
+      if (!why.empty() && rs.session->out.empty()) {
+        [[maybe_unused]] const ssize_t n = ::send(rs.session->sock.native_handle(), msg.data(),
+                                                  msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      }
+      rs.session->sock.close(ec);
+    }
   }
   io_.stop();
 }

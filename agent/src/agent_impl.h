@@ -49,6 +49,8 @@ void check_stats_out(const std::string& path);
 
 // Limits of the control socket (agent/README.md, "Connections and limits"): what a flood of
 // connections from the agent's own user can make it hold.
+// How often the agent checks that its dataset file is still the one it opened (watch_loop).
+inline constexpr std::chrono::milliseconds kWatchPeriod{200};
 // Connections that are not an attached rank (nothing said yet, stats requests, refused hellos):
 // beyond this many the oldest is closed, so a legitimate rank connecting after a flood is served.
 inline constexpr std::size_t kMaxUnattached = 128;
@@ -144,6 +146,12 @@ class Agent::Impl {
   // published and cleared by the slot table).
   void setup_index();
   void pace_loop();
+  // Batch mode over an HDF5 file: checks the open file and its path every kWatchPeriod; a file
+  // rewritten, truncated, replaced (renamed over), renamed away or deleted stops the agent
+  // (fail: the ranks are told why and read directly, where the same checks refuse the file).
+  void watch_loop();
+  std::thread watch_;
+  std::condition_variable watch_wake_;
   bool withdraw_if_changed();
   solar_xindex* xindex_ = nullptr;
   std::uint32_t* xconsumed_ = nullptr;

@@ -120,7 +120,11 @@ void Agent::Impl::prefetch_loop() {
 }
 
 void Agent::Impl::fail(const std::string& what) {
-  spdlog::error("prefetch failed: {}", what);
+  {
+    std::lock_guard lk(mu_);
+    if (fatal_.empty()) spdlog::error("prefetch failed: {}", what);  // the first cause only
+    else spdlog::debug("also failed: {}", what);
+  }
   // Nobody watches the file once this agent is gone: the interposers stop serving its buffer.
   if (!withdraw_if_changed() && xindex_)
     std::atomic_ref<std::uint64_t>(xindex_->withdrawn)
@@ -133,6 +137,7 @@ void Agent::Impl::fail(const std::string& what) {
   }
   slot_freed_.notify_all();
   job_ready_.notify_all();
+  watch_wake_.notify_all();
   asio::post(io_, [this] { shutdown_io(); });
 }
 

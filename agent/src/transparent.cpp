@@ -63,6 +63,25 @@ void Agent::Impl::setup_index() {
 
 // Transparent mode: when the dataset file has changed since the agent opened it, tells every
 // interposer to serve nothing more from the buffer (they read the file instead) and says so.
+void Agent::Impl::watch_loop() {
+  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(source_.get());
+  if (!h5) return;
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      watch_wake_.wait_for(lk, kWatchPeriod, [&] { return stopping_ || !fatal_.empty(); });
+      if (stopping_ || !fatal_.empty()) return;
+    }
+    try {
+      h5->check_unchanged();
+      h5->check_path();
+    } catch (const storage::StorageError& e) {
+      fail(fmt::format("{}; this agent stops serving it", e.what()));
+      return;
+    }
+  }
+}
+
 bool Agent::Impl::withdraw_if_changed() {
   const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(source_.get());
   if (!xindex_ || !h5) return false;

@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
@@ -20,6 +22,11 @@
 #include "solar/storage/content.h"
 
 namespace solar::storage {
+
+// A failed read (EIO, ESTALE, ...) is tried this many times in all, pausing 50, 100, 200 ms
+// between tries (0.35 s in all), before the error is reported.
+constexpr unsigned kReadAttempts = 4;
+constexpr std::chrono::milliseconds kRetryPause{50};
 
 struct Hdf5Source::Impl {
   std::string path, dataset;
@@ -41,6 +48,7 @@ struct Hdf5Source::Impl {
 
   // Throws when the open file is no longer what was opened (rewritten in place, truncated).
   void check_unchanged() const;
+  void check_path() const;
   std::unique_ptr<IoPool> pool;
 
   std::string where() const { return fmt::format("{}:{}", path, dataset); }
@@ -359,7 +367,12 @@ std::string Hdf5Source::describe() const { return impl_->where(); }
 const std::string& Hdf5Source::identity() const { return impl_->identity; }
 const struct ::stat& Hdf5Source::opened_stat() const { return impl_->opened; }
 void Hdf5Source::check_unchanged() const { impl_->check_unchanged(); }
+void Hdf5Source::check_path() const { impl_->check_path(); }
 
+// The open file (fstat: rewritten or truncated in place) and, in check_path, its path (stat:
+// another file moved over it, or the file renamed away or deleted; on NFS the open file may
+// then read as ESTALE or old bytes). Either way the file is no longer the one the plan was made
+// for.
 void Hdf5Source::Impl::check_unchanged() const {
   struct stat now {};
   if (::fstat(fd, &now) != 0)
@@ -370,6 +383,30 @@ void Hdf5Source::Impl::check_unchanged() const {
         "{}: the file changed while solar was reading it (opened as {}, now {}): the bytes just "
         "read may belong to the new content, so they are refused; run on a file nobody rewrites",
         where(), identity, file_identity(now)));
+}
+
+void Hdf5Source::Impl::check_path() const {
+  struct stat at {};
+  if (::stat(path.c_str(), &at) != 0) {
+    const int err = errno;
+    if (err == ENOENT || err == ENOTDIR)
+      throw StorageError(fmt::format("{}: the file was deleted or renamed while solar was "
+                                     "reading it (nothing is at its path any more); nothing "
+                                     "more is read from it",
+                                     where()));
+    throw StorageError(fmt::format("{}: stat of its path failed: {}", where(), std::strerror(err)));
+  }
+  if (at.st_dev != opened.st_dev || at.st_ino != opened.st_ino)
+    throw StorageError(fmt::format(
+        "{}: another file was moved over its path while solar was reading it (opened as {}, "
+        "the path now holds {}): not the dataset the plan was computed for; nothing more is "
+        "read from it",
+        where(), identity, file_identity(at)));
+  struct stat now {};
+  if (::fstat(fd, &now) == 0 && now.st_nlink == 0)  // the path is another link to it
+    throw StorageError(fmt::format("{}: the file was deleted while solar was reading it (opened "
+                                   "as {}); nothing more is read from it",
+                                   where(), identity));
 }
 std::uint64_t Hdf5Source::direct_reads() const { return impl_->direct_reads.load(); }
 
@@ -413,16 +450,29 @@ void Hdf5Source::Impl::read_raw(std::span<const SampleRun> runs, std::byte* dst)
     const Piece& p = pieces[i];
     if (direct_fd >= 0 && read_direct(p.file_off, p.len, p.out)) return;
     std::uint64_t done = 0;
-    while (done < p.len) {
+    for (unsigned attempt = 1;;) {
       const ssize_t n = ::pread(fd, p.out + done, p.len - done, static_cast<off_t>(p.file_off + done));
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0)
-        throw StorageError(fmt::format("{}: read of {} bytes at offset {} failed: {}", where(),
-                                       p.len, p.file_off, std::strerror(errno)));
+      if (n < 0) {
+        // An I/O error (EIO: a bad disk or a storage server's hiccup; ESTALE: the file gone on
+        // NFS) is retried a few times with a growing pause, then reported with the file and
+        // the offset: a read never hangs and never returns what it did not read.
+        const int err = errno;
+        if (attempt < kReadAttempts) {
+          std::this_thread::sleep_for(kRetryPause * (1U << (attempt - 1)));
+          ++attempt;
+          continue;
+        }
+        throw StorageError(fmt::format("{}: read of {} bytes at offset {} failed ({} attempts): "
+                                       "{}",
+                                       where(), p.len - done, p.file_off + done, attempt,
+                                       std::strerror(err)));
+      }
       if (n == 0)
         throw StorageError(fmt::format("{}: the file ended at offset {} (truncated?)", where(),
                                        p.file_off + done));
       done += static_cast<std::uint64_t>(n);
+      if (done == p.len) break;
     }
   });
 }
@@ -470,13 +520,20 @@ void Hdf5Source::Impl::read_h5(std::span<const SampleRun> runs, std::byte* dst) 
   for (const auto& r : runs) {
     start[0] = r.first;
     count[0] = r.count;
-    std::lock_guard g(h5::lock());
-    h5::Handle fs(H5Scopy(space.get()), H5Sclose);
-    H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-    h5::Handle ms(H5Screate_simple(static_cast<int>(rank), count.data(), nullptr), H5Sclose);
-    h5::check(H5Dread(dset.get(), mem_type, ms.get(), fs.get(), dxpl.get(), out),
-              fmt::format("{}: reading samples [{}, {}) failed", where(), r.first,
-                          r.first + r.count));
+    for (unsigned attempt = 1;; ++attempt) {  // I/O errors retried as in read_raw
+      {
+        std::lock_guard g(h5::lock());
+        h5::Handle fs(H5Scopy(space.get()), H5Sclose);
+        H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                            nullptr);
+        h5::Handle ms(H5Screate_simple(static_cast<int>(rank), count.data(), nullptr), H5Sclose);
+        if (H5Dread(dset.get(), mem_type, ms.get(), fs.get(), dxpl.get(), out) >= 0) break;
+        if (attempt >= kReadAttempts)
+          h5::check(-1, fmt::format("{}: reading samples [{}, {}) failed ({} attempts)", where(),
+                                    r.first, r.first + r.count, attempt));
+      }
+      std::this_thread::sleep_for(kRetryPause * (1U << (attempt - 1)));
+    }
     out += r.count * info.sample_bytes;
   }
 }
@@ -488,6 +545,7 @@ void Hdf5Source::read(std::span<const SampleRun> runs, std::byte* dst) {
   else
     impl_->read_h5(runs, dst);
   impl_->check_unchanged();  // after: a rewrite during the read is caught too
+  if (impl_->options.check_path) impl_->check_path();
 }
 
 void Hdf5Source::read_labels(std::span<const SampleRun> runs, std::byte* dst) {

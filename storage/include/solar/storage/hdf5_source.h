@@ -31,6 +31,11 @@ struct Hdf5Options {
   // (2x the cold random-read throughput measured here). Where the file system refuses O_DIRECT
   // the reads stay buffered.
   bool direct = false;
+  // After each read, besides the open file (check_unchanged), its path (check_path): a file
+  // moved over it, renamed away or deleted stops the reader, which then never reads on from a
+  // file the job's other readers can no longer open. Off for the transparent agent, whose
+  // unmodified ranks read whatever the path holds themselves.
+  bool check_path = true;
 };
 
 class Hdf5Source : public SampleSource {
@@ -50,8 +55,12 @@ class Hdf5Source : public SampleSource {
   // place (another size or mtime) throws StorageError instead of returning its bytes; a file
   // moved over the path does not matter to an open source (it keeps reading the one it opened).
   const std::string& identity() const override;
-  // Throws StorageError naming the file when it changed in place since it was opened.
+  // Throws StorageError naming the file when it changed in place since it was opened (size,
+  // modification time).
   void check_unchanged() const;
+  // Throws StorageError naming the file when its path no longer names the file opened:
+  // another file moved over it, nothing there (renamed away, deleted), or it was deleted.
+  void check_path() const;
   // fstat of the file at open (identity() is made of it).
   const struct ::stat& opened_stat() const;
 
