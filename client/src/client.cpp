@@ -413,7 +413,8 @@ struct solar_loader {
     if (release_pending) len = put_release(out);
     len += solar::protocol::put_frame(out + len, solar::protocol::Op::next, &nx, sizeof nx);
     if (!write_all(sock, out, len)) {
-      drop_agent(agent_gone(errno));
+      const int err = errno;
+      drop_agent(last_words().value_or(agent_gone(err)));
       return false;
     }
     solar::protocol::Header rh;

@@ -46,6 +46,7 @@ std::unique_ptr<SampleSource> open_unchecked(std::string_view spec, const Source
   h.io_threads = o.io_threads;
   h.label_dataset = o.label_dataset;
   h.direct = o.direct;
+  h.check_path = o.check_path;
   return Hdf5Source::open(path, dataset, h);
 }
 }  // namespace

@@ -108,6 +108,9 @@ struct SourceOptions {
   bool wait_for_server = false;         // fabric: see FabricOptions::wait_for_server
   bool direct = false;                  // files: O_DIRECT reads (see Hdf5Options::direct)
   std::string expect_identity;          // non-empty: refuse any other data (check_identity)
+  // files: each read also checks that the path still names the file opened (see
+  // Hdf5Options::check_path)
+  bool check_path = true;
 };
 
 // Opens "FILE.h5:/dataset" (dataset defaults to /data) or "fabric://HOST:PORT/NAME", and
