@@ -198,6 +198,53 @@ def test_solar_stats_writes_every_nodes_epochs(cluster, dataset):
     assert len(lines) == 1 and "--solar-stats" in lines[0] and "/nonexistent" in lines[0], bad.stderr
 
 
+def test_start_epoch_and_step_resume_the_step_at_its_agents(cluster, dataset):
+    """--solar-start-epoch/--solar-start-step (a requeued job): the ranks get exactly the full
+    step's batches from that step on, every byte verified, and the agents start there (they
+    serve nothing earlier); a start beyond the plan stops srun naming its length."""
+    import glob
+    import json
+
+    def step(name, *extra):
+        rec = os.path.join(cluster.root, f"{name}-%r.txt")
+        p = cluster.run("srun", "-N2", "--ntasks-per-node=2",
+                        *solar_args(dataset, f"--solar-stats={name}.json", *extra), TRAIN,
+                        "--verify", "--record", rec)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, out
+        assert out.count("verified (0 wrong), from the node agent") == 4, out
+        records = {}
+        for r in range(4):
+            with open(rec.replace("%r", str(r))) as f:
+                records[r] = {int(l.split()[0]): l.split()[1:] for l in f}
+        with open(os.path.join(cluster.root, f"{name}.json")) as f:
+            stats = json.load(f)
+        return records, stats
+
+    try:
+        full, fstats = step("full")
+        spe = fstats["nodes"][0]["steps_per_epoch"]
+        G = spe + 3
+        rest, stats = step("resumed", "--solar-start-epoch=1", "--solar-start-step=3")
+        for r in range(4):
+            assert rest[r] == {s: v for s, v in full[r].items() if s >= G}, r
+        for n in stats["nodes"]:
+            assert n["start_step"] == G, n
+            assert n["epochs"][0]["samples_served"] == 0 and not n["epochs"][0]["started"], n
+            assert n["epochs"][1]["batches_served"] == (spe - 3) * 2, n
+        bad = cluster.run("srun", "-N2", "--ntasks-per-node=2",
+                          *solar_args(dataset, "--solar-start-epoch=3", "--solar-start-step=1"),
+                          "true")
+        assert bad.returncode != 0
+        lines = [l for l in bad.stderr.splitlines() if "error: solar: " in l]
+        assert lines and "--solar-start-epoch" in lines[0] and \
+            f"the plan has {3 * spe} steps: 3 epochs of {spe}" in lines[0], bad.stderr
+    finally:
+        for f in glob.glob(os.path.join(cluster.root, "full*")) + \
+                glob.glob(os.path.join(cluster.root, "resumed*")):
+            os.unlink(f)
+
+
 def test_same_step_without_solar_reads_nothing_from_agents(cluster, dataset):
     p = cluster.run("srun", "-N2", "--ntasks-per-node=2", *solar_args(dataset), "--solar=off",
                     "env")
