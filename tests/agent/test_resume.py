@@ -121,3 +121,57 @@ def test_start_beyond_the_plan_is_refused_naming_its_length(tmp_path, dataset):
             tmp_path / "a.sock", "--start-step", 10 ** 6, check=False, timeout=60)
     assert p.returncode == 1 and "--start-step 1000000 is beyond the end of the plan" in p.stderr, \
         p.stderr
+
+
+def test_rank_starts_where_its_agent_starts(tmp_path, dataset):
+    """An agent started by hand at --start-step 7: a rank without SOLAR_START_* learns the start
+    from the agent's hello; a rank told a later start (SOLAR_START_STEP=9) takes and releases the
+    agent's steps in between. Both get the plan's batches from the agent, every byte verified."""
+    import pathlib
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+    from test_data_path import AGENT, wait_until
+    plan = tmp_path / "a.plan"
+    run(SOLAR, "plan", "--samples", 600, "--sample-bytes", "4K", "--epochs", 2, "--nodes", 1,
+        "--ranks-per-node", 2, "--batch", 4, "--buffer", "400K", "--out", plan)
+    seq = plan_sequences(plan)
+    total = max(seq[0]) + 1
+    sock_dir = pathlib.Path(tempfile.mkdtemp(prefix="solar-test-"))
+    sock = sock_dir / "agent.sock"
+    log = tmp_path / "agent.log"
+    agent = subprocess.Popen([str(a) for a in (AGENT, "--plan", plan, "--node", 0, "--dataset",
+                              dataset, "--socket", sock, "--log", log, "--start-step", 7)])
+    try:
+        def connectable():
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(str(sock))
+                return True
+            except OSError:
+                assert agent.poll() is None, log.read_text() if log.exists() else ""
+                return False
+        wait_until(connectable, what="agent socket")
+        ranks = []
+        for r, start in ((0, None), (1, "9")):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SOLAR_")}
+            env.update(SOLAR_PLAN=str(plan), SOLAR_NODE="0", SOLAR_LOCAL_RANK=str(r),
+                       SOLAR_DATASET=str(dataset), SOLAR_SOCKET=str(sock))
+            if start:
+                env["SOLAR_START_STEP"] = start
+            ranks.append(subprocess.Popen([str(TRAIN), "--verify", "--record",
+                                           str(tmp_path / f"rank-{r}.txt")], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        outs = [p.communicate(timeout=120)[0] for p in ranks]
+        for p, out in zip(ranks, outs):
+            assert p.returncode == 0 and "verified (0 wrong), from the node agent" in out, out
+        assert recorded(tmp_path / "rank-0.txt") == {s: v for s, v in seq[0].items() if s >= 7}
+        assert recorded(tmp_path / "rank-1.txt") == {s: v for s, v in seq[1].items() if s >= 9}
+        assert total > 9
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    assert "starting at step 7" in log.read_text()
