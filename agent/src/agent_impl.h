@@ -168,6 +168,7 @@ class Agent::Impl {
   // Queues a message; writes go out in order, one at a time. A connection with more than
   // kMaxQueuedBytes queued is closed instead.
   void send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg);
+  void write_front(const std::shared_ptr<Session>& s);  // io thread; s->out not empty
   // The stats document (stats.cpp): the run totals, the per-epoch records (per_epoch), the
   // head start and their totals. The stats reply is it, cut to fit one message; the log's last
   // line ("stopped: {...}") is all of it; --stats-out writes its measured part to a file.

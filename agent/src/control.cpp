@@ -412,21 +412,24 @@ void Agent::Impl::send(const std::shared_ptr<Session>& s, std::vector<std::uint8
   s->out_bytes += msg.size();
   s->out.push_back(std::move(msg));
   if (!idle) return;
-  auto pump = std::make_shared<std::function<void()>>();
-  *pump = [s, pump] {
-    asio::async_write(s->sock, asio::buffer(s->out.front()),
-                      [s, pump](const boost::system::error_code& ec, std::size_t) {
-                        if (ec || s->out.empty()) {
-                          s->out.clear();
-                          s->out_bytes = 0;
-                          return;
-                        }
-                        s->out_bytes -= s->out.front().size();
-                        s->out.pop_front();
-                        if (!s->out.empty()) (*pump)();
-                      });
-  };
-  (*pump)();
+  write_front(s);
+}
+
+// Writes s->out.front(), then the rest of the queue, one at a time. The handler holds the
+// session only while a write is pending (a handler that held itself, as a self-referencing
+// std::function did, kept every session it ever wrote to alive for good).
+void Agent::Impl::write_front(const std::shared_ptr<Session>& s) {
+  asio::async_write(s->sock, asio::buffer(s->out.front()),
+                    [this, s](const boost::system::error_code& ec, std::size_t) {
+                      if (ec || s->out.empty()) {
+                        s->out.clear();
+                        s->out_bytes = 0;
+                        return;
+                      }
+                      s->out_bytes -= s->out.front().size();
+                      s->out.pop_front();
+                      if (!s->out.empty()) write_front(s);
+                    });
 }
 
 }  // namespace solar::agent
