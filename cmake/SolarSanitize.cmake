@@ -46,6 +46,12 @@ if(SOLAR_SANITIZE)
     execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=${runtime_name}
                     OUTPUT_VARIABLE SOLAR_SANITIZE_RUNTIME OUTPUT_STRIP_TRAILING_WHITESPACE)
     get_filename_component(SOLAR_SANITIZE_RUNTIME "${SOLAR_SANITIZE_RUNTIME}" REALPATH)
+    # Preloaded after the runtime: ASan intercepts __cxa_throw when it starts, which in a
+    # program without libstdc++ (Python) finds nothing, and the first C++ exception thrown in
+    # libsolar then stops the process ("CHECK failed ... real___cxa_throw").
+    execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so.6
+                    OUTPUT_VARIABLE SOLAR_SANITIZE_LIBSTDCXX OUTPUT_STRIP_TRAILING_WHITESPACE)
+    get_filename_component(SOLAR_SANITIZE_LIBSTDCXX "${SOLAR_SANITIZE_LIBSTDCXX}" REALPATH)
   endif()
   add_compile_options(${SOLAR_SANITIZE_COMPILE_FLAGS})
   add_link_options(${SOLAR_SANITIZE_LINK_FLAGS})
