@@ -237,6 +237,7 @@ int main(int argc, char** argv) {
       // The content seed is stored with the dataset (solar gen writes it).
       solar::storage::SourceOptions so;
       so.label_dataset = labels;
+      so.wait_for_server = true;  // a solar-stored restarting as the rank starts
       auto src = solar::storage::open_source(std::getenv("SOLAR_DATASET"), so);
       if (!src->info().seed)
         throw solar::Error(fmt::format("--verify: {} was not written by solar gen (no seed)",

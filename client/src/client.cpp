@@ -232,6 +232,9 @@ struct solar_loader {
     solar::storage::SourceOptions so;
     so.label_dataset = labels;
     so.expect_identity = header.dataset_identity;  // never another file's bytes
+    // The plan was made from this dataset: a solar-stored restarting right now (the moment
+    // this rank's agent is gone) is waited for, as a lost server is, not an error at once.
+    so.wait_for_server = true;
     source = solar::storage::open_source(dataset, so);
     const auto& info = source->info();
     if (info.samples != header.config.samples || info.sample_bytes != header.config.sample_bytes)

@@ -120,7 +120,9 @@ std::unique_ptr<Session> FabricSource::Impl::open_session(bool first) {
     const std::string msg = fmt::format("{}: cannot connect to {}:{}: {}; is solar-stored running "
                                         "there?",
                                         uri, host, port, e.code().message());
-    if (first) throw StorageError(msg);
+    // The first connection fails at once, unless the server is known to exist and may be
+    // restarting (wait_for_server): then it is retried within the window, as a lost one is.
+    if (first && !opt.wait_for_server) throw StorageError(msg);
     throw TransientError(msg);
   }
   const int ms = static_cast<int>(opt.timeout_s * 1000);
@@ -390,8 +392,9 @@ std::unique_ptr<FabricSource> FabricSource::connect(const std::string& uri,
       im->reconnect_s = v;
     }
   }
-  // A server that is not there is an error at once (a wrong address should not wait); one
-  // that answers busy is tried again within the reconnection window.
+  // A server that is not there is an error at once (a wrong address should not wait), unless
+  // the caller knows it was there (wait_for_server); one that answers busy is tried again
+  // within the reconnection window.
   for (;;) {
     try {
       im->session = im->open_session(true);

@@ -25,6 +25,7 @@ std::unique_ptr<SampleSource> open_unchecked(std::string_view spec, const Source
     f.queue_depth = o.queue_depth;
     f.timeout_s = o.timeout_s;
     f.reconnect_s = o.reconnect_s;
+    f.wait_for_server = o.wait_for_server;
     f.token = o.token;
     f.provider = o.provider;
     return FabricSource::connect(std::string(spec), f);

@@ -28,6 +28,11 @@ struct FabricOptions {
   // Seconds to keep reconnecting after the server is lost (also while a busy server refuses
   // the first connection); negative: $SOLAR_STORED_RECONNECT, else 30; 0: no second attempt.
   double reconnect_s = -1;
+  // A first connection refused (nobody listening) is retried within reconnect_s too, as a
+  // lost server is: for clients of a running job (a rank reading directly after its agent is
+  // gone), whose server was there when the job was planned and may be restarting. Off, a
+  // server that is not there is an error at once (a wrong address should not wait).
+  bool wait_for_server = false;
   std::uint64_t request_bytes = 4ULL << 20;  // largest single fi_read
   std::string token;     // shared secret the server asks for; "" = $SOLAR_STORED_TOKEN
   std::string provider;  // "" = the server's provider (the client must use the same one)

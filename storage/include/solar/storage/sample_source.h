@@ -105,6 +105,7 @@ struct SourceOptions {
                                         // lost; < 0: $SOLAR_STORED_RECONNECT, else 30
   std::string token;                    // fabric: shared token (else $SOLAR_STORED_TOKEN)
   std::string provider;                 // fabric: override (normally the server's)
+  bool wait_for_server = false;         // fabric: see FabricOptions::wait_for_server
   bool direct = false;                  // files: O_DIRECT reads (see Hdf5Options::direct)
   std::string expect_identity;          // non-empty: refuse any other data (check_identity)
   // files: each read also checks that the path still names the file opened (see
