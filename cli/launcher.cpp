@@ -641,6 +641,16 @@ LaunchResult launch(const LaunchSpec& spec) {
           int st = 0;
           if (::waitpid(agents[m], &st, WNOHANG) == agents[m]) {
             agents[m] = -1;
+            if (WIFSIGNALED(st)) {
+              // Killed (the OOM killer, an operator, the soak's chaos): as when it dies during
+              // the run, its ranks read directly. An agent that exits by itself refuses the
+              // job's settings, and stops the job with its reason (below).
+              std::fprintf(stderr,
+                           "solar run: node %u: the agent was killed (signal %d) before it was "
+                           "ready; its ranks read directly\n",
+                           m, WTERMSIG(st));
+              break;
+            }
             throw std::runtime_error(fmt::format(
                 "the agent of node {} exited ({}) before it was ready:{}", m, exit_code_of(st),
                 tail_of(dir / fmt::format("node{}.log", m))));
