@@ -389,6 +389,28 @@ TEST(FabricSource, FirstConnectionWaitsForARestartingServerWhenAsked) {
             std::string::npos);
 }
 
+// The server killed between a client's connection and its first read: tcp;ofi_rxm's fi_read
+// may answer EAGAIN for ever (it keeps reconnecting to the dead fabric address), and the read
+// spun in its issue loop at 100% CPU for good (a rank of scripts/soak's, after a solar-stored
+// restart). It must notice the server gone and fail within the window instead.
+TEST(FabricSource, ServerKilledBeforeTheFirstReadIsNoticed) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous, 16, {4, 8, 8, 8});
+  StoredProcess server(dir, {"--export", "c=" + dir.file("c.h5")});
+  ASSERT_TRUE(server.start()) << server.log();
+  FabricOptions o;
+  o.timeout_s = 5;
+  o.reconnect_s = 2;
+  auto src = FabricSource::connect(server.uri("c"), o);
+  server.kill_now();
+  std::vector<std::byte> buf(16 * src->info().sample_bytes);
+  const SampleRun all{0, 16};
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(error_of([&] { src->read({&all, 1}, buf.data()); }).find("gave up after"),
+            std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
+}
+
 TEST(FabricSource, ServerRestartedMidReadIsRetriedWithCorrectBytes) {
   TempDir dir;
   write(dir, "c.h5", Layout::contiguous, 64, {4, 32, 32, 32});
