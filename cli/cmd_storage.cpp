@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,7 @@
 #include "solar/core/config.h"
 #include "solar/core/rng.h"
 #include "solar/storage/content.h"
+#include "solar/storage/fabric_source.h"
 #include "solar/storage/hdf5_writer.h"
 #include "solar/storage/sample_source.h"
 
@@ -432,15 +434,33 @@ struct BenchOptions {
   std::uint64_t seed = 0;
   bool cold = true;
   bool json = false;
+  bool reference = true;  // fabric://: the raw fabric beside each phase
+  std::string reference_op = "4M";
+  unsigned repeat = 1;
   SourceFlags flags;
 };
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// fi_reads of `bytes` at `offset`, in pieces of at most `op` bytes.
+void add_reads(std::vector<storage::FabricRead>& out, std::uint64_t offset, std::uint64_t bytes,
+               std::uint64_t op) {
+  for (std::uint64_t done = 0; done < bytes; done += op)
+    out.push_back({offset + done, std::min(op, bytes - done)});
+}
+
 void run_bench_io(const BenchOptions& o) {
   std::unique_ptr<storage::SampleSource> src;
-  std::uint64_t batch_bytes = 0;
+  std::uint64_t batch_bytes = 0, reference_op = 0;
   try {
     batch_bytes = parse_bytes(o.batch, "--batch-bytes");
     if (batch_bytes == 0) throw ConfigError("--batch-bytes", "must be > 0");
+    reference_op = parse_bytes(o.reference_op, "--reference-op");
+    if (reference_op == 0) throw ConfigError("--reference-op", "must be > 0");
     if (!(o.fraction > 0 && o.fraction <= 1))
       throw ConfigError("--fraction", "must be in (0, 1]");
     try {
@@ -461,91 +481,157 @@ void run_bench_io(const BenchOptions& o) {
   solar_permutation(o.seed, 0, perm);
   std::vector<std::uint64_t> ids(perm.begin(), perm.begin() + static_cast<std::ptrdiff_t>(k));
   const auto sorted_runs = storage::coalesce(ids);
+  const std::uint64_t bytes = k * sb;
+  const std::uint64_t per_batch = std::min(batch_bytes, bytes);
+  auto* fabric = o.reference ? dynamic_cast<storage::FabricSource*>(src.get()) : nullptr;
+  // The raw fabric's reference: the same server, provider and bytes in plain fi_reads of the
+  // phase's request sizes (one sample each; runs and the sequential range in reads of at most
+  // --reference-op), --queue-depth in flight, from the server's plain memory (as large as the
+  // dataset, up to 256 MiB) into a local ring as large as the phase's destination.
+  const std::uint64_t remote_bytes =
+      std::min<std::uint64_t>(info.samples * sb, storage::kMaxReferenceBytes);
+  const unsigned window = o.flags.queue_depth;
 
   struct Phase {
     std::string name;
     std::uint64_t requests = 0;
-    double seconds = 0;
+    std::function<void()> run;
+    std::vector<storage::FabricRead> reference_reads;
+    std::uint64_t reference_local = 0;
+    std::vector<double> seconds, reference_seconds;
+    std::optional<storage::FabricReference> reference;
   };
-  std::vector<Phase> phases;
-  const std::uint64_t bytes = k * sb;
-  try {
-    // 1. One sample per request, random order, from `workers` threads (a PyTorch Dataset's
-    //    __getitem__ under a DataLoader with that many workers).
-    if (o.cold) src->drop_cache();
-    {
-      std::atomic<std::uint64_t> next{0};
-      std::exception_ptr err;
-      std::mutex mu;
-      const auto t0 = Clock::now();
-      std::vector<std::thread> ts;
-      for (unsigned w = 0; w < o.workers; ++w)
-        ts.emplace_back([&] {
-          std::vector<std::byte> one(sb);
-          try {
-            for (std::uint64_t i; (i = next.fetch_add(1)) < k;) {
-              const SampleRun r{ids[i], 1};
-              src->read({&r, 1}, one.data());
-            }
-          } catch (...) {
-            std::lock_guard g(mu);
-            if (!err) err = std::current_exception();
-            next = k;
+  std::vector<Phase> phases(3);
+  // 1. One sample per request, random order, from `workers` threads (a PyTorch Dataset's
+  //    __getitem__ under a DataLoader with that many workers).
+  phases[0].name = "random, 1 sample/request";
+  phases[0].requests = k;
+  phases[0].run = [&] {
+    std::atomic<std::uint64_t> next{0};
+    std::exception_ptr err;
+    std::mutex mu;
+    std::vector<std::thread> ts;
+    for (unsigned w = 0; w < o.workers; ++w)
+      ts.emplace_back([&] {
+        std::vector<std::byte> one(sb);
+        try {
+          for (std::uint64_t i; (i = next.fetch_add(1)) < k;) {
+            const SampleRun r{ids[i], 1};
+            src->read({&r, 1}, one.data());
           }
-        });
-      for (auto& t : ts) t.join();
-      if (err) std::rethrow_exception(err);
-      phases.push_back({"random, 1 sample/request", k, since(t0)});
-    }
-    const std::uint64_t per_batch = std::min(batch_bytes, bytes);
-    // 2. The same samples, sorted and coalesced into runs, read batch by batch.
-    if (o.cold) src->drop_cache();
-    {
-      const auto parts = batches(sorted_runs, sb, batch_bytes);
-      const auto t0 = Clock::now();
-      read_all(*src, parts, per_batch);
-      phases.push_back({"sorted, coalesced runs", sorted_runs.size(), since(t0)});
-    }
-    // 3. Device limit: the same number of bytes, read sequentially from sample 0.
-    if (o.cold) src->drop_cache();
-    {
-      const std::vector<SampleRun> seq{{0, k}};
-      const auto parts = batches(seq, sb, batch_bytes);
-      const auto t0 = Clock::now();
-      read_all(*src, parts, per_batch);
-      phases.push_back({"sequential (device limit)", parts.size(), since(t0)});
-    }
+        } catch (...) {
+          std::lock_guard g(mu);
+          if (!err) err = std::current_exception();
+          next = k;
+        }
+      });
+    for (auto& t : ts) t.join();
+    if (err) std::rethrow_exception(err);
+  };
+  for (std::uint64_t id : ids) phases[0].reference_reads.push_back({id * sb, sb});
+  phases[0].reference_local = std::uint64_t{window} * sb;
+  // 2. The same samples, sorted and coalesced into runs, read batch by batch.
+  const auto coalesced_parts = batches(sorted_runs, sb, batch_bytes);
+  phases[1].name = "sorted, coalesced runs";
+  phases[1].requests = sorted_runs.size();
+  phases[1].run = [&] { read_all(*src, coalesced_parts, per_batch); };
+  for (const auto& r : sorted_runs)
+    add_reads(phases[1].reference_reads, r.first * sb, r.count * sb, reference_op);
+  phases[1].reference_local = per_batch;
+  // 3. Device limit: the same number of bytes, read sequentially from sample 0.
+  const auto seq_parts = batches({{0, k}}, sb, batch_bytes);
+  phases[2].name = "sequential (device limit)";
+  phases[2].requests = seq_parts.size();
+  phases[2].run = [&] { read_all(*src, seq_parts, per_batch); };
+  add_reads(phases[2].reference_reads, 0, bytes, reference_op);
+  phases[2].reference_local = per_batch;
+
+  try {
+    for (auto& p : phases)
+      for (unsigned rep = 0; rep < o.repeat; ++rep) {
+        if (o.cold) src->drop_cache();
+        const auto t0 = Clock::now();
+        p.run();
+        p.seconds.push_back(since(t0));
+        if (fabric) {
+          p.reference = fabric->measure_fabric(p.reference_reads, window, p.reference_local,
+                                               remote_bytes);
+          p.reference_seconds.push_back(p.reference->seconds);
+        }
+      }
   } catch (const StorageError& e) {
     std::fprintf(stderr, "solar bench io: %s\n", e.what());
     exit_code() = kExitFailure;
     return;
   }
-  const double seq = gbps(bytes, phases[2].seconds);
+  const double seq = gbps(bytes, median(phases[2].seconds));
+  auto fabric_gbps = [&](const Phase& p) { return gbps(bytes, median(p.reference_seconds)); };
+  auto vs_fabric = [&](const Phase& p) {
+    const double f = fabric_gbps(p);
+    return f > 0 ? gbps(bytes, median(p.seconds)) / f : 0;
+  };
   if (o.json) {
     nlohmann::json j = {{"source", src->describe()},   {"layout", info.layout},
                         {"sample_bytes", sb},          {"samples_read", k},
                         {"bytes_per_phase", bytes},    {"cold", o.cold},
-                        {"workers", o.workers},        {"phases", nlohmann::json::array()}};
-    for (const auto& p : phases)
-      j["phases"].push_back({{"name", p.name}, {"requests", p.requests}, {"seconds", p.seconds},
-                             {"gbps", gbps(bytes, p.seconds)},
-                             {"vs_sequential", seq > 0 ? gbps(bytes, p.seconds) / seq : 0}});
-    j["coalesced_vs_random"] = phases[0].seconds / phases[1].seconds;
+                        {"workers", o.workers},        {"repeat", o.repeat},
+                        {"phases", nlohmann::json::array()}};
+    for (const auto& p : phases) {
+      const double s = median(p.seconds);
+      nlohmann::json ph = {{"name", p.name},
+                           {"requests", p.requests},
+                           {"seconds", s},
+                           {"gbps", gbps(bytes, s)},
+                           {"vs_sequential", seq > 0 ? gbps(bytes, s) / seq : 0}};
+      if (p.reference) {
+        ph["fabric_gbps"] = fabric_gbps(p);
+        ph["vs_fabric"] = vs_fabric(p);
+        ph["fabric"] = {{"seconds", median(p.reference_seconds)},
+                        {"reads", p.reference->reads},
+                        {"bytes", p.reference->bytes},
+                        {"local_bytes", p.reference->local_bytes}};
+      }
+      j["phases"].push_back(ph);
+    }
+    j["coalesced_vs_random"] = median(phases[0].seconds) / median(phases[1].seconds);
+    if (fabric) {
+      const auto& r = *phases[0].reference;
+      j["fabric_reference"] = {{"provider", r.provider},
+                               {"window", r.window},
+                               {"remote_bytes", r.remote_bytes},
+                               {"max_read_bytes", reference_op}};
+    } else {
+      j["fabric_reference"] = nullptr;
+    }
     fmt::print("{}\n", j.dump(2));
     return;
   }
   fmt::print("{}: {} samples of {} ({} layout); reading a random {:.0f}% = {} samples, {} per "
-             "phase, {} cache\n\n",
+             "phase, {} cache{}\n\n",
              src->describe(), info.samples, format_bytes(sb), info.layout, 100 * o.fraction, k,
-             format_bytes(bytes), o.cold ? "cold (dropped before each phase)" : "warm");
-  fmt::print("{:<28} {:>10} {:>9} {:>9} {:>14}\n", "phase", "requests", "seconds", "GB/s",
+             format_bytes(bytes), o.cold ? "cold (dropped before each phase)" : "warm",
+             o.repeat > 1 ? fmt::format(", median of {} runs", o.repeat) : "");
+  fmt::print("{:<28} {:>10} {:>9} {:>9} {:>14}", "phase", "requests", "seconds", "GB/s",
              "vs sequential");
+  if (fabric) fmt::print(" {:>12} {:>10}", "fabric GB/s", "vs fabric");
+  fmt::print("\n");
   for (const auto& p : phases) {
-    const double g = gbps(bytes, p.seconds);
-    fmt::print("{:<28} {:>10} {:>9.2f} {:>9.2f} {:>13.1f}%\n", p.name, p.requests, p.seconds, g,
+    const double s = median(p.seconds);
+    const double g = gbps(bytes, s);
+    fmt::print("{:<28} {:>10} {:>9.2f} {:>9.2f} {:>13.1f}%", p.name, p.requests, s, g,
                seq > 0 ? 100 * g / seq : 0);
+    if (fabric) fmt::print(" {:>12.2f} {:>9.1f}%", fabric_gbps(p), 100 * vs_fabric(p));
+    fmt::print("\n");
   }
-  fmt::print("\ncoalesced vs random: {:.2f}x faster\n", phases[0].seconds / phases[1].seconds);
+  fmt::print("\ncoalesced vs random: {:.2f}x faster\n",
+             median(phases[0].seconds) / median(phases[1].seconds));
+  if (fabric) {
+    const auto& r = *phases[0].reference;
+    fmt::print("fabric: plain fi_reads on an endpoint of their own ({}), {} in flight, of each "
+               "phase's sizes (runs in reads of at most {}), from {} of the server's plain "
+               "memory: the page cache and solar's read path are not on it\n",
+               r.provider, r.window, format_bytes(reference_op), format_bytes(r.remote_bytes));
+  }
 }
 
 }  // namespace
@@ -665,6 +751,19 @@ void add_storage_commands(CLI::App& app) {
                "Keep the page cache (default: drop it before each phase: posix_fadvise "
                "DONTNEED for files, the server's cache for fabric://)");
   io->add_flag("--json", b->json, "Print machine-readable results");
+  io->add_flag_callback("--no-reference", [b] { b->reference = false; },
+                        "fabric://: skip the raw-fabric reference (by default each phase is "
+                        "followed by plain fi_reads of the same sizes on an endpoint of their "
+                        "own, and solar's reads are given as a share of them)");
+  io->add_option("--reference-op", b->reference_op,
+                 "fabric://: largest fi_read of the reference; runs and the sequential range "
+                 "are read in pieces of this size [4M]")
+      ->type_name(kBytes);
+  io->add_option("--repeat", b->repeat,
+                 "Run each phase (and its reference) this many times and report the medians, "
+                 "1..100 [1]")
+      ->type_name(kUint)
+      ->check(CLI::Range(1, 100).description(""));
   b->flags.add(io);
   io->callback([b] { run_bench_io(*b); });
 }

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -92,6 +93,27 @@ struct StagingSlot {
   const void* owner = nullptr;  // the connection its current key was handed to
 };
 
+// Plain memory for the raw-fabric reference (wire "reference"): no file behind it, so a
+// client measuring the fabric measures neither the page cache nor solar's read path. Filled
+// once, so its pages are real (untouched anonymous pages all map the one zero page, which
+// would be read from cache and flatter the fabric).
+struct ReferenceBuffer {
+  explicit ReferenceBuffer(std::size_t n) : len(n) {
+    p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      p = nullptr;
+      throw StorageError(fmt::format("cannot allocate a {}-byte reference buffer: {}", len,
+                                     std::strerror(errno)));
+    }
+    std::memset(p, 0x5a, len);
+  }
+  ~ReferenceBuffer() {
+    if (p) ::munmap(p, len);
+  }
+  void* p = nullptr;
+  std::size_t len = 0;
+};
+
 }  // namespace
 
 struct StorageServer::Impl {
@@ -102,6 +124,10 @@ struct StorageServer::Impl {
   std::uint64_t staging_bytes = 0;
   std::vector<StagingSlot> slots;
   std::mutex slots_mu;
+  // The reference buffer: one for all connections (those reading it keep it alive), replaced
+  // by a larger one when a client asks for more (at most kMaxReferenceBytes).
+  std::mutex reference_mu;
+  std::shared_ptr<ReferenceBuffer> reference;
 
   std::atomic<bool> stopping{false};
   std::thread progress;
@@ -157,6 +183,7 @@ struct StorageServer::Impl {
   void watch_exports();
   json hello_reply(const json& hello, Exported*& ex);
   Grant grant(const Exported& ex, json& reply);
+  std::shared_ptr<ReferenceBuffer> reference_buffer(std::uint64_t bytes);
   StagingSlot* acquire_slot(const void* who);
   void release_slot(StagingSlot* s);
   void reap(bool all);
@@ -328,6 +355,12 @@ StagingSlot* StorageServer::Impl::acquire_slot(const void* who) {
   return got;
 }
 
+std::shared_ptr<ReferenceBuffer> StorageServer::Impl::reference_buffer(std::uint64_t bytes) {
+  std::lock_guard g(reference_mu);
+  if (!reference || reference->len < bytes) reference = std::make_shared<ReferenceBuffer>(bytes);
+  return reference;
+}
+
 void StorageServer::Impl::release_slot(StagingSlot* s) {
   if (!s) return;
   std::lock_guard g(slots_mu);
@@ -395,6 +428,10 @@ Grant StorageServer::Impl::grant(const Exported& ex, json& r) {
 void StorageServer::Impl::serve(Connection& c, const std::string& peer, Exported* ex) {
   tcp::socket& s = *c.socket;
   StagingSlot* slot = nullptr;
+  // The reference buffer this connection reads, if it asked: registered for it alone (its key
+  // dies with the connection), closed before the buffer can go.
+  std::shared_ptr<ReferenceBuffer> ref;
+  fabric::Region ref_region;
   try {
     for (;;) {
       const json msg = wire::receive(s);
@@ -409,7 +446,19 @@ void StorageServer::Impl::serve(Connection& c, const std::string& peer, Exported
       const std::string& op = req.op;
       if (op == "bye") return;
       if (op == "done") continue;  // staged runs fetched: the slot was released above
-      if (op == "drop_cache") {
+      if (op == "reference") {
+        try {
+          const std::uint64_t bytes =
+              std::clamp<std::uint64_t>(req.bytes, 1ULL << 20, kMaxReferenceBytes);
+          ref_region = fabric::Region();
+          ref = reference_buffer(bytes);
+          ref_region = ep->register_memory(ref->p, bytes, FI_REMOTE_READ);
+          wire::send(s, {{"ok", true}, {"key", ref_region.key()}, {"base", ref_region.base()},
+                         {"bytes", bytes}});
+        } catch (const StorageError& e) {
+          wire::send(s, {{"ok", false}, {"error", e.what()}});
+        }
+      } else if (op == "drop_cache") {
         if (ex->map) ::madvise(ex->map, ex->map_len, MADV_DONTNEED);
         ex->source->drop_cache();
         wire::send(s, {{"ok", true}});

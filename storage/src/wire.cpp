@@ -154,6 +154,13 @@ Hello parse_hello(const nlohmann::json& msg) {
 Request parse_request(const nlohmann::json& msg) {
   Request r;
   r.op = text_field(msg, "op", "request");
+  if (r.op == "reference") {
+    const auto it = msg.find("bytes");
+    if (it == msg.end() || !is_count(*it))
+      throw StorageError("protocol error: bad bytes in reference request");
+    r.bytes = it->get<std::uint64_t>();
+    return r;
+  }
   if (r.op != "stage") return r;
   const auto it = msg.find("runs");
   if (it == msg.end() || !it->is_array())

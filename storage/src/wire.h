@@ -9,6 +9,11 @@
 //                                              is the client's until its next message
 //   done   {op}                              (no reply): the staged runs were fetched
 //   drop_cache {op}                         -> {ok}
+//   reference {op, bytes}                   -> {ok, key, base, bytes}: a registered buffer of
+//                                              plain memory (no file behind it, at most
+//                                              kMaxReferenceBytes), this connection's to fi_read
+//                                              until it leaves: the raw-fabric reference of
+//                                              `solar bench io` (FabricSource::measure_fabric)
 // Every reply with ok=false carries `error`, a message for people, and `retry: true` when the
 // same request may succeed later (the server is busy).
 //
@@ -27,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "solar/storage/fabric_source.h"  // kMaxReferenceBytes
 #include "solar/storage/sample_source.h"
 
 namespace solar::storage::wire {
@@ -58,11 +64,13 @@ struct Hello {
 };
 Hello parse_hello(const nlohmann::json& msg);
 
-// A request after the hello: its op and, for stage, its runs. StorageError ("protocol error:
-// ...") when the op is not a string or the runs are not [[first, count], ...] of counts.
+// A request after the hello: its op and, for stage, its runs; for reference, its bytes.
+// StorageError ("protocol error: ...") when the op is not a string, the runs are not
+// [[first, count], ...] of counts or the bytes not a count.
 struct Request {
   std::string op;
   std::vector<SampleRun> runs;
+  std::uint64_t bytes = 0;
 };
 Request parse_request(const nlohmann::json& msg);
 

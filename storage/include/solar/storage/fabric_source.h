@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "solar/storage/sample_source.h"
@@ -38,6 +39,26 @@ struct FabricOptions {
   std::string provider;  // "" = the server's provider (the client must use the same one)
 };
 
+// The largest reference buffer a solar-stored lends (FabricSource::measure_fabric). One buffer
+// serves every connection that asks, so a client can make the server hold this much at most.
+inline constexpr std::uint64_t kMaxReferenceBytes = 256ULL << 20;
+
+// One read of the raw-fabric reference: `len` bytes at `offset` of the server's reference
+// buffer (offsets past its end wrap around).
+struct FabricRead {
+  std::uint64_t offset = 0, len = 0;
+};
+
+// What FabricSource::measure_fabric measured.
+struct FabricReference {
+  double seconds = 0;  // first read issued to last completion
+  std::uint64_t bytes = 0, reads = 0;
+  unsigned window = 0;              // reads in flight
+  std::uint64_t remote_bytes = 0;   // the server's reference buffer
+  std::uint64_t local_bytes = 0;    // the destination ring
+  std::string provider;
+};
+
 class FabricSource : public SampleSource {
  public:
   // Connects and checks the dataset exists. Throws StorageError for a malformed URI, an
@@ -56,6 +77,15 @@ class FabricSource : public SampleSource {
   const std::string& identity() const override;
 
   std::string provider() const;
+  // The raw fabric under this source, measured as fabtests' fi_rma_bw does: on a connection
+  // and endpoint of its own (same provider, same server), `reads` are issued as plain
+  // fi_reads, `window` in flight, from a registered buffer of plain memory the server lends
+  // for this (`remote_bytes`, at most 256 MiB: no file and no page cache behind it) into a
+  // local ring of `local_bytes` registered once. Nothing of solar's read path is on this
+  // path, so solar's reads of the same sizes, divided by it, are solar's share of the fabric.
+  // Throws StorageError when a read fails or the server does not lend the buffer.
+  FabricReference measure_fabric(std::span<const FabricRead> reads, unsigned window,
+                                 std::uint64_t local_bytes, std::uint64_t remote_bytes);
   std::uint64_t bytes_read() const;    // completed payload bytes since connect (all threads)
   std::uint64_t reconnects() const;
 

@@ -1,0 +1,109 @@
+// `solar bench io fabric://...`'s raw-fabric reference: it runs on both providers, for a
+// mapped and a staged export, and its JSON has the fields. No timing is asserted (speed lives
+// in the benchmarks, bench/README.md).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "solar/storage/fabric_source.h"
+#include "solar/storage/hdf5_writer.h"
+#include "test_util.h"
+
+namespace solar::storage {
+namespace {
+using nlohmann::json;
+using test::StoredProcess;
+using test::TempDir;
+
+std::string write(const TempDir& dir, const std::string& name, Layout layout) {
+  GenSpec s;
+  s.path = dir.file(name);
+  s.samples = 64;
+  s.shape = {4, 16, 16, 16};  // int16: 32 KiB samples
+  s.layout = layout;
+  s.seed = 5;
+  write_dataset(s);
+  return s.path;
+}
+
+json bench(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {SOLAR_CLI, "bench", "io"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string out;
+  EXPECT_EQ(test::run(argv, &out), 0) << out;
+  const auto j = json::parse(out.substr(std::min(out.find('{'), out.size())), nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << out;
+  return j;
+}
+
+class Reference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Reference, BenchIoMeasuresTheFabricBesideEveryPhase) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous);
+  write(dir, "k.h5", Layout::chunked);
+  StoredProcess server(dir, {"--provider", GetParam(), "--export", "c=" + dir.file("c.h5"),
+                             "--export", "k=" + dir.file("k.h5")});
+  ASSERT_TRUE(server.start()) << server.log();
+  for (const char* name : {"c", "k"}) {
+    const json j = bench({server.uri(name), "--json", "--fraction", "1", "--batch-bytes", "256K",
+                          "--reference-op", "64K", "--queue-depth", "4", "--repeat", "2"});
+    ASSERT_TRUE(j.is_object());
+    const auto& ref = j.at("fabric_reference");
+    EXPECT_EQ(ref.at("provider"), GetParam());
+    EXPECT_EQ(ref.at("window"), 4);
+    EXPECT_EQ(ref.at("max_read_bytes"), 64 << 10);
+    EXPECT_GE(ref.at("remote_bytes").get<std::uint64_t>(), 64u * (32 << 10));
+    EXPECT_EQ(j.at("repeat"), 2);
+    const std::uint64_t bytes = j.at("bytes_per_phase");
+    ASSERT_EQ(j.at("phases").size(), 3u);
+    for (const auto& p : j.at("phases")) {
+      SCOPED_TRACE(p.dump());
+      EXPECT_GT(p.at("gbps").get<double>(), 0);
+      EXPECT_GT(p.at("fabric_gbps").get<double>(), 0);
+      EXPECT_GT(p.at("vs_fabric").get<double>(), 0);
+      EXPECT_EQ(p.at("fabric").at("bytes").get<std::uint64_t>(), bytes);
+      EXPECT_GT(p.at("fabric").at("seconds").get<double>(), 0);
+      EXPECT_GE(p.at("fabric").at("reads").get<std::uint64_t>(), 1u);
+    }
+    // Random: one read per sample; runs and the range in reads of at most --reference-op.
+    EXPECT_EQ(j["phases"][0]["fabric"]["reads"], 64);
+    EXPECT_EQ(j["phases"][2]["fabric"]["reads"], 64 * (32 << 10) / (64 << 10));
+  }
+  // Without it, and for files, there is none.
+  EXPECT_TRUE(bench({server.uri("c"), "--json", "--no-reference"}).at("fabric_reference").is_null());
+  EXPECT_TRUE(bench({dir.file("c.h5"), "--json"}).at("fabric_reference").is_null());
+}
+
+INSTANTIATE_TEST_SUITE_P(Storage, Reference, ::testing::Values("tcp;ofi_rxm", "shm"),
+                         [](const auto& p) {
+                           return p.param == "shm" ? std::string("shm") : std::string("tcp_rxm");
+                         });
+
+TEST(FabricReference, ReadsLongerThanTheServersBufferAreRefused) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous);
+  StoredProcess server(dir, {"--export", "c=" + dir.file("c.h5")});
+  ASSERT_TRUE(server.start()) << server.log();
+  auto src = FabricSource::connect(server.uri("c"));
+  const FabricRead ok{5 << 20, 64 << 10};  // wraps around the 1 MiB (smallest) buffer
+  const auto r = src->measure_fabric({&ok, 1}, 2, 64 << 10, 1);
+  EXPECT_EQ(r.bytes, 64u << 10);
+  EXPECT_EQ(r.reads, 1u);
+  EXPECT_EQ(r.remote_bytes, 1u << 20);
+  const FabricRead big{0, 2 << 20};
+  try {
+    src->measure_fabric({&big, 1}, 2, 2 << 20, 1);
+    FAIL() << "no error";
+  } catch (const StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find("longer than the server's"), std::string::npos)
+        << e.what();
+  }
+  // The source still reads after both.
+  std::vector<std::byte> buf(src->info().sample_bytes);
+  const SampleRun one{3, 1};
+  src->read({&one, 1}, buf.data());
+}
+
+}  // namespace
+}  // namespace solar::storage
