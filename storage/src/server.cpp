@@ -684,6 +684,9 @@ void StorageServer::Impl::welcome(Greeting& g) {
       // reap(true) reading the descriptor to shut it down (and could shut down a reused one).
       ::shutdown(c->socket->native_handle(), SHUT_RDWR);
       c->finished = true;
+      // Closed now, on the io thread, not only when the next client connects: a server whose
+      // last job has ended holds no descriptor of it (the soak counts them).
+      asio::post(io, [this] { reap(false); });
     });
   } catch (const std::system_error& e) {  // no thread to be had: the client will retry
     spdlog::error("{}: cannot start a thread for it: {}", g.peer, e.what());
