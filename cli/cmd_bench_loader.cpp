@@ -20,6 +20,7 @@
 #include "launcher.h"
 #include "options.h"
 #include "solar/core/planner.h"
+#include "solar/storage/hdf5_source.h"
 #include "solar/storage/sample_source.h"
 #include "throttle.h"
 
@@ -296,9 +297,8 @@ void run_bench(const BenchOptions& o) {
   std::unique_ptr<Throttle> throttle;
   if (!o.throttle.empty()) {
     const auto [bps, iops] = parse_throttle(o.throttle, "--throttle");
-    const std::string file = o.dataset.substr(0, o.dataset.rfind(".h5:") == std::string::npos
-                                                     ? std::string::npos
-                                                     : o.dataset.rfind(".h5:") + 3);
+    // --dataset is a file here (fabric:// is refused above): the source knows its path.
+    const auto& file = dynamic_cast<const storage::Hdf5Source&>(*src).path();
     try {
       throttle = std::make_unique<Throttle>(file, bps, iops);
     } catch (const ThrottleUnavailable& e) {

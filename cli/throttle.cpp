@@ -2,7 +2,6 @@
 // so both put the same cap on the same counters.
 #include "throttle.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -78,14 +77,6 @@ std::pair<std::uint64_t, std::uint64_t> parse_throttle(const std::string& text,
     iops = parse_count(text.substr(comma + 1), flag + " (requests/s after the comma)", 1,
                        std::uint64_t{1} << 40);
   return {bps, iops};
-}
-
-void evict_from_cache(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
 }
 
 Throttle::Throttle(const std::string& data_path, std::uint64_t bps, std::uint64_t iops)

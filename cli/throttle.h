@@ -49,7 +49,4 @@ class Throttle {
 std::pair<std::uint64_t, std::uint64_t> parse_throttle(const std::string& text,
                                                        const std::string& flag);
 
-// Drops `path`'s pages from the page cache (flushed first), so its next read comes from disk.
-void evict_from_cache(const std::string& path);
-
 }  // namespace solar::cli

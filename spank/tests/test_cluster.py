@@ -562,16 +562,6 @@ def test_another_user_cannot_read_a_jobs_buffer(cluster, dataset):
          "--verify"], env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=cluster.root)
     try:
-        def ranks():
-            found = []
-            for pid in os.listdir("/proc"):
-                try:
-                    if pid.isdigit() and os.readlink(f"/proc/{pid}/exe") == os.path.realpath(TRAIN):
-                        found.append(int(pid))
-                except OSError:
-                    pass
-            return found
-
         def buffer_fds(pid, where="fd"):
             """The agent's descriptor of the buffer (fd), or a rank's mapping (map_files)."""
             fds = []
@@ -584,7 +574,7 @@ def test_another_user_cannot_read_a_jobs_buffer(cluster, dataset):
             return fds
 
         def ready():
-            agents, rs = agents_running(), ranks()
+            agents, rs = agents_running(), agents_running(TRAIN)
             return (len(agents) == 2 and len(rs) == 4 and all(buffer_fds(p) for p in agents)
                     and all(buffer_fds(p, "map_files") for p in rs) and agents + rs)
         procs = wait_until(ready, timeout=120, what="the job's agents and ranks holding the buffer")

@@ -1,6 +1,7 @@
 """The whole data path with real processes: `solar run` starting real agents over a real HDF5
 file or a real solar-stored server, real rank programs verifying every sample, and faults
 (agent killed, rank killed, strangers, garbage on the socket, mismatched inputs)."""
+import contextlib
 import csv
 import io
 import os
@@ -237,8 +238,11 @@ def test_rank_killed_others_finish(tmp_path, dataset):
 
 # ---- the agent on its own --------------------------------------------------------------------
 
-@pytest.fixture
-def agent(tmp_path, dataset):
+@contextlib.contextmanager
+def standalone_agent(tmp_path, dataset, *extra):
+    """A solar-agent on its own (no solar run) for node 0 of a 2-rank plan of `dataset`, once its
+    socket accepts: (process, socket, log, plan). Stopped with SIGTERM afterwards; it must exit
+    0 and remove its socket."""
     plan = tmp_path / "a.plan"
     run(SOLAR, "plan", "--samples", "600", "--sample-bytes", "4K", "--epochs", "2", "--nodes", "1",
         "--ranks-per-node", "2", "--batch", "4", "--buffer", "400K", "--out", plan)
@@ -246,8 +250,9 @@ def agent(tmp_path, dataset):
     sock_dir = pathlib.Path(tempfile.mkdtemp(prefix="solar-test-"))
     sock = sock_dir / "agent.sock"
     log = tmp_path / "agent.log"
-    proc = subprocess.Popen([AGENT, "--plan", plan, "--node", "0", "--dataset", dataset, "--socket",
-                             sock, "--log", log], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([str(a) for a in (AGENT, "--plan", plan, "--node", "0", "--dataset",
+                                              dataset, "--socket", sock, "--log", log, *extra)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def connectable():
         try:
@@ -258,9 +263,9 @@ def agent(tmp_path, dataset):
             assert proc.poll() is None, f"agent exited: {log.read_text() if log.exists() else ''}"
             return False
 
-    wait_until(connectable, what="agent socket")
     try:
-        yield proc, sock, log
+        wait_until(connectable, what="agent socket")
+        yield proc, sock, log, plan
     finally:
         proc.terminate()
         rc = proc.wait(timeout=30)
@@ -268,6 +273,12 @@ def agent(tmp_path, dataset):
         shutil.rmtree(sock_dir, ignore_errors=True)
     assert rc == 0
     assert not left, "the agent left its socket behind"
+
+
+@pytest.fixture
+def agent(tmp_path, dataset):
+    with standalone_agent(tmp_path, dataset) as (proc, sock, log, _):
+        yield proc, sock, log
 
 
 def frame(op, payload=b""):

@@ -4,9 +4,10 @@ the ranks get exactly the rest of the plan, every byte checked, and the agents n
 serve the steps before it."""
 import json
 import os
+import subprocess
 
 from test_data_path import (RUN, SOLAR, TRAIN, dataset, plan_sequences, recorded,  # noqa: F401
-                            run)
+                            run, standalone_agent)
 
 WORLD, NODES, RANKS_PER_NODE = 4, 2, 2
 
@@ -127,32 +128,9 @@ def test_rank_starts_where_its_agent_starts(tmp_path, dataset):
     """An agent started by hand at --start-step 7: a rank without SOLAR_START_* learns the start
     from the agent's hello; a rank told a later start (SOLAR_START_STEP=9) takes and releases the
     agent's steps in between. Both get the plan's batches from the agent, every byte verified."""
-    import pathlib
-    import shutil
-    import socket
-    import subprocess
-    import tempfile
-    from test_data_path import AGENT, wait_until
-    plan = tmp_path / "a.plan"
-    run(SOLAR, "plan", "--samples", 600, "--sample-bytes", "4K", "--epochs", 2, "--nodes", 1,
-        "--ranks-per-node", 2, "--batch", 4, "--buffer", "400K", "--out", plan)
-    seq = plan_sequences(plan)
-    total = max(seq[0]) + 1
-    sock_dir = pathlib.Path(tempfile.mkdtemp(prefix="solar-test-"))
-    sock = sock_dir / "agent.sock"
-    log = tmp_path / "agent.log"
-    agent = subprocess.Popen([str(a) for a in (AGENT, "--plan", plan, "--node", 0, "--dataset",
-                              dataset, "--socket", sock, "--log", log, "--start-step", 7)])
-    try:
-        def connectable():
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(sock))
-                return True
-            except OSError:
-                assert agent.poll() is None, log.read_text() if log.exists() else ""
-                return False
-        wait_until(connectable, what="agent socket")
+    with standalone_agent(tmp_path, dataset, "--start-step", 7) as (_, sock, log, plan):
+        seq = plan_sequences(plan)
+        total = max(seq[0]) + 1
         ranks = []
         for r, start in ((0, None), (1, "9")):
             env = {k: v for k, v in os.environ.items() if not k.startswith("SOLAR_")}
@@ -170,8 +148,4 @@ def test_rank_starts_where_its_agent_starts(tmp_path, dataset):
         assert recorded(tmp_path / "rank-0.txt") == {s: v for s, v in seq[0].items() if s >= 7}
         assert recorded(tmp_path / "rank-1.txt") == {s: v for s, v in seq[1].items() if s >= 9}
         assert total > 9
-    finally:
-        agent.terminate()
-        agent.wait(timeout=30)
-        shutil.rmtree(sock_dir, ignore_errors=True)
     assert "starting at step 7" in log.read_text()

@@ -611,13 +611,19 @@ class Soak:
         if not agents:
             return None
         victim = rng.choice(agents)
+        secs = self.pause(victim, rng)
+        return f"{victim} {secs:.1f} s" if secs else None
+
+    def pause(self, victim, rng):
+        """SIGSTOP for 0.5-6 s, then SIGCONT (also if the soak is stopped meanwhile): the
+        seconds, or None if it was already gone."""
         secs = rng.uniform(0.5, 6)
         if not victim.signal(signal.SIGSTOP):
             return None
         key = self.undo.push(lambda: victim.signal(signal.SIGCONT))
         time.sleep(secs)
         self.undo.pop(key)
-        return f"{victim} {secs:.1f} s"
+        return secs
 
     def fault_rank_kill(self, job, rng, done):
         if job.killed_rank:
@@ -652,14 +658,8 @@ class Soak:
     def fault_stored_stop(self, job, rng, done):
         if not self.stored.alive() or not self.ranks_started(job):
             return None
-        p = self.stored.pid
-        secs = rng.uniform(0.5, 6)
-        if not p.signal(signal.SIGSTOP):
-            return None
-        key = self.undo.push(lambda: p.signal(signal.SIGCONT))
-        time.sleep(secs)
-        self.undo.pop(key)
-        return f"{secs:.1f} s"
+        secs = self.pause(self.stored.pid, rng)
+        return f"{secs:.1f} s" if secs else None
 
     def fault_slow_storage(self, job, rng, done):
         if job.kind == "fabric":
