@@ -141,14 +141,15 @@ std::unique_ptr<Session> FabricSource::Impl::open_session(bool first) {
     throw StorageError(msg);
   }
   try {
+    const std::string bad_hello = uri + ": the server's hello reply is bad";
     const DatasetInfo i = wire::info_from_json(reply.at("info"));
     const std::string id = reply.at("identity").get<std::string>();
     if (first) {
       info = i;
       identity = id;
       provider = opt.provider.empty() ? reply.at("provider").get<std::string>() : opt.provider;
-      bandwidth = reply.at("throttle").at("bandwidth").get<double>();
-      latency = reply.at("throttle").at("latency_s").get<double>();
+      bandwidth = wire::rate_field(reply.at("throttle").at("bandwidth"), bad_hello);
+      latency = wire::rate_field(reply.at("throttle").at("latency_s"), bad_hello);
     } else if (id != identity) {
       throw StorageError(fmt::format("{}: the server came back exporting a different file; "
                                      "refusing to mix its bytes into this read",
@@ -157,12 +158,13 @@ std::unique_ptr<Session> FabricSource::Impl::open_session(bool first) {
     const json& d = reply.at("data");
     s->rma = d.at("mode") == "rma";
     if (s->rma)
-      s->data = {d.at("key").get<std::uint64_t>(), d.at("base").get<std::uint64_t>()};
+      s->data = {wire::count_field(d.at("key"), bad_hello),
+                 wire::count_field(d.at("base"), bad_hello)};
     else
-      s->staging_bytes = d.at("bytes").get<std::uint64_t>();
+      s->staging_bytes = wire::count_field(d.at("bytes"), bad_hello);
     if (reply.contains("labels"))
-      s->labels = {reply["labels"].at("key").get<std::uint64_t>(),
-                   reply["labels"].at("base").get<std::uint64_t>()};
+      s->labels = {wire::count_field(reply["labels"].at("key"), bad_hello),
+                   wire::count_field(reply["labels"].at("base"), bad_hello)};
     s->ep = fabric::Endpoint::open(provider, "");
     if (s->ep->virt_addr() != reply.at("virt_addr").get<bool>())
       throw StorageError(fmt::format("{}: provider {} disagrees with the server's about "
@@ -489,8 +491,9 @@ void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) {
         if (reply.value("retry", false)) throw TransientError(im.uri + ": " + err);
         throw StorageError(fmt::format("{}: the server refused a read: {}", im.uri, err));
       }
-      const std::uint64_t key = reply.at("key").get<std::uint64_t>();
-      const std::uint64_t base = reply.at("base").get<std::uint64_t>();
+      const std::string bad = im.uri + ": the server's stage reply is bad";
+      const std::uint64_t key = wire::count_field(reply.at("key"), bad);
+      const std::uint64_t base = wire::count_field(reply.at("base"), bad);
       std::vector<Piece> bp;
       for (std::uint64_t off = 0; off < n * sb; off += max_piece)
         bp.push_back({key, base + off, std::min(max_piece, n * sb - off), staged_out + off});
@@ -561,9 +564,10 @@ FabricReference FabricSource::measure_fabric(std::span<const FabricRead> reads, 
   if (!reply.value("ok", false))
     throw StorageError(fmt::format("{}: the server lends no reference buffer: {}", im.uri,
                                    reply.value("error", std::string("no reason given"))));
-  const std::uint64_t key = reply.at("key").get<std::uint64_t>();
-  const std::uint64_t base = reply.at("base").get<std::uint64_t>();
-  const std::uint64_t rbytes = reply.at("bytes").get<std::uint64_t>();
+  const std::string bad = im.uri + ": the server's reference reply is bad";
+  const std::uint64_t key = wire::count_field(reply.at("key"), bad);
+  const std::uint64_t base = wire::count_field(reply.at("base"), bad);
+  const std::uint64_t rbytes = wire::count_field(reply.at("bytes"), bad);
   if (longest > rbytes)
     throw StorageError(fmt::format("{}: a {}-byte reference read is longer than the server's "
                                    "{}-byte reference buffer",

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 
 namespace solar::storage::wire {
 namespace asio = boost::asio;
@@ -121,13 +122,6 @@ bool is_count(const nlohmann::json& v) {
   return v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0);
 }
 
-std::uint64_t count_of(const nlohmann::json& v) {
-  if (!is_count(v))
-    throw StorageError(fmt::format("protocol error: bad dataset description ({} is not a count)",
-                                   v.dump()));
-  return v.get<std::uint64_t>();
-}
-
 // A string field, "" when absent.
 std::string text_field(const nlohmann::json& msg, const char* key, const char* what) {
   const auto it = msg.find(key);
@@ -137,6 +131,19 @@ std::string text_field(const nlohmann::json& msg, const char* key, const char* w
   return it->get<std::string>();
 }
 }  // namespace
+
+std::uint64_t count_field(const nlohmann::json& v, std::string_view what) {
+  if (!is_count(v))
+    throw StorageError(fmt::format("protocol error: {} ({} is not a count)", what, v.dump()));
+  return v.get<std::uint64_t>();
+}
+
+double rate_field(const nlohmann::json& v, std::string_view what) {
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
+    throw StorageError(
+        fmt::format("protocol error: {} ({} is not a finite number >= 0)", what, v.dump()));
+  return v.get<double>();
+}
 
 Hello parse_hello(const nlohmann::json& msg) {
   Hello h;
@@ -205,23 +212,24 @@ nlohmann::json to_json(const DatasetInfo& i) {
 }
 
 DatasetInfo info_from_json(const nlohmann::json& j) {
+  static constexpr std::string_view kInfo = "bad dataset description";
   DatasetInfo i;
   try {
-    i.samples = count_of(j.at("samples"));
+    i.samples = count_field(j.at("samples"), kInfo);
     const nlohmann::json& shape = j.at("shape");
     if (!shape.is_array())
       throw StorageError("protocol error: bad dataset description (shape is not an array)");
-    for (const auto& d : shape) i.sample_shape.push_back(count_of(d));
+    for (const auto& d : shape) i.sample_shape.push_back(count_field(d, kInfo));
     auto dt = parse_dtype(j.at("dtype").get<std::string>());
     auto lt = parse_dtype(j.at("label_dtype").get<std::string>());
     if (!dt || !lt) throw StorageError("protocol error: unknown dtype");
     i.dtype = *dt;
     i.label_dtype = *lt;
-    i.sample_bytes = count_of(j.at("sample_bytes"));
+    i.sample_bytes = count_field(j.at("sample_bytes"), kInfo);
     i.has_labels = j.at("has_labels").get<bool>();
-    i.label_bytes = count_of(j.at("label_bytes"));
+    i.label_bytes = count_field(j.at("label_bytes"), kInfo);
     i.layout = j.at("layout").get<std::string>();
-    if (j.contains("seed")) i.seed = count_of(j["seed"]);
+    if (j.contains("seed")) i.seed = count_field(j["seed"], kInfo);
   } catch (const nlohmann::json::exception& e) {
     throw StorageError(fmt::format("protocol error: bad dataset description ({})", e.what()));
   }

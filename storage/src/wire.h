@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "solar/storage/fabric_source.h"  // kMaxReferenceBytes
@@ -52,6 +53,12 @@ nlohmann::json receive(boost::asio::ip::tcp::socket& s, std::uint32_t limit = kM
 std::uint32_t frame_length(const unsigned char len[4]);
 std::string frame(const nlohmann::json& msg);  // length + body, ready to write
 nlohmann::json parse_body(const std::string& body);  // StorageError if not a JSON object
+
+// A field of a message: a non-negative JSON integer (count_field) or a finite number >= 0
+// (rate_field); StorageError "protocol error: WHAT (...)" otherwise. (json's get<std::uint64_t>
+// converts any number, and -1.5 or 1e300 that way is undefined behaviour.)
+std::uint64_t count_field(const nlohmann::json& v, std::string_view what);
+double rate_field(const nlohmann::json& v, std::string_view what);
 
 std::string to_hex(const std::vector<std::uint8_t>& bytes);
 std::vector<std::uint8_t> from_hex(const std::string& hex);

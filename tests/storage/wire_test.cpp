@@ -2,7 +2,9 @@
 // and its review found: runs whose bytes wrap around 64 bits, counts that are not integers.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "wire.h"
@@ -78,6 +80,34 @@ TEST(Wire, DatasetDescriptionsWithBadCountsAreProtocolErrors) {
   nlohmann::json bad = info;
   bad["shape"] = {4, -1.5};
   EXPECT_THROW(wire::info_from_json(bad), StorageError);
+}
+
+// The client's side: FabricSource reads the server's keys, addresses and throttle with these;
+// json's own get<std::uint64_t> of -1.5 or 1e300 was undefined behaviour.
+TEST(Wire, ReplyFieldsThatAreNotCountsOrRatesAreProtocolErrors) {
+  EXPECT_EQ(wire::count_field(nlohmann::json(0), "x"), 0u);
+  EXPECT_EQ(wire::count_field(nlohmann::json(18446744073709551615ull), "x"),
+            18446744073709551615ull);
+  for (const nlohmann::json& v : {nlohmann::json(-1), nlohmann::json(-1.5), nlohmann::json(1e300),
+                                  nlohmann::json(2.0), nlohmann::json("7"), nlohmann::json()}) {
+    try {
+      wire::count_field(v, "fabric://h:1/d: the server's hello reply is bad");
+      ADD_FAILURE() << v << " was taken as a count";
+    } catch (const StorageError& e) {
+      EXPECT_NE(std::string(e.what()).find("fabric://h:1/d: the server's hello reply is bad"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(wire::rate_field(nlohmann::json(4e8), "x"), 4e8);
+  EXPECT_EQ(wire::rate_field(nlohmann::json(0), "x"), 0.0);
+  for (const nlohmann::json& v : {nlohmann::json(-1e-3), nlohmann::json(-5), nlohmann::json("1"),
+                                  nlohmann::json(nullptr)})
+    EXPECT_THROW(wire::rate_field(v, "x"), StorageError) << v;
+  // JSON has no inf or NaN literal, but a double can hold them.
+  EXPECT_THROW(wire::rate_field(nlohmann::json(std::numeric_limits<double>::infinity()), "x"),
+               StorageError);
+  EXPECT_THROW(wire::rate_field(nlohmann::json(std::nan("")), "x"), StorageError);
 }
 
 }  // namespace
