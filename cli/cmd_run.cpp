@@ -55,15 +55,22 @@ std::string transparent_line(const nlohmann::json& t, std::uint64_t total_steps)
                              : "");
 }
 
+// "; X from the device" when the agent's kernel counted its block reads (device_read_bytes).
+std::string device_bytes(const nlohmann::json& a) {
+  const auto it = a.find("device_read_bytes");
+  if (it == a.end() || !it->is_number_unsigned()) return "";
+  return fmt::format("; {} read from the device", format_bytes(it->get<std::uint64_t>()));
+}
+
 void print_summary(const LaunchResult& r) {
   for (const auto& a : r.agents) {
     const double hit = a["hits"].get<double>();
     const double fetched = a["fetched_samples"].get<double>();
     fmt::print(stderr,
-               "solar run: node {}: {} steps, {:.0f} hits, {:.0f} samples fetched ({}), hit rate "
-               "{:.1f}%, storage read time {:.2f} s\n",
+               "solar run: node {}: {} steps, {:.0f} hits, {:.0f} samples fetched ({}{}), hit "
+               "rate {:.1f}%, storage read time {:.2f} s\n",
                a["node"].get<int>(), a["ready_steps"].get<std::uint64_t>(), hit, fetched,
-               format_bytes(a["bytes_read"].get<std::uint64_t>()),
+               format_bytes(a["bytes_read"].get<std::uint64_t>()), device_bytes(a),
                hit + fetched > 0 ? 100 * hit / (hit + fetched) : 0.0,
                a["read_seconds"].get<double>());
     if (const auto start = a.value("start_step", std::uint64_t{0}); start > 0)

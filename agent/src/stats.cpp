@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
@@ -26,6 +27,24 @@ double since(Clock::time_point from, Clock::time_point to) {
 // A measured value, or null where the mode does not measure it.
 nlohmann::json maybe(bool measured, double v) {
   return measured ? nlohmann::json(v) : nlohmann::json();
+}
+
+// What this process (all its threads) had the block layer read for it: /proc/self/io's
+// read_bytes, readahead and O_DIRECT included, page-cache hits not. Null where the kernel
+// keeps no such count (no CONFIG_TASK_IO_ACCOUNTING) or /proc is not mounted.
+nlohmann::json device_read_bytes() {
+  std::FILE* f = std::fopen("/proc/self/io", "re");
+  if (!f) return {};
+  char line[128];
+  nlohmann::json out;
+  unsigned long long v = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "read_bytes: %llu", &v) == 1) {
+      out = static_cast<std::uint64_t>(v);
+      break;
+    }
+  std::fclose(f);
+  return out;
 }
 
 namespace fs = std::filesystem;
@@ -181,6 +200,7 @@ nlohmann::json Agent::Impl::stats_document() {
          {"hits", hits_},
          {"fetched_samples", fetched_},
          {"bytes_read", bytes_read_},
+         {"device_read_bytes", device_read_bytes()},
          {"storage_reads", reads_},
          {"read_seconds", read_seconds_},
          {"slot_wait_seconds", slot_wait_seconds_},

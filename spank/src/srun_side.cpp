@@ -167,8 +167,13 @@ void print_node_summaries(const State& s) {
     const nlohmann::json& j = *stats;
     try {
       const double hits = j.value("hits", 0.0), fetched = j.value("fetched_samples", 0.0);
-      info(fmt::format("node {}: {:.0f} hits, {:.0f} samples fetched ({}), hit rate {:.1f}%", m,
+      const auto device = j.find("device_read_bytes");  // null where the kernel counts none
+      info(fmt::format("node {}: {:.0f} hits, {:.0f} samples fetched ({}{}), hit rate {:.1f}%", m,
                        hits, fetched, format_bytes(j.value("bytes_read", std::uint64_t{0})),
+                       device != j.end() && device->is_number_unsigned()
+                           ? "; " + format_bytes(device->get<std::uint64_t>()) +
+                                 " read from the device"
+                           : std::string(),
                        hits + fetched > 0 ? 100 * hits / (hits + fetched) : 0.0));
       if (const auto t = j.value("transparent", nlohmann::json()); t.is_object()) {
         const double served = t.value("hit_reads", 0.0), missed = t.value("miss_reads", 0.0);

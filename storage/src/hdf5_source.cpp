@@ -170,6 +170,10 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
   if (im->fd < 0)
     throw StorageError(fmt::format("{}: cannot open for reading: {}", path, std::strerror(errno)));
   if (options.direct) im->direct_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  // No readahead on our reads (issue 15: 6.6% more bytes than planned came from the device with
+  // the kernel's guess, read_ahead_kb 8192 here): samples are read where the plan says, runs
+  // already coalesced, and every extra byte costs time on bandwidth-bound shared storage.
+  ::posix_fadvise(im->fd, 0, 0, POSIX_FADV_RANDOM);
   ::fstat(im->fd, &im->opened);
   im->identity = file_identity(im->opened);
 
@@ -212,6 +216,7 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
       throw StorageError(fmt::format("{}: the file was replaced while it was being opened; try "
                                      "again once nobody writes it",
                                      path));
+    if (handle) ::posix_fadvise(*static_cast<int*>(handle), 0, 0, POSIX_FADV_RANDOM);  // chunks
   }
   if (!dataset_exists(im->file.get(), im->dataset))
     throw StorageError(fmt::format("{}: no dataset '{}' (datasets at the top level: {})", path,
