@@ -37,7 +37,7 @@ struct BenchOptions {
   std::string readers = "4";
   bool zero_copy = false;
   double compute_ms = 0;
-  std::string remote_bandwidth, throttle;
+  std::string remote_bandwidth, throttle, read_gap = "auto";
   double remote_latency_ms = 0;
   bool verify = false, json = false;
 };
@@ -233,6 +233,7 @@ void run_bench(const BenchOptions& o) {
     c.seed = parse_count(o.seed, "--seed", 0, ~std::uint64_t{0});
     readers = static_cast<std::uint32_t>(parse_count(o.readers, "--readers", 1, 256));
     if (!o.remote_bandwidth.empty()) parse_bytes(o.remote_bandwidth, "--remote-bandwidth");
+    if (o.read_gap != "auto") parse_bytes(o.read_gap, "--read-gap");
     if (!o.throttle.empty()) {
       parse_throttle(o.throttle, "--throttle");
       if (!o.remote_bandwidth.empty() || o.remote_latency_ms > 0)
@@ -312,6 +313,11 @@ void run_bench(const BenchOptions& o) {
   // The limit's bandwidth: the cap, or a cold sequential read of the dataset through the same
   // storage path.
   double bandwidth = throttle ? double(throttle->bps()) : 0;
+  // The agents' --read-gap: "auto" under an IOPS cap is what one request costs in bytes at the
+  // cap (BPS / IOPS: a gap shorter than that is cheaper to read than to skip); else none.
+  std::uint64_t read_gap = 0;
+  if (o.read_gap != "auto") read_gap = parse_bytes(o.read_gap, "--read-gap");
+  else if (throttle && throttle->iops() > 0) read_gap = throttle->bps() / throttle->iops();
   if (!throttle) {
     const std::string spec = source_for(c.nodes, "bw");
     auto s = storage::open_source(spec, so);
@@ -342,6 +348,7 @@ void run_bench(const BenchOptions& o) {
     ls.agents = agents;
     ls.zero_copy = o.zero_copy;
     ls.direct_io = throttle != nullptr;
+    ls.read_gap = read_gap;
     ls.command = {find_sibling("solar-example-train", "slurm_examples"), "--quiet", "--report",
                   (dir / fmt::format("{}-%r.json", tag)).string()};
     if (!agents) ls.command.insert(ls.command.end(), {"--baseline", std::to_string(readers)});
@@ -485,6 +492,10 @@ void add_bench_loader_command(CLI::App& app) {
                      "(and IOPS requests/s) for both phases (cgroup blkio/io.max; root), read "
                      "with O_DIRECT, and report the disk's own byte counts")
       ->type_name("BPS[,IOPS]");
+  loader->add_option("--read-gap", o->read_gap,
+                     "solar phase: the agents' --read-gap (samples this close in the file are "
+                     "one request); auto: under --throttle BPS,IOPS, BPS/IOPS, else 0 [auto]")
+      ->type_name("SIZE|auto");
   loader->add_option("--remote-bandwidth", o->remote_bandwidth,
                      "EMULATION: aggregate storage bandwidth (e.g. 400M), split over the clients")
       ->type_name(kBytes);

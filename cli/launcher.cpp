@@ -617,6 +617,10 @@ LaunchResult launch(const LaunchSpec& spec) {
                                          "--log",        log};
         if (spec.zero_copy) argv.push_back("--zero-copy");
         if (spec.direct_io) argv.push_back("--direct-io");
+        if (spec.read_gap > 0) {
+          argv.push_back("--read-gap");
+          argv.push_back(std::to_string(spec.read_gap));
+        }
         if (spec.transparent) argv.push_back("--transparent");
         if (spec.start_step > 0) {
           argv.push_back("--start-step");

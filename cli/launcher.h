@@ -42,6 +42,7 @@ struct LaunchSpec {
   bool agents = true;             // false: ranks read directly (no agent)
   bool zero_copy = false;         // agents hand out cache slots, no per-rank rings
   bool direct_io = false;         // agents read HDF5 files with O_DIRECT
+  std::uint64_t read_gap = 0;     // agents' --read-gap (bytes; 0: off)
   // Job-transparent: agents serve file reads (--transparent) and ranks run unmodified with
   // libsolar_preload.so in LD_PRELOAD ("" = next to solar, in the build tree's interpose/).
   bool transparent = false;

@@ -125,6 +125,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   so.io_threads = o.io_threads;
   so.label_dataset = o.labels;
   so.direct = o.direct_io;
+  so.read_gap = o.read_gap;
   so.expect_identity = header_.dataset_identity;
   // Unmodified ranks read whatever the path holds (the interposer serves only the file the
   // agent holds); batch ranks depend on this agent, which stops when the path changes.

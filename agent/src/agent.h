@@ -29,6 +29,9 @@ struct AgentOptions {
   std::uint32_t staging_steps = kAgentStagingSteps;  // extra slots, in steps of its ranks
   bool zero_copy = false;  // ranks read cache slots directly (no per-rank rings)
   bool direct_io = false;  // HDF5 reads with O_DIRECT (bypass the page cache)
+  // Storage bound by requests: samples this close together in the file (bytes between them),
+  // of one step or of the steps queued behind it, are one request (Hdf5Options::read_gap).
+  std::uint64_t read_gap = 0;
   // Job-transparent mode: unmodified ranks read the dataset file themselves and the
   // interposer (libsolar_preload.so) serves their reads from the buffer through a shared
   // sample index (solar/transparent.h); eviction is paced by the samples they consume.

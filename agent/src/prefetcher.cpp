@@ -250,49 +250,79 @@ void Agent::Impl::reader_loop() {
       return p.get();
     }
   } staging_buf, label_buf;
+  // With --read-gap (storage bound by requests), a reader takes the read jobs queued behind
+  // its own as well, up to this many bytes, so that samples of several steps that lie close
+  // together in the file become one request (the source merges them: Hdf5Options::read_gap).
+  constexpr std::uint64_t kMergeBytes = 64ULL << 20;
+  const std::uint64_t merge_samples =
+      opt_.read_gap ? std::max<std::uint64_t>(1, kMergeBytes / std::max<std::uint64_t>(
+                                                                   1, sample_bytes_))
+                    : 0;
+  std::vector<ReadJob> batch;
+  std::vector<storage::SampleRun> runs;
   for (;;) {
-    ReadJob job;
+    batch.clear();
     {
       std::unique_lock lk(mu_);
       job_ready_.wait(lk, [&] { return stopping_ || !fatal_.empty() || !jobs_.empty(); });
       if (stopping_ || !fatal_.empty()) return;
-      job = std::move(jobs_.front());
+      batch.push_back(std::move(jobs_.front()));
       jobs_.pop_front();
+      std::uint64_t samples = batch.front().slots.size();
+      while (batch.front().assemble_rank < 0 && !jobs_.empty() &&
+             jobs_.front().assemble_rank < 0 &&
+             samples + jobs_.front().slots.size() <= merge_samples) {
+        samples += jobs_.front().slots.size();
+        batch.push_back(std::move(jobs_.front()));
+        jobs_.pop_front();
+      }
     }
     try {
-      if (job.assemble_rank >= 0) {
-        assemble(job.step, static_cast<std::uint32_t>(job.assemble_rank));
+      if (batch.front().assemble_rank >= 0) {
+        assemble(batch.front().step, static_cast<std::uint32_t>(batch.front().assemble_rank));
         continue;
       }
-      const std::size_t n = job.slots.size();
+      runs.clear();
+      std::size_t n = 0;
+      for (const ReadJob& job : batch) {
+        runs.insert(runs.end(), job.runs.begin(), job.runs.end());
+        n += job.slots.size();
+      }
       const auto t0 = Clock::now();
       std::byte* staging = staging_buf.get(n * sample_bytes_);
       std::byte* label_staging = label_buf.get(n * label_bytes_);
-      source_->read(job.runs, staging);
-      if (label_bytes_) source_->read_labels(job.runs, label_staging);
+      source_->read(runs, staging);
+      if (label_bytes_) source_->read_labels(runs, label_staging);
       // Into the slots through the memfd: the kernel fills its pages directly, without a page
       // fault per 4 KiB of a mapping touched for the first time.
-      for (std::size_t i = 0; i < n; ++i) {
-        struct iovec iov[2] = {{staging + i * sample_bytes_, sample_bytes_},
-                               {label_staging + i * label_bytes_, label_bytes_}};
-        write_slot(job.slots[i], iov, label_bytes_ ? 2 : 1);
-      }
+      std::size_t i = 0;
+      for (const ReadJob& job : batch)
+        for (const std::uint32_t slot : job.slots) {
+          struct iovec iov[2] = {{staging + i * sample_bytes_, sample_bytes_},
+                                 {label_staging + i * label_bytes_, label_bytes_}};
+          write_slot(slot, iov, label_bytes_ ? 2 : 1);
+          ++i;
+        }
       const double secs = seconds_since(t0);
       std::lock_guard lk(mu_);
-      if (xindex_) {  // the bytes are in place: readers may copy them from now on
-        std::size_t i = 0;
-        for (const auto& run : job.runs)
-          for (std::uint64_t x = run.first; x < run.first + run.count; ++x, ++i)
-            table_.publish(static_cast<std::uint32_t>(x), job.slots[i]);
+      for (const ReadJob& job : batch) {
+        if (xindex_) {  // the bytes are in place: readers may copy them from now on
+          std::size_t k = 0;
+          for (const auto& run : job.runs)
+            for (std::uint64_t x = run.first; x < run.first + run.count; ++x, ++k)
+              table_.publish(static_cast<std::uint32_t>(x), job.slots[k]);
+        }
+        // A merged read's time, shared by its jobs by their samples.
+        const double share = secs * static_cast<double>(job.slots.size()) / static_cast<double>(n);
+        read_seconds_ += share;
+        reads_ += job.runs.size();
+        bytes_read_ += job.slots.size() * sample_bytes_;
+        note_read_locked(job.step, job.slots.size(), job.runs.size(), share);
+        for (const auto& run : job.runs)  // read: the read pins go (see prefetch_loop)
+          for (std::uint64_t x = run.first; x < run.first + run.count; ++x)
+            drop_use_locked(static_cast<std::uint32_t>(x));
+        if (--outstanding_[job.step] == 0) complete_steps_locked();
       }
-      read_seconds_ += secs;
-      reads_ += job.runs.size();
-      bytes_read_ += job.slots.size() * sample_bytes_;
-      note_read_locked(job.step, job.slots.size(), job.runs.size(), secs);
-      for (const auto& run : job.runs)  // read: the read pins go (see prefetch_loop)
-        for (std::uint64_t x = run.first; x < run.first + run.count; ++x)
-          drop_use_locked(static_cast<std::uint32_t>(x));
-      if (--outstanding_[job.step] == 0) complete_steps_locked();
     } catch (const std::exception& e) {
       fail(e.what());
       return;

@@ -202,6 +202,7 @@ nlohmann::json Agent::Impl::stats_document() {
          {"bytes_read", bytes_read_},
          {"device_read_bytes", device_read_bytes()},
          {"storage_reads", reads_},
+         {"storage_requests", source_->requests()},
          {"read_seconds", read_seconds_},
          {"slot_wait_seconds", slot_wait_seconds_},
          {"slots", buf_.slots},

@@ -42,6 +42,7 @@ struct Hdf5Source::Impl {
   int fd = -1;
   int direct_fd = -1;  // O_DIRECT twin of fd, or -1
   std::atomic<std::uint64_t> direct_reads{0};
+  std::atomic<std::uint64_t> requests{0};  // read_exact calls: requests to the storage
   std::vector<std::byte> labels;  // all labels, read once at open (small)
   std::string identity;
   struct stat opened {};  // fstat of fd at open
@@ -69,6 +70,7 @@ struct Hdf5Source::Impl {
     return chunk_addr[sample / samples_per_chunk] + (sample % samples_per_chunk) * info.sample_bytes;
   }
   void read_raw(std::span<const SampleRun> runs, std::byte* dst);
+  void read_exact(std::uint64_t off, std::uint64_t len, std::byte* out);
   bool read_direct(std::uint64_t off, std::uint64_t len, std::byte* out);
   void read_h5(std::span<const SampleRun> runs, std::byte* dst);
 };
@@ -414,6 +416,7 @@ void Hdf5Source::Impl::check_path() const {
                                    where(), identity));
 }
 std::uint64_t Hdf5Source::direct_reads() const { return impl_->direct_reads.load(); }
+std::uint64_t Hdf5Source::requests() const { return impl_->requests.load(); }
 
 void Hdf5Source::Impl::read_raw(std::span<const SampleRun> runs, std::byte* dst) {
   struct Piece {
@@ -451,35 +454,78 @@ void Hdf5Source::Impl::read_raw(std::span<const SampleRun> runs, std::byte* dst)
       }
     }
   }
-  pool->run(pieces.size(), [&](std::size_t i) {
-    const Piece& p = pieces[i];
-    if (direct_fd >= 0 && read_direct(p.file_off, p.len, p.out)) return;
-    std::uint64_t done = 0;
-    for (unsigned attempt = 1;;) {
-      const ssize_t n = ::pread(fd, p.out + done, p.len - done, static_cast<off_t>(p.file_off + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        // An I/O error (EIO: a bad disk or a storage server's hiccup; ESTALE: the file gone on
-        // NFS) is retried a few times with a growing pause, then reported with the file and
-        // the offset: a read never hangs and never returns what it did not read.
-        const int err = errno;
-        if (attempt < kReadAttempts) {
-          std::this_thread::sleep_for(kRetryPause * (1U << (attempt - 1)));
-          ++attempt;
-          continue;
-        }
-        throw StorageError(fmt::format("{}: read of {} bytes at offset {} failed ({} attempts): "
-                                       "{}",
-                                       where(), p.len - done, p.file_off + done, attempt,
-                                       std::strerror(err)));
-      }
-      if (n == 0)
-        throw StorageError(fmt::format("{}: the file ended at offset {} (truncated?)", where(),
-                                       p.file_off + done));
-      done += static_cast<std::uint64_t>(n);
-      if (done == p.len) break;
+  if (options.read_gap == 0 || pieces.size() < 2) {
+    pool->run(pieces.size(), [&](std::size_t i) {
+      read_exact(pieces[i].file_off, pieces[i].len, pieces[i].out);
+    });
+    return;
+  }
+  // Request-bound storage: pieces no more than read_gap apart in the file are one request,
+  // the bytes between them read and dropped (a request saved costs more than the gap).
+  std::vector<std::size_t> order(pieces.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return pieces[a].file_off < pieces[b].file_off; });
+  std::vector<std::pair<std::size_t, std::size_t>> groups;  // [begin, end) of `order`
+  for (std::size_t i = 0; i < order.size();) {
+    const std::uint64_t first = pieces[order[i]].file_off;
+    std::uint64_t end = first + pieces[order[i]].len;
+    std::size_t j = i + 1;
+    for (; j < order.size(); ++j) {
+      const Piece& q = pieces[order[j]];
+      if (q.file_off < end || q.file_off - end > options.read_gap ||
+          q.file_off + q.len - first > max)
+        break;
+      end = q.file_off + q.len;
+    }
+    groups.emplace_back(i, j);
+    i = j;
+  }
+  pool->run(groups.size(), [&](std::size_t g) {
+    const auto [b, e] = groups[g];
+    const Piece& head = pieces[order[b]];
+    if (e - b == 1) return read_exact(head.file_off, head.len, head.out);
+    const Piece& tail = pieces[order[e - 1]];
+    thread_local std::vector<std::byte> span;
+    span.resize(tail.file_off + tail.len - head.file_off);
+    read_exact(head.file_off, span.size(), span.data());
+    for (std::size_t k = b; k < e; ++k) {
+      const Piece& p = pieces[order[k]];
+      std::memcpy(p.out, span.data() + (p.file_off - head.file_off), p.len);
     }
   });
+}
+
+// [off, off + len) of the file into `out`: O_DIRECT when open (and the kernel takes it), else
+// pread, retried on I/O errors. One storage request (counted in `requests`).
+void Hdf5Source::Impl::read_exact(std::uint64_t off, std::uint64_t len, std::byte* out) {
+  ++requests;
+  if (direct_fd >= 0 && read_direct(off, len, out)) return;
+  std::uint64_t done = 0;
+  for (unsigned attempt = 1;;) {
+    const ssize_t n = ::pread(fd, out + done, len - done, static_cast<off_t>(off + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      // An I/O error (EIO: a bad disk or a storage server's hiccup; ESTALE: the file gone on
+      // NFS) is retried a few times with a growing pause, then reported with the file and
+      // the offset: a read never hangs and never returns what it did not read.
+      const int err = errno;
+      if (attempt < kReadAttempts) {
+        std::this_thread::sleep_for(kRetryPause * (1U << (attempt - 1)));
+        ++attempt;
+        continue;
+      }
+      throw StorageError(fmt::format("{}: read of {} bytes at offset {} failed ({} attempts): "
+                                     "{}",
+                                     where(), len - done, off + done, attempt,
+                                     std::strerror(err)));
+    }
+    if (n == 0)
+      throw StorageError(fmt::format("{}: the file ended at offset {} (truncated?)", where(),
+                                     off + done));
+    done += static_cast<std::uint64_t>(n);
+    if (done == len) return;
+  }
 }
 
 // One O_DIRECT read of the aligned span around [off, off + len) into this thread's aligned

@@ -47,6 +47,7 @@ std::unique_ptr<SampleSource> open_unchecked(std::string_view spec, const Source
   h.label_dataset = o.label_dataset;
   h.direct = o.direct;
   h.check_path = o.check_path;
+  h.read_gap = o.read_gap;
   return Hdf5Source::open(path, dataset, h);
 }
 }  // namespace

@@ -235,6 +235,35 @@ def test_device_bytes_of_a_cold_run_are_the_planned_bytes(tmp_path, dataset, soc
     assert planned <= device <= 1.03 * planned + 64 * 1024, (device, planned)
 
 
+def test_read_gap_merges_nearby_samples_into_fewer_requests(tmp_path, dataset, sock_dir):
+    """--read-gap: samples close together in the file, of a step and of the steps queued behind
+    it, are one request (issue 15: request-bound storage); every sample still verified."""
+    plan_path = plan(tmp_path, "40%")
+    counts = {}
+    for gap in ("0", "1M"):
+        sock, log = sock_dir / f"a{gap}.sock", tmp_path / f"agent-{gap}.log"
+        proc = start_agent(plan_path, dataset, sock, log, "--read-gap", gap)
+        try:
+            assert run_ranks(tmp_path, plan_path, dataset, sock) == SAMPLES * EPOCHS
+        finally:
+            if proc.poll() is None:
+                stop_agent(proc)
+        final = stopped_line(log)
+        counts[gap] = (final["storage_reads"], final["storage_requests"], final["bytes_read"])
+    reads, requests, nbytes = counts["0"]
+    assert requests == reads > 0  # a request per run
+    merged_reads, merged_requests, merged_bytes = counts["1M"]
+    assert merged_reads == reads and merged_bytes == nbytes  # the same plan, the same samples
+    assert 0 < merged_requests < reads / 2, counts
+
+
+def test_bad_read_gap_is_refused(tmp_path, dataset, sock_dir):
+    r = subprocess.run([str(AGENT), "--plan", str(plan(tmp_path, "40%")), "--node", "0",
+                        "--dataset", str(dataset), "--socket", str(sock_dir / "a.sock"),
+                        "--read-gap", "lots"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--read-gap" in r.stderr and "'lots'" in r.stderr, r.stderr
+
+
 def test_live_reply_has_every_epoch_and_no_request_yet(tmp_path, dataset, sock_dir):
     """Before any rank asks: every planned epoch is listed, none started; the head start says
     nothing was requested and counts what was fetched so far."""

@@ -97,6 +97,35 @@ TEST_P(GenLayouts, DirectReadsGiveTheSameBytes) {
   else EXPECT_GT(src->direct_reads(), 0u);
 }
 
+// --read-gap: pieces close together in the file are one request, the gap read and dropped;
+// every sample is still its own bytes, in the order asked, with and without O_DIRECT.
+TEST_P(GenLayouts, ReadGapMergesNearbyPiecesIntoOneRequest) {
+  TempDir dir;
+  auto spec = small_spec(dir.file("d.h5"), GetParam(), 300);  // 210-byte samples
+  write_dataset(spec);
+  for (const bool direct : {false, true}) {
+    Hdf5Options plain;
+    plain.direct = direct;
+    Hdf5Options merged = plain;
+    merged.read_gap = 3 * 210;  // up to 3 samples between two pieces
+    auto one_each = Hdf5Source::open(spec.path, "/data", plain);
+    auto src = Hdf5Source::open(spec.path, "/data", merged);
+    // Out of order; gaps of 1, 3 and 4 samples; 200 stands alone.
+    const std::vector<SampleRun> runs = {{40, 2}, {10, 1}, {12, 2}, {17, 1}, {22, 3}, {200, 1}};
+    expect_content(*one_each, runs, 11);
+    expect_content(*src, runs, 11);
+    if (GetParam() == Layout::gzip) {  // read by HDF5, chunk by chunk: nothing to merge
+      EXPECT_EQ(src->requests(), 0u);
+      continue;
+    }
+    EXPECT_EQ(one_each->requests(), 6u) << direct;  // one per run
+    // {10..17} (gaps of 1 and 3 samples), {22..24} (4 after 17), {40, 41}, {200}; a chunked
+    // file's one-sample chunks are as close only where HDF5 laid them out in order.
+    if (GetParam() == Layout::contiguous) EXPECT_EQ(src->requests(), 4u) << direct;
+    else EXPECT_LT(src->requests(), one_each->requests()) << direct;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Storage, GenLayouts,
                          ::testing::Values(Layout::contiguous, Layout::chunked, Layout::gzip),
                          [](const auto& p) { return std::string(to_string(p.param)); });

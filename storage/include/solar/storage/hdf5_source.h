@@ -36,6 +36,11 @@ struct Hdf5Options {
   // file the job's other readers can no longer open. Off for the transparent agent, whose
   // unmodified ranks read whatever the path holds themselves.
   bool check_path = true;
+  // Raw reads: requested pieces at most this many bytes apart in the file are read as one
+  // request, the gap read and dropped (up to request_bytes a request). For storage bound by
+  // requests (IOPS) rather than bytes, where another request costs more than the gap's bytes:
+  // about latency x bandwidth. 0: every piece its own request.
+  std::uint64_t read_gap = 0;
 };
 
 class Hdf5Source : public SampleSource {
@@ -50,6 +55,7 @@ class Hdf5Source : public SampleSource {
   void read(std::span<const SampleRun> runs, std::byte* dst) override;
   void read_labels(std::span<const SampleRun> runs, std::byte* dst) override;
   void drop_cache() override;  // posix_fadvise(DONTNEED) on the file
+  std::uint64_t requests() const override;  // raw reads' preads (not HDF5's own reads)
   std::string describe() const override;
   // The file's inode, size and mtime when it was opened. A read after the file changed in
   // place (another size or mtime) throws StorageError instead of returning its bytes; a file

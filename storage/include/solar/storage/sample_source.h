@@ -73,6 +73,10 @@ class SampleSource {
   // Same for labels (info().label_bytes per sample). Throws when the dataset has no labels.
   virtual void read_labels(std::span<const SampleRun> runs, std::byte* dst) = 0;
 
+  // Requests this source made to its storage so far (a file's preads, with read_gap several
+  // runs in one); 0 where it does not count them.
+  virtual std::uint64_t requests() const { return 0; }
+
   // Best effort: make the next reads come from the device, not a page cache (for benchmarks).
   virtual void drop_cache() {}
 
@@ -111,6 +115,7 @@ struct SourceOptions {
   // files: each read also checks that the path still names the file opened (see
   // Hdf5Options::check_path)
   bool check_path = true;
+  std::uint64_t read_gap = 0;  // files: see Hdf5Options::read_gap
 };
 
 // Opens "FILE.h5:/dataset" (dataset defaults to /data) or "fabric://HOST:PORT/NAME", and
