@@ -149,7 +149,8 @@ def test_srun_help_lists_every_option(cluster):
     out = cluster.run("srun", "--help").stdout
     for opt in ["--solar-dataset", "--solar-labels", "--solar-buffer", "--solar-epochs",
                 "--solar-batch", "--solar-seed", "--solar-order", "--solar-imbalance",
-                "--solar-transparent", "--solar-verbose", "--solar-stats", "--solar=off"]:
+                "--solar-transparent", "--solar-start-epoch", "--solar-start-step",
+                "--solar-verbose", "--solar-stats", "--solar=off"]:
         assert opt in out, opt
     assert "per-rank batch size" in out
 
