@@ -2,7 +2,8 @@
 # after the whole project (README.md, "Installing"):
 #
 #   <bindir>                 solar, solar-agent, solar-stored, solar-example-train
-#   <libdir>                 libsolar.so.0 (+ libsolar.so), libsolar_preload.so
+#   <libdir>                 libsolar.so.0 (+ libsolar.so), libsolar-direct.so (libsolar's
+#                            direct path, loaded from beside it), libsolar_preload.so
 #   <SOLAR_SLURM_PLUGIN_DIR> solar_spank.so        (the plugin finds the programs above relative
 #                                                   to itself: spank/CMakeLists.txt)
 #   <includedir>/solar       solar.h, solar.hpp
@@ -32,6 +33,9 @@ if(TARGET solar_client)
                   NAMELINK_COMPONENT runtime
           INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   set_target_properties(solar_client PROPERTIES EXPORT_NAME client)
+  # Beside libsolar, where libsolar looks for it on a rank's first direct read.
+  install(TARGETS solar_client_direct LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          COMPONENT runtime)
   install(FILES ${PROJECT_SOURCE_DIR}/client/include/solar/solar.h
                 ${PROJECT_SOURCE_DIR}/client/include/solar/solar.hpp
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/solar COMPONENT runtime)
@@ -136,7 +140,9 @@ set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 # Python front end and the example job script; Slurm for the plugin is the site's own.
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "python3, python3-numpy")
+# libfabric1: opened on first use (dlopen, storage/src/fabric.cpp), so dpkg-shlibdeps does not
+# see it in any program's NEEDED list.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "python3, python3-numpy, libfabric1")
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "python3-torch, python3-h5py")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "slurm-client, slurmd")
 set(CPACK_STRIP_FILES ON)

@@ -2,7 +2,9 @@
 
 A wheel carries libsolar: the library named by SOLAR_LIBRARY (the built target solar_client,
 e.g. build/client/libsolar.so), or else the one in this checkout's build/ directory, is copied
-into the package as solar/libsolar.so, where the package loads it first, and the wheel is a
+into the package as solar/libsolar.so, where the package loads it first, with the module of its
+direct path (libsolar-direct.so, from beside it: libsolar opens it from beside itself on a
+rank's first read without an agent), and the wheel is a
 platform wheel (py3-none-linux_x86_64): it holds a native library for this platform, linked
 against this system's libstdc++, libfmt and HDF5. Without a library the build stops and says
 so; SOLAR_WHEEL_WITHOUT_LIBRARY=1 builds a pure wheel (py3-none-any) that finds libsolar at run
@@ -57,17 +59,26 @@ def find_library():
         "installed separately.")
 
 
+DIRECT_MODULE = "libsolar-direct.so"
+
+
 class BuildPy(build_py):
-    """Copies libsolar.so into the built package."""
+    """Copies libsolar.so and libsolar-direct.so into the built package."""
 
     def run(self):
         super().run()
         lib = find_library()
         if lib:
-            dest = os.path.join(self.build_lib, "solar", "libsolar.so")
-            self.mkpath(os.path.dirname(dest))
-            self.copy_file(lib, dest, preserve_mode=True)
-            self.announce(f"solar wheel: {lib} -> solar/libsolar.so", level=2)
+            module = os.path.join(os.path.dirname(lib), DIRECT_MODULE)
+            if not os.path.isfile(module):
+                raise SystemExit(f"solar wheel: {module} is missing beside {lib}: libsolar "
+                                 "needs it to read without an agent; build the target "
+                                 "solar_client (it builds both)")
+            for src, name in ((lib, "libsolar.so"), (module, DIRECT_MODULE)):
+                dest = os.path.join(self.build_lib, "solar", name)
+                self.mkpath(os.path.dirname(dest))
+                self.copy_file(src, dest, preserve_mode=True)
+                self.announce(f"solar wheel: {src} -> solar/{name}", level=2)
 
 
 class BinaryDistribution(Distribution):

@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "direct_source.h"
 #include "solar/core/plan_file.h"
 #include "solar/protocol.h"
 #include "solar/solar.h"
@@ -235,7 +236,7 @@ struct solar_loader {
     // The plan was made from this dataset: a solar-stored restarting right now (the moment
     // this rank's agent is gone) is waited for, as a lost server is, not an error at once.
     so.wait_for_server = true;
-    source = solar::storage::open_source(dataset, so);
+    source = solar::client::open_direct_source(dataset, so);
     const auto& info = source->info();
     if (info.samples != header.config.samples || info.sample_bytes != header.config.sample_bytes)
       throw ClientError(fmt::format("{} has {} samples of {} bytes, the plan expects {} of {}",

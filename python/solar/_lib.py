@@ -2,8 +2,6 @@
 import ctypes
 import os
 import shutil
-import signal
-import threading
 
 _SEARCHED = []
 
@@ -35,80 +33,22 @@ def _candidates():
     yield "libsolar.so"
 
 
-class _KeepSignals:
-    """Puts every signal's disposition back as it was before libsolar was loaded.
-
-    libsolar links libfabric, whose psm provider links libinfinipath; that library's constructor
-    runs inside ctypes.CDLL and installs C handlers for SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGILL
-    and SIGABRT that print a backtrace and exit(1). Python's own SIGINT handler was gone with
-    it: Ctrl-C ended a training script with status 1 instead of raising KeyboardInterrupt, a
-    SIGTERM was no longer the default one, and faulthandler's crash report was replaced.
-
-    The C-level dispositions (struct sigaction, as the kernel holds them: Python's handler,
-    faulthandler's, SIG_IGN, anything set by other extension modules) are saved with libc's
-    sigaction before the load and written back after it, from any thread. Where libc's
-    sigaction cannot be called, Python's view of the signals it manages (signal.getsignal) is
-    reinstalled instead, which the signal module allows from the main thread only.
-    """
-
-    _SIZE = 512  # >= sizeof(struct sigaction) on every Linux ABI (152 on x86_64, aarch64)
-
-    def __init__(self):
-        self._raw = None
-        self._python = {}
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            self._sigaction = libc.sigaction
-            self._sigaction.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-            self._sigaction.restype = ctypes.c_int
-            self._raw = {}
-            for sig in self._signals():
-                buf = ctypes.create_string_buffer(self._SIZE)
-                if self._sigaction(sig, None, buf) == 0:
-                    self._raw[sig] = buf
-        except (OSError, AttributeError):
-            self._raw = None
-        if self._raw is None:
-            for sig in self._signals():
-                try:
-                    handler = signal.getsignal(sig)
-                except (OSError, ValueError):
-                    continue
-                if handler is not None:  # None: not installed from Python; nothing to restore
-                    self._python[sig] = handler
-
-    @staticmethod
-    def _signals():
-        return [int(s) for s in signal.valid_signals()
-                if s not in (signal.SIGKILL, signal.SIGSTOP) and int(s) < 32]
-
-    def restore(self):
-        if self._raw is not None:
-            for sig, saved in self._raw.items():
-                now = ctypes.create_string_buffer(self._SIZE)
-                if self._sigaction(sig, None, now) == 0 and now.raw != saved.raw:
-                    self._sigaction(sig, saved, None)
-        elif threading.current_thread() is threading.main_thread():
-            for sig, handler in self._python.items():
-                try:
-                    signal.signal(sig, handler)
-                except (OSError, ValueError):
-                    pass
-
-
 def _load():
+    """Loading libsolar runs no other library's constructors that matter: it links no MPI, HDF5,
+    libfabric or CUDA (test client.lean). The direct path's HDF5 and libfabric (whose psm
+    provider's libinfinipath installs handlers for SIGINT, SIGTERM, SIGSEGV, ... that exit(1))
+    come in libsolar-direct.so, which libsolar opens on a rank's first read without an agent
+    and around which it puts every signal disposition back itself (Python's handlers,
+    faulthandler's, any other), so this package has nothing to save or restore."""
     errors = []
     for path in _candidates():
         if os.sep in path and not os.path.exists(path):
             errors.append(f"{path}: not there")
             continue
-        keep = _KeepSignals()
         try:
             return ctypes.CDLL(path), os.path.abspath(path) if os.sep in path else path
         except OSError as e:
             errors.append(f"{path}: {e}")
-        finally:
-            keep.restore()
     raise ImportError("solar: cannot load libsolar.so; install the wheel that carries it "
                       "(cmake --build build --target python_wheel), or build it (target "
                       "solar_client) and set SOLAR_LIBRARY=/path/to/libsolar.so. Tried:\n  "

@@ -1,7 +1,9 @@
-"""Importing solar leaves Python's signal handling as it was (issue 14: loading libsolar took over
-SIGINT and SIGTERM). libsolar links libfabric, whose psm provider loads libinfinipath; its
-constructor installed handlers that printed a backtrace and exit(1): Ctrl-C ended a training
-script with status 1 instead of KeyboardInterrupt."""
+"""Importing solar, and reading without an agent, leave Python's signal handling as it was
+(issue 14: loading libsolar took over SIGINT and SIGTERM). libfabric's psm provider loads
+libinfinipath, whose constructor installs handlers that print a backtrace and exit(1): Ctrl-C
+ended a training script with status 1 instead of KeyboardInterrupt. libsolar no longer links
+libfabric (issue 15); its direct path loads it, inside libsolar-direct.so, on first use, and
+libsolar puts every disposition back around that load."""
 import os
 import signal
 import subprocess
@@ -138,3 +140,60 @@ def test_solar_torch_loader_script_gets_keyboard_interrupt():
     p.send_signal(signal.SIGINT)
     rc, out, err = finish(p)
     assert rc == 7 and "caught KeyboardInterrupt" in out, (rc, out, err)
+
+
+DIRECT_BODY = """
+    def mapped():
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+        return {n for n in ("libfabric", "libhdf5") if n in maps}
+    assert not mapped(), mapped()  # importing solar loaded neither
+    loader = solar.Loader()
+    assert not loader.using_agent
+    next(iter(loader))
+    print(sorted(mapped()), file=sys.stderr, flush=True)
+"""
+
+
+def direct_env(plan, dataset, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SOLAR_")
+           or k in ("SOLAR_LIBRARY", "SOLAR_BIN", "SOLAR_BUILD_DIR")}
+    env.update(SOLAR_PLAN=plan, SOLAR_DATASET=dataset, SOLAR_NODE="0", SOLAR_LOCAL_RANK="0",
+               PYTHONPATH=PACKAGE_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+    return env
+
+
+def test_ctrl_c_after_reading_directly_raises_keyboard_interrupt(plan, dataset):
+    """The first direct read loads libsolar-direct.so (HDF5; libfabric and its providers only
+    for a fabric:// source): Python's handlers are still there afterwards."""
+    code = "import os, signal, sys, time\nimport solar\n" + textwrap.dedent(DIRECT_BODY) + \
+        textwrap.dedent("""
+        try:
+            print("ready", flush=True)
+            time.sleep(120)
+        except KeyboardInterrupt:
+            print("caught KeyboardInterrupt", flush=True)
+            sys.exit(7)
+        """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=direct_env(plan, dataset))
+    line = p.stdout.readline()
+    if line.strip() != "ready":
+        out, err = p.communicate(timeout=60)
+        raise AssertionError(f"not ready: {line}{out}\n{err}")
+    p.send_signal(signal.SIGINT)
+    rc, out, err = finish(p)
+    assert rc == 7 and "caught KeyboardInterrupt" in out, (rc, out, err)
+    # HDF5 came with the direct read, not before; libfabric not at all (a file, not fabric://)
+    assert "['libhdf5']" in err, err
+
+
+def test_a_missing_direct_module_is_a_clear_error(plan, dataset, tmp_path):
+    missing = tmp_path / "libsolar-direct.so"
+    code = "import solar\ntry:\n    solar.Loader()\nexcept solar.SolarError as e:\n" \
+           "    print(e)\nelse:\n    raise SystemExit('no error')\n"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=direct_env(plan, dataset, SOLAR_DIRECT_LIBRARY=str(missing)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"needs libsolar-direct.so, which could not be loaded from {missing} " \
+           "(SOLAR_DIRECT_LIBRARY)" in p.stdout, p.stdout

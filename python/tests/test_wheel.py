@@ -57,9 +57,13 @@ def test_wheel_is_a_platform_wheel_carrying_libsolar(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         assert {"solar/__init__.py", "solar/_lib.py", "solar/loader.py", "solar/torch.py",
-                "solar/libsolar.so"} <= names, names
+                "solar/libsolar.so", "solar/libsolar-direct.so"} <= names, names
         with open(os.path.realpath(LIB), "rb") as f:
             assert z.read("solar/libsolar.so") == f.read()  # this build's library
+        # and its direct path's module, which libsolar opens from beside itself
+        with open(os.path.join(os.path.dirname(os.path.realpath(LIB)), "libsolar-direct.so"),
+                  "rb") as f:
+            assert z.read("solar/libsolar-direct.so") == f.read()
         meta = z.read(f"solar_loader-{solar.__version__}.dist-info/WHEEL").decode()
         assert "Root-Is-Purelib: false" in meta and f"Tag: py3-none-{plat}" in meta, meta
     soname = run("readelf", "-d", os.path.realpath(LIB)).stdout

@@ -1,5 +1,6 @@
 #include "fabric.h"
 
+#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -7,13 +8,67 @@
 #include <sys/random.h>
 
 #include <algorithm>
+#include <type_traits>
 
-#include "signals.h"
+#include "solar/storage/signals.h"
 #include "solar/storage/sample_source.h"
 
 namespace solar::storage::fabric {
 
-std::string error_text(long rc) { return fi_strerror(static_cast<int>(rc < 0 ? -rc : rc)); }
+namespace {
+
+// libfabric, opened on first use (dlopen) instead of linked: loading it loads the libraries of
+// every built-in provider (psm, efa, verbs, ...) and runs their constructors, 0.2 s here, which
+// a process that reads only files (solar, solar-agent, a rank's libsolar-direct.so) must not
+// pay at start. libinfinipath's constructor installs signal handlers that exit(1): whatever the
+// load changes is put back (signals.h). These five are the only libfabric functions called by
+// name; everything else is an inline call through the objects they return.
+struct Libfabric {
+  decltype(&::fi_getinfo) getinfo = nullptr;
+  decltype(&::fi_freeinfo) freeinfo = nullptr;
+  decltype(&::fi_dupinfo) dupinfo = nullptr;
+  decltype(&::fi_fabric) fabric = nullptr;
+  decltype(&::fi_strerror) strerror = nullptr;
+  std::string missing;  // why it could not be loaded ("" = loaded)
+
+  Libfabric() {
+    void* h = nullptr;
+    {
+      const signals::Snapshot before;
+      h = ::dlopen(kLibrary, RTLD_NOW | RTLD_GLOBAL);
+      before.restore();
+    }
+    if (!h) {
+      const char* why = ::dlerror();
+      missing = fmt::format("libfabric ({}) could not be loaded: {}; fabric:// sources and "
+                            "solar-stored need it (Debian: apt install libfabric1)",
+                            kLibrary, why ? why : "unknown error");
+      return;
+    }
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
+      if (!fn && missing.empty()) missing = fmt::format("{} has no {}", kLibrary, name);
+    };
+    get(getinfo, "fi_getinfo");
+    get(freeinfo, "fi_freeinfo");
+    get(dupinfo, "fi_dupinfo");
+    get(fabric, "fi_fabric");
+    get(strerror, "fi_strerror");
+  }
+  static constexpr const char* kLibrary = "libfabric.so.1";
+};
+
+const Libfabric& libfabric() {
+  static const Libfabric lib;  // loaded once, never unloaded
+  if (!lib.missing.empty()) throw StorageError(lib.missing);
+  return lib;
+}
+
+}  // namespace
+
+std::string error_text(long rc) {
+  return libfabric().strerror(static_cast<int>(rc < 0 ? -rc : rc));
+}
 
 Region& Region::operator=(Region&& o) noexcept {
   if (this != &o) {
@@ -33,7 +88,7 @@ Region::~Region() {
 
 namespace {
 fi_info* hints_for(const std::string& provider, bool thread_safe) {
-  fi_info* h = fi_allocinfo();
+  fi_info* h = libfabric().dupinfo(nullptr);  // fi_allocinfo()
   h->ep_attr->type = FI_EP_RDM;
   h->caps = FI_RMA | FI_READ | FI_REMOTE_READ;
   h->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -57,9 +112,9 @@ std::unique_ptr<Endpoint> Endpoint::open(const std::string& provider, const std:
   int rc = -FI_ENODATA;
   for (bool thread_safe : {true, false}) {
     fi_info* hints = hints_for(provider, thread_safe);
-    rc = fi_getinfo(FI_VERSION(1, 9), bind ? node.c_str() : nullptr, nullptr,
+    rc = libfabric().getinfo(FI_VERSION(1, 9), bind ? node.c_str() : nullptr, nullptr,
                     bind ? FI_SOURCE : 0, hints, &e->info_);
-    fi_freeinfo(hints);
+    libfabric().freeinfo(hints);
     if (rc == 0) break;
   }
   const std::string prov = provider.empty() ? "(default)" : provider;
@@ -72,7 +127,7 @@ std::unique_ptr<Endpoint> Endpoint::open(const std::string& provider, const std:
     return StorageError(fmt::format("libfabric {} ({}): {}", what,
                                     e->info_->fabric_attr->prov_name, error_text(r)));
   };
-  if (long r = fi_fabric(e->info_->fabric_attr, &e->fabric_, nullptr)) throw fail("fi_fabric", r);
+  if (long r = libfabric().fabric(e->info_->fabric_attr, &e->fabric_, nullptr)) throw fail("fi_fabric", r);
   if (long r = fi_domain(e->fabric_, e->info_, &e->domain_, nullptr)) throw fail("fi_domain", r);
   fi_av_attr av_attr{};
   av_attr.type = FI_AV_TABLE;
@@ -96,7 +151,7 @@ Endpoint::~Endpoint() {
   if (cq_) fi_close(&cq_->fid);
   if (domain_) fi_close(&domain_->fid);
   if (fabric_) fi_close(&fabric_->fid);
-  if (info_) fi_freeinfo(info_);
+  if (info_) libfabric().freeinfo(info_);
 }
 
 std::string Endpoint::provider() const { return info_->fabric_attr->prov_name; }

@@ -1,4 +1,4 @@
-#include "signals.h"
+#include "solar/storage/signals.h"
 
 #include <dlfcn.h>
 

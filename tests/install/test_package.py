@@ -145,3 +145,12 @@ def test_solar_run_from_the_staging_root(stage, tmp_path):
     out = p.stdout + p.stderr
     assert out.count("verified (0 wrong), from the node agent") == 4, out
     assert shutil.which("solar", path=env["PATH"]).startswith(str(stage))
+    # Without agents the ranks read the file themselves, through libsolar-direct.so found
+    # beside the staged libsolar (libsolar itself links no HDF5 or libfabric).
+    assert (libdir(stage) / "libsolar-direct.so").is_file()
+    p = run("solar", "run", "--ranks-per-node", "2", "--dataset", data, "--no-agent",
+            "--buffer", "50%",
+            "--epochs", "1", "--batch", "8", "--", "solar-example-train", "--verify",
+            env=env, cwd=tmp_path)
+    out = p.stdout + p.stderr
+    assert out.count("verified (0 wrong)") == 2, out

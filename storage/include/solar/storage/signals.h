@@ -18,11 +18,12 @@ namespace solar::storage::signals {
 // Python, of faulthandler or of a sanitizer runtime. Returns how many signals were reset.
 // Runs by itself when the storage library is loaded (a constructor in signals.cpp, after
 // libinfinipath's: the dynamic linker runs a library's dependencies' constructors first), so
-// solar, solar-agent, solar-stored, libsolar and the programs linking it start clean.
+// solar, solar-agent, solar-stored and libsolar-direct.so (libsolar's direct path) start clean.
 int reset_psm_handlers();
 
 // Every standard and real-time signal's disposition at construction; restore() puts back the
-// ones that differ now. Wrapped around libfabric calls that initialise its providers.
+// ones that differ now. Wrapped around the dlopen of libfabric (fabric.cpp), around libfabric
+// calls that initialise its providers, and around libsolar's dlopen of libsolar-direct.so.
 class Snapshot {
  public:
   Snapshot();
