@@ -1,6 +1,7 @@
 // solar run: the whole data path on one machine (plan, agents, ranks, teardown).
 // solar stat: an agent's live metrics.
 #include <fmt/format.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "commands.h"
@@ -85,6 +88,134 @@ void print_summary(const LaunchResult& r) {
   for (const auto& p : r.problems) fmt::print(stderr, "solar run: {}\n", p);
 }
 
+using Clock = std::chrono::steady_clock;
+
+// When this process was started (exec), on the steady clock: /proc/self/stat's start time is
+// in clock ticks since boot (10 ms steps). nullopt where it cannot be read.
+std::optional<Clock::time_point> process_start() {
+  std::ifstream f("/proc/self/stat");
+  std::string line;
+  std::getline(f, line);
+  const auto paren = line.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos) return std::nullopt;
+  std::istringstream rest(line.substr(paren + 1));
+  std::string field;
+  for (int i = 3; i < 22; ++i) rest >> field;  // fields 3 (state) .. 21
+  unsigned long long ticks = 0;
+  timespec boot{};
+  if (!(rest >> ticks) || ::clock_gettime(CLOCK_BOOTTIME, &boot) != 0) return std::nullopt;
+  const auto now = Clock::now();
+  const double age = static_cast<double>(boot.tv_sec) + 1e-9 * static_cast<double>(boot.tv_nsec) -
+                     static_cast<double>(ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  if (!(age >= 0)) return std::nullopt;
+  return now - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(age));
+}
+
+// The times solar run itself took before launch() (its own start, the plan).
+struct RunTimes {
+  std::optional<Clock::time_point> exec = process_start();
+  Clock::time_point main = Clock::now();
+};
+
+// --verbose: where the time from launch to the ranks' first batches went, and from the last
+// batch to exit. The agents' "startup" times are CLOCK_MONOTONIC seconds, as steady_clock here
+// (agent/README.md, `startup`).
+void print_timeline(const RunTimes& rt, const LaunchResult& r, std::uint32_t ranks_per_node) {
+  using Sec = std::chrono::duration<double>;
+  const auto end = Clock::now();
+  const Clock::time_point launch = rt.exec.value_or(rt.main);
+  const LaunchTimes& lt = r.times;
+  auto at = [](const nlohmann::json& v) -> std::optional<Clock::time_point> {
+    if (!v.is_number()) return std::nullopt;
+    return Clock::time_point(std::chrono::duration_cast<Clock::duration>(Sec(v.get<double>())));
+  };
+  auto s = [](Clock::time_point a, Clock::time_point b) { return Sec(b - a).count(); };
+  // The slowest agent to start, each rank's first batch, the first request, the last batch.
+  const nlohmann::json* slow = nullptr;
+  std::optional<Clock::time_point> slow_listening, first_request, last_batch;
+  std::optional<double> first_read_after;  // an agent's first read done, after its start
+  std::vector<std::pair<double, std::uint64_t>> firsts;  // (seconds from launch, global rank)
+  for (const auto& a : r.agents) {
+    if (!a.contains("startup")) continue;
+    const auto& st = a["startup"];
+    const auto node = a["node"].get<std::uint64_t>();
+    if (const auto l = at(st["listening"]); l && (!slow_listening || *l > *slow_listening)) {
+      slow_listening = l;
+      slow = &a;
+    }
+    if (const auto ready = at(st["ready"]); ready && a["head_start"]["seconds"].is_number()) {
+      const auto req = *ready + std::chrono::duration_cast<Clock::duration>(
+                                    Sec(a["head_start"]["seconds"].get<double>()));
+      if (!first_request || req < *first_request) first_request = req;
+    }
+    if (const auto fr = at(st["first_read"]), ready = at(st["ready"]); fr && ready)
+      if (const double d = s(*ready, *fr); !first_read_after || d < *first_read_after)
+        first_read_after = d;
+    for (std::size_t k = 0; k < st["first_batch"].size(); ++k) {
+      if (const auto fb = at(st["first_batch"][k]))
+        firsts.emplace_back(s(launch, *fb), node * ranks_per_node + k);
+      if (const auto lb = at(st["last_batch"][k]); lb && (!last_batch || *lb > *last_batch))
+        last_batch = lb;
+    }
+  }
+  auto line = [](std::string_view what, double secs, const std::string& how) {
+    fmt::print(stderr, "solar run:   {:<12} {:7.3f} s  {}\n", what, secs, how);
+  };
+  if (firsts.empty()) {
+    fmt::print(stderr, "solar run: start-up: launch to the ranks' start {:.3f} s (no first batch "
+                       "seen: {})\n",
+               s(launch, lt.ranks_spawned),
+               r.agents.empty() ? "ranks read directly" : "no rank asked for a batch");
+  } else {
+    const auto [lo, hi] = std::minmax_element(firsts.begin(), firsts.end());
+    fmt::print(stderr, "solar run: start-up: launch to first batch {:.3f} s (every rank's by "
+                       "{:.3f} s, rank {} last)\n",
+               lo->first, hi->first, hi->second);
+  }
+  if (rt.exec)
+    line("solar start", s(launch, rt.main), "exec to main: loading solar and its libraries");
+  line("plan", s(rt.main, lt.plan_written), "dataset opened, plan computed and written");
+  Clock::time_point ranks_from = lt.plan_written;
+  if (!lt.agent_spawned.empty() && slow) {
+    const auto& st = (*slow)["startup"];
+    const auto node = (*slow)["node"].get<std::size_t>();
+    const auto spawned = lt.agent_spawned.at(std::min(node, lt.agent_spawned.size() - 1));
+    const auto started = at(st["started"]), plan = at(st["plan_read"]),
+               source = at(st["source_opened"]), buffer = at(st["buffer_ready"]);
+    std::string how = fmt::format("spawn to ready, node {} slowest:", node);
+    if (started && plan && source && buffer && slow_listening)
+      how += fmt::format(" process and libraries {:.3f}, plan {:.3f}, source {:.3f}, buffer "
+                         "set-up {:.3f}, socket {:.3f}, seen ready {:.3f} later",
+                         s(spawned, *started), s(*started, *plan), s(*plan, *source),
+                         s(*source, *buffer), s(*buffer, *slow_listening),
+                         s(*slow_listening, lt.agents_ready));
+    line("agent start", s(lt.plan_written, lt.agents_ready), how);
+    ranks_from = lt.agents_ready;
+  }
+  if (first_request && !firsts.empty()) {
+    const double last_first = std::max_element(firsts.begin(), firsts.end())->first;
+    line("ranks start", s(ranks_from, *first_request),
+         "spawning the ranks, the first one's own start to its first request (interpreter, "
+         "imports, libsolar)");
+    line("first fill", last_first - s(launch, *first_request),
+         first_read_after ? fmt::format("first request to every rank's first batch (the agent's "
+                                        "first read was done {:.3f} s after its start)",
+                                        *first_read_after)
+                    : std::string("first request to every rank's first batch"));
+  }
+  const Clock::time_point from = last_batch.value_or(lt.ranks_spawned);
+  fmt::print(stderr, "solar run: teardown: {} to exit {:.3f} s\n",
+             last_batch ? "last batch" : "ranks' start", s(from, end));
+  line("ranks end", s(from, lt.ranks_exited),
+       last_batch ? "last batch served to the last rank's exit" : "ranks' run");
+  if (!lt.agent_spawned.empty())
+    line("agents stop", s(lt.ranks_exited, lt.agents_stopped),
+         "statistics collected, SIGTERM, exited");
+  line("summary", s(lt.agents_stopped == Clock::time_point{} ? lt.ranks_exited : lt.agents_stopped,
+                    end),
+       "run folder removed, summary printed");
+}
+
 // Resume: the global step the run starts at, from --start-epoch/--start-step or --resume-from
 // (the JSON of a loader's state_dict(): its "step", checked against the plan's shape). Throws
 // ConfigError naming the option.
@@ -131,6 +262,7 @@ std::uint64_t resume_start(const RunOptions& o, const Plan& plan) {
 }
 
 void run_run(const RunOptions& o) {
+  const RunTimes times;
   PlanConfig c;
   std::unique_ptr<storage::SampleSource> src;
   BufferSpec buffer;
@@ -208,6 +340,7 @@ void run_run(const RunOptions& o) {
   try {
     const LaunchResult r = launch(spec);
     print_summary(r);
+    if (o.verbose) print_timeline(times, r, c.ranks_per_node);
     exit_code() = r.exit_code;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "solar run: %s\n", e.what());

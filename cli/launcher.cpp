@@ -542,6 +542,7 @@ LaunchResult launch(const LaunchSpec& spec) {
   const fs::path& dir = scratch.path();
   const fs::path plan_path = dir / "plan";
   write_plan_file(plan, plan_path);
+  result.times.plan_written = Clock::now();
 
   // Signals are taken synchronously (sigtimedwait); children get them unblocked.
   sigset_t sigs, old;
@@ -630,6 +631,7 @@ LaunchResult launch(const LaunchSpec& spec) {
           argv.push_back("--stats-out");
           argv.push_back((dir / fmt::format("node{}.stats.json", m)).string());
         }
+        result.times.agent_spawned.push_back(Clock::now());
         agents[m] = spawn(argv, base_env, log);
         if (watch) watch->agent(agents[m]);
       }
@@ -662,11 +664,13 @@ LaunchResult launch(const LaunchSpec& spec) {
           if (Clock::now() > deadline)
             throw std::runtime_error(fmt::format("the agent of node {} was not ready in 60 s:{}",
                                                  m, tail_of(dir / fmt::format("node{}.log", m))));
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          // Every millisecond here delays the ranks' start (a connect attempt costs microseconds).
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
       }
     }
 
+    if (spec.agents) result.times.agents_ready = Clock::now();
     if (spec.agents && spec.verbose)
       std::fprintf(stderr, "solar run: %u agent%s ready; watch them with: solar stat %s --watch\n",
                    c.nodes, c.nodes == 1 ? "" : "s", dir.c_str());
@@ -675,6 +679,7 @@ LaunchResult launch(const LaunchSpec& spec) {
     const std::uint64_t W = c.world();
     const int master_port = 29500 + static_cast<int>(::getpid() % 20000);
     const auto t0 = Clock::now();
+    result.times.ranks_spawned = t0;
     const std::size_t label_width = std::to_string(W > 0 ? W - 1 : 0).size();
     if (spec.label_lines) labeller = std::make_unique<LineLabeller>();
     for (std::uint32_t m = 0; m < c.nodes; ++m)
@@ -757,9 +762,11 @@ LaunchResult launch(const LaunchSpec& spec) {
         }
       }
     }
-    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    result.times.ranks_exited = Clock::now();
+    result.seconds = std::chrono::duration<double>(result.times.ranks_exited - t0).count();
     if (labeller) labeller->finish(1.0);
     stop_agents(true);
+    result.times.agents_stopped = Clock::now();
     if (!spec.stats_out.empty()) write_run_stats(spec.stats_out, dir, c.nodes, spec.agents);
   } catch (...) {
     for (pid_t p : ranks) ::kill(p, SIGKILL);

@@ -7,6 +7,7 @@
 // (launcher.cpp, "the run folder after a kill").
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -63,11 +64,24 @@ struct LaunchSpec {
   std::uint64_t start_step = 0;
 };
 
+// When the stages of a launch happened (steady_clock, which is CLOCK_MONOTONIC: comparable with
+// the agents' "startup" times on this machine). Unset (epoch) where a stage did not happen.
+struct LaunchTimes {
+  using Time = std::chrono::steady_clock::time_point;
+  Time plan_written;               // the run folder and plan file are there
+  std::vector<Time> agent_spawned; // per node: its agent was started (empty: no agents)
+  Time agents_ready;               // every agent's socket accepts ranks
+  Time ranks_spawned;              // the first rank was started
+  Time ranks_exited;               // the last rank exited
+  Time agents_stopped;             // the agents' statistics are in and they have exited
+};
+
 struct LaunchResult {
   int exit_code = 0;                    // the worst rank's (128+N for a signal)
   double seconds = 0;                   // ranks' wall time
   std::vector<nlohmann::json> agents;   // each agent's final stats (empty if none answered)
   std::vector<std::string> problems;    // agents that failed or died, for the summary
+  LaunchTimes times;
 };
 
 // The plan config for running c's job over a dataset with `buffer` of agent memory per node

@@ -117,6 +117,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
                                  "supported",
                                  o.start_step));
   start_ = o.start_step;
+  startup_.plan_read = Clock::now();
   epochs_.resize(header_.config.epochs);
   epoch_rank_stall_.assign(std::uint64_t{header_.config.epochs} * R_, 0.0);
 
@@ -144,6 +145,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
         header_.config.sample_bytes));
   sample_bytes_ = info.sample_bytes;
   label_bytes_ = info.has_labels ? info.label_bytes : 0;
+  startup_.source_opened = Clock::now();
 
   // Buffer: the plan's resident set, then the ranks' rings (see buffer_layout.cpp).
   if (!o.zero_copy && o.staging_steps == 0)
@@ -182,6 +184,9 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   ranks_.resize(R_);
   for (RankState& rs : ranks_) rs.cursor = rs.released = rs.assembled = start_;
   admitted_ = ready_ = start_;
+  startup_.first_batch.resize(R_);
+  startup_.last_batch.resize(R_);
+  startup_.buffer_ready = Clock::now();
 
   // Socket: private to this user (its path was checked above).
   boost::system::error_code bec;
@@ -192,6 +197,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   if (bec) throw AgentError(fmt::format("{}: cannot bind: {}", o.socket, bec.message()));
   ::chmod(o.socket.c_str(), 0600);
   acceptor_.listen();
+  startup_.listening = Clock::now();
   reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (start_ > 0)
     spdlog::info("node {}: starting at step {} (epoch {}, step {} of it): steps before it are "

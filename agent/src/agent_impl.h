@@ -218,6 +218,12 @@ class Agent::Impl {
   double read_seconds_ = 0, slot_wait_seconds_ = 0;
   Clock::time_point started_ = Clock::now();  // the agent's start
   Clock::time_point ready_at_ = started_;     // run(): prefetching starts, requests are served
+  // Start-up as it happened ("startup" in the stats, agent/README.md): steady_clock is
+  // CLOCK_MONOTONIC, so `solar run` places these on its own timeline (cli/cmd_run.cpp).
+  struct Startup {
+    Clock::time_point plan_read, source_opened, buffer_ready, listening, first_read;
+    std::vector<Clock::time_point> first_batch, last_batch;  // per local rank (batch mode)
+  } startup_;
 
   // Per-epoch records (stats.cpp), measured as the agent works: updated with mu_ held where the
   // totals are (no lock of their own), reported by stats_json() and --stats-out. The epoch of

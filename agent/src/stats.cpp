@@ -102,6 +102,9 @@ void Agent::Impl::note_served_locked(std::uint64_t t, std::uint32_t r, std::uint
   e.hits += hits;
   ++e.batches_served;
   if (wait < 0) return;
+  const auto now = Clock::now();
+  if (startup_.first_batch[r] == Clock::time_point{}) startup_.first_batch[r] = now;
+  startup_.last_batch[r] = now;
   e.stall_seconds += wait;
   e.stall_max_wait_seconds = std::max(e.stall_max_wait_seconds, wait);
   epoch_rank_stall_[ep * R_ + r] += wait;
@@ -133,6 +136,7 @@ void Agent::Impl::note_read_locked(std::uint64_t t, std::uint64_t samples, std::
   e.storage_reads += runs;
   e.read_seconds += secs;
   fetched_done_ += samples;
+  if (startup_.first_read == Clock::time_point{}) startup_.first_read = Clock::now();
 }
 
 void Agent::Impl::read_xstats(std::uint64_t out[4]) const {
@@ -167,6 +171,7 @@ nlohmann::json Agent::Impl::stats_document() {
   std::vector<EpochStats> eps;
   std::vector<double> rank_stall;
   HeadStart head;
+  Startup stages;
   std::uint64_t epochs_done = 0, xsnap[4] = {}, xnow[4] = {};
   double max_rank_stall = 0, slot_wait = 0;
   Clock::time_point now;
@@ -215,6 +220,7 @@ nlohmann::json Agent::Impl::stats_document() {
     eps = epochs_;
     rank_stall = epoch_rank_stall_;
     head = head_;
+    stages = startup_;
     if (!head.requested) {  // so far
       head.fetched_samples = fetched_done_;
       head.fetched_bytes = bytes_read_;
@@ -287,6 +293,26 @@ nlohmann::json Agent::Impl::stats_document() {
                      {"fetched_samples", head.fetched_samples},
                      {"fetched_bytes", head.fetched_bytes},
                      {"ready_steps", head.ready_steps}};
+  // Monotonic seconds (CLOCK_MONOTONIC, as steady_clock), null where it has not happened.
+  auto mono = [](Clock::time_point t) {
+    return t == Clock::time_point{}
+               ? nlohmann::json()
+               : nlohmann::json(std::chrono::duration<double>(t.time_since_epoch()).count());
+  };
+  nlohmann::json first_batch = nlohmann::json::array(), last_batch = nlohmann::json::array();
+  for (std::uint32_t r = 0; r < R_; ++r) {
+    first_batch.push_back(mono(stages.first_batch[r]));
+    last_batch.push_back(mono(stages.last_batch[r]));
+  }
+  j["startup"] = {{"started", mono(started_)},
+                  {"plan_read", mono(stages.plan_read)},
+                  {"source_opened", mono(stages.source_opened)},
+                  {"buffer_ready", mono(stages.buffer_ready)},
+                  {"listening", mono(stages.listening)},
+                  {"ready", mono(ready_at_)},
+                  {"first_read", mono(stages.first_read)},
+                  {"first_batch", std::move(first_batch)},
+                  {"last_batch", std::move(last_batch)}};
   j["totals"] = {{"hits", tot.hits},
                  {"fetched_samples", tot.fetched},
                  {"fetched_bytes", tot.fetched * sample_bytes_},
@@ -339,6 +365,7 @@ void Agent::Impl::write_stats_out(const nlohmann::json& doc) {
       {"error", doc["error"]},
       {"epochs", doc["per_epoch"]},
       {"head_start", doc["head_start"]},
+      {"startup", doc["startup"]},
       {"totals", doc["totals"]}};
   const std::string text = file.dump(1) + "\n";
   const fs::path path(opt_.stats_out);

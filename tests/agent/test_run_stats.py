@@ -2,6 +2,7 @@
 statistics of a 2-node run, and the picture drawn from them, parsed back."""
 import json
 import os
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -134,3 +135,41 @@ def test_stat_watches_every_agent_of_a_run_and_redraws_on_a_terminal(tmp_path):
         if job.poll() is None:
             job.terminate()
         job.wait(timeout=60)
+
+
+def test_verbose_breaks_down_start_up_and_teardown(tmp_path):
+    """solar run --verbose: launch to first batch and last batch to exit, by stage (issue 15),
+    from its own clock and the agents' `startup` times (CLOCK_MONOTONIC, in the stats)."""
+    data = tmp_path / "d.h5"
+    run(SOLAR, "gen", data, "--samples", 200, "--preset", "tiny", "--no-progress")
+    out = tmp_path / "run.json"
+    p = run(SOLAR, "run", "-v", "-n", "4", "--nodes", "2", "--dataset", data, "--buffer", "40%",
+            "--epochs", 1, "--batch", "4", "--stats-out", out, "--", TRAIN, "--verify")
+    lines = [l for l in p.stderr.splitlines() if l.startswith("solar run:")]
+    head = next(l for l in lines if "start-up: launch to first batch" in l)
+    first, every = map(float, re.findall(r"([\d.]+) s", head)[:2])
+    assert 0 < first <= every, head
+    stage = {}
+    for l in lines:
+        m = re.match(r"solar run:   (\S+(?: \S+)?)\s+([\d.]+) s  (.*)", l)
+        if m:
+            stage[m.group(1)] = float(m.group(2))
+            if m.group(1) == "agent start":
+                assert "process and libraries" in m.group(3) and "buffer set-up" in m.group(3), l
+    assert set(stage) == {"solar start", "plan", "agent start", "ranks start", "first fill",
+                          "ranks end", "agents stop", "summary"}, lines
+    # The stages follow one another: they add up to the last rank's first batch.
+    before = sum(stage[k] for k in ("solar start", "plan", "agent start", "ranks start",
+                                    "first fill"))
+    assert abs(before - every) < 0.01, (before, lines)
+    tail = next(l for l in lines if "teardown: last batch to exit" in l)
+    assert abs(sum(stage[k] for k in ("ranks end", "agents stop", "summary"))
+               - float(re.findall(r"([\d.]+) s", tail)[0])) < 0.01, lines
+    # The agents' start-up stages, in order, every rank served.
+    for n in json.loads(out.read_text())["nodes"]:
+        s = n["startup"]
+        order = [s[k] for k in ("started", "plan_read", "source_opened", "buffer_ready",
+                                "listening", "ready")]
+        assert order == sorted(order), s
+        assert len(s["first_batch"]) == 2 and all(f >= s["ready"] for f in s["first_batch"]), s
+        assert all(l >= f for f, l in zip(s["first_batch"], s["last_batch"])), s
