@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <fmt/format.h>
 #include <mutex>
@@ -65,6 +66,35 @@ struct Piece {
   std::byte* dst;
 };
 
+// One read() or read_labels() of an RMA export: its pieces (addr: the offset in the data or
+// labels region), queued for whichever thread drives the session (FabricSource::Impl::pump).
+// It lives on its caller's stack until it is finished; the caller waits on `cv`, to be told
+// that it is finished or that it may drive.
+struct Request {
+  std::vector<Piece> pieces;
+  bool labels = false;
+  std::byte* dst = nullptr;  // the destination, [dst, dst + bytes): registered when FI_MR_LOCAL
+  std::uint64_t bytes = 0;
+  std::vector<char> done;
+  std::size_t next = 0;  // first piece not issued on the current session (driver only)
+  std::size_t left = 0;  // pieces not done (driver only)
+  fabric::Region local;  // its registration on the current session (FI_MR_LOCAL providers)
+  std::uint64_t local_gen = 0;
+  bool finished = false;  // under Impl::mu, with `error`
+  std::exception_ptr error;
+  std::condition_variable cv;
+};
+
+// A slot of the queue depth: one fi_read in flight.
+struct Op {
+  fi_context2 ctx;  // first: the completion's op_context points here
+  Request* req = nullptr;
+  std::size_t piece = 0;
+  double due = 0;
+  bool completed = false;
+  bool busy = false;
+};
+
 }  // namespace
 
 struct FabricSource::Impl {
@@ -74,12 +104,33 @@ struct FabricSource::Impl {
   std::string identity, provider;
   double bandwidth = 0, latency = 0;  // emulated contention, from the server
   double bucket = 0;                  // when the emulated link is next free (seconds)
-  std::mutex mu;
-  std::unique_ptr<Session> session;
+  bool rma = false;  // the export is read one-sided (contiguous): reads share the session
   std::atomic<std::uint64_t> bytes{0}, reconnects{0};
-  // The current outage (under mu): since when the server has been unreachable, and how many
-  // attempts were made. Shared by every read, so that once the window has passed, the reads
-  // that follow fail at their first attempt instead of waiting the window again each.
+
+  // The session is used by one thread at a time, the driver. Reads of an RMA export do not
+  // take turns, though: each queues its pieces (a Request) and waits, and whichever caller
+  // finds no driver becomes it and keeps the queue depth filled with every queued request's
+  // pieces until its own request is done; it then hands the session to a waiting caller. So
+  // reads from several threads (the agent's readers, a DataLoader's workers) are in flight
+  // together, and only one thread polls the completion queue (on few cores, a poller per
+  // reader would take the CPU the server and the copies need). Staged reads, drop_cache and
+  // reconnections hold the session alone (exclusive()).
+  std::mutex mu;
+  bool driving = false;               // under mu
+  unsigned exclusive_waiting = 0;     // under mu
+  std::condition_variable exclusive_cv;
+  std::vector<Request*> incoming;     // under mu: queued, not yet seen by the driver
+  std::atomic<bool> has_incoming{false};
+  // The driver's (whoever holds the session):
+  std::unique_ptr<Session> session;
+  std::uint64_t session_gen = 0;      // bumped for every new session
+  std::vector<Request*> active;       // requests with pieces not done, in arrival order
+  std::vector<Op> ops;                // queue_depth slots
+  std::size_t inflight = 0;
+  std::uint64_t ops_gen = 0;          // the session `ops` and `active` were issued on
+  // The current outage: since when the server has been unreachable, and how many attempts
+  // were made. Shared by every read, so that once the window has passed, the reads that
+  // follow fail at their first attempt instead of waiting the window again each.
   double reconnect_s = 30;
   std::optional<Clock::time_point> outage_since;
   unsigned outage_attempts = 0;
@@ -90,6 +141,17 @@ struct FabricSource::Impl {
   json request(Session& s, const json& msg);
   template <class Work>
   void with_retries(Work&& work);
+  // Queues `req` and returns when it is done; throws its error.
+  void submit(Request& req);
+  // Drives the session until `mine` is done (the caller holds the session).
+  void pump(Session& s, Request& mine);
+  void finish(Request& r, std::exception_ptr error);  // tells its owner; r may be gone after
+  void fail_all(std::exception_ptr error);            // every queued request fails with it
+  void drop_session();  // closes the session: nothing more lands in anyone's memory
+  // Runs work() holding the session alone (no reads issued meanwhile; in-flight ones wait).
+  template <class Work>
+  void exclusive(Work&& work);
+  void release_locked();  // gives the session up (mu held) and wakes who is next
   // Within an outage: throws StorageError when the window has passed, else waits the backoff.
   void next_attempt(const StorageError& e, bool first);
   double now() const {
@@ -157,6 +219,7 @@ std::unique_ptr<Session> FabricSource::Impl::open_session(bool first) {
     }
     const json& d = reply.at("data");
     s->rma = d.at("mode") == "rma";
+    if (first) rma = s->rma;
     if (s->rma)
       s->data = {wire::count_field(d.at("key"), bad_hello),
                  wire::count_field(d.at("base"), bad_hello)};
@@ -196,16 +259,9 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
     local = s.ep->register_memory(dst, dst_len, FI_READ);
     desc = local.desc();
   }
-  struct Op {
-    fi_context2 ctx;  // first: the completion's op_context points here
-    std::size_t piece = 0;
-    double due = 0;
-    bool completed = false;
-    bool busy = false;
-  };
   const unsigned depth = std::max(1u, opt.queue_depth);
-  std::vector<Op> ops(depth);
-  std::size_t next = 0, inflight = 0;
+  std::vector<Op> slots(depth);
+  std::size_t next = 0, pending = 0;
   auto last_progress = Clock::now();
   auto last_check = last_progress;
   const auto timeout = std::chrono::duration<double>(opt.timeout_s);
@@ -218,9 +274,9 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
   // the endpoint is closed here, while both are still alive, before the error unwinds them
   // (closing it later, with the contexts gone, crashed libfabric when the server had died).
   try {
-    while (next < pieces.size() || inflight > 0) {
+    while (next < pieces.size() || pending > 0) {
       // Issue reads while there is room.
-      for (auto& op : ops) {
+      for (auto& op : slots) {
         if (op.busy) continue;
         advance();
         if (next >= pieces.size()) break;
@@ -252,7 +308,7 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
         op.busy = true;
         op.piece = next;
         op.due = due;
-        ++inflight;
+        ++pending;
         ++next;
       }
       // Reap completions.
@@ -275,7 +331,7 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
       const double t = (bandwidth > 0 || latency > 0) ? now() : 0;
       double earliest = 0;
       bool waiting = false;
-      for (auto& op : ops) {
+      for (auto& op : slots) {
         if (!op.busy || !op.completed) continue;
         if (op.due > t) {
           earliest = waiting ? std::min(earliest, op.due) : op.due;
@@ -285,7 +341,7 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
         done[op.piece] = 1;
         bytes += pieces[op.piece].len;
         op.busy = false;
-        --inflight;
+        --pending;
         last_progress = Clock::now();
       }
       const auto tnow = Clock::now();
@@ -295,20 +351,20 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
           throw TransientError(fmt::format("{}: the server closed the connection mid-read", uri));
       }
       bool all_held = waiting;
-      for (auto& op : ops)
+      for (auto& op : slots)
         if (op.busy && !op.completed) all_held = false;
       if (all_held) {
         std::this_thread::sleep_for(std::chrono::duration<double>(
             std::min(0.005, std::max(0.0, earliest - now()))));
         last_progress = Clock::now();
-      } else if ((inflight > 0 || next < pieces.size()) && tnow - last_progress > timeout) {
+      } else if ((pending > 0 || next < pieces.size()) && tnow - last_progress > timeout) {
         throw TransientError(fmt::format("{}: no read completed for {:.1f} s (server hung or "
                                          "unreachable)",
                                          uri, opt.timeout_s));
       }
     }
   } catch (...) {
-    if (inflight > 0) {
+    if (pending > 0) {
       local = fabric::Region();  // its domain goes with the endpoint
       s.ep.reset();
     }
@@ -346,6 +402,7 @@ void FabricSource::Impl::with_retries(Work&& work) {
     try {
       if (!session) {
         session = open_session(false);
+        ++session_gen;
         if (outage_since) ++reconnects;
       }
       work(*session);
@@ -356,11 +413,238 @@ void FabricSource::Impl::with_retries(Work&& work) {
       }
       return;
     } catch (const TransientError& e) {
-      session.reset();  // closes the endpoint: nothing more lands in the caller's memory
+      drop_session();  // closes the endpoint: nothing more lands in the callers' memory
       next_attempt(e, false);
     } catch (...) {
-      session.reset();  // its endpoint may be closed already (run_pieces); start afresh
+      drop_session();  // its endpoint may be closed already (run_pieces); start afresh
       throw;
+    }
+  }
+}
+
+void FabricSource::Impl::drop_session() {
+  // Registrations first: their domain goes with the endpoint.
+  for (Request* r : active) r->local = fabric::Region();
+  session.reset();
+  // Reads that were in flight land nowhere now: issue them again on the next session.
+  for (auto& op : ops) op = Op{};
+  inflight = 0;
+  for (Request* r : active) r->next = 0;
+  ops_gen = session_gen;
+}
+
+void FabricSource::Impl::finish(Request& r, std::exception_ptr error) {
+  r.local = fabric::Region();
+  std::lock_guard g(mu);
+  r.error = std::move(error);
+  r.finished = true;
+  r.cv.notify_one();
+}
+
+void FabricSource::Impl::fail_all(std::exception_ptr error) {
+  drop_session();
+  std::vector<Request*> all;
+  all.swap(active);
+  {
+    std::lock_guard g(mu);
+    all.insert(all.end(), incoming.begin(), incoming.end());
+    incoming.clear();
+    has_incoming = false;
+  }
+  for (Request* r : all) finish(*r, error);
+}
+
+void FabricSource::Impl::release_locked() {
+  driving = false;
+  if (exclusive_waiting) {
+    exclusive_cv.notify_one();
+  } else if (!active.empty()) {
+    active.front()->cv.notify_one();
+  } else if (!incoming.empty()) {
+    incoming.front()->cv.notify_one();
+  }
+}
+
+template <class Work>
+void FabricSource::Impl::exclusive(Work&& work) {
+  {
+    std::unique_lock lk(mu);
+    ++exclusive_waiting;
+    exclusive_cv.wait(lk, [&] { return !driving; });
+    --exclusive_waiting;
+    driving = true;
+  }
+  try {
+    work();
+  } catch (...) {
+    std::lock_guard g(mu);
+    release_locked();
+    throw;
+  }
+  std::lock_guard g(mu);
+  release_locked();
+}
+
+void FabricSource::Impl::submit(Request& req) {
+  req.left = req.pieces.size();
+  req.done.assign(req.pieces.size(), 0);
+  if (req.left == 0) return;
+  std::unique_lock lk(mu);
+  incoming.push_back(&req);
+  has_incoming = true;
+  while (!req.finished) {
+    if (driving) {
+      req.cv.wait(lk);
+      continue;
+    }
+    driving = true;
+    lk.unlock();
+    try {
+      with_retries([&](Session& s) { pump(s, req); });
+    } catch (...) {
+      fail_all(std::current_exception());  // req among them
+    }
+    lk.lock();
+    release_locked();
+  }
+  if (req.error) std::rethrow_exception(req.error);
+}
+
+void FabricSource::Impl::pump(Session& s, Request& mine) {
+  if (ops_gen != session_gen) {  // a new session: what was in flight went with the old one
+    for (auto& op : ops) op = Op{};
+    inflight = 0;
+    for (Request* r : active) {
+      r->next = 0;
+      r->local = fabric::Region();
+    }
+    ops_gen = session_gen;
+  }
+  if (ops.size() != std::max(1u, opt.queue_depth)) ops.resize(std::max(1u, opt.queue_depth));
+  auto last_progress = Clock::now();
+  auto last_check = last_progress;
+  const auto timeout = std::chrono::duration<double>(opt.timeout_s);
+  const bool throttled = bandwidth > 0 || latency > 0;
+  std::size_t issue_from = 0;  // active requests before this one have nothing left to issue
+
+  while (mine.left > 0) {
+    if (has_incoming.load(std::memory_order_acquire)) {
+      std::lock_guard g(mu);
+      active.insert(active.end(), incoming.begin(), incoming.end());
+      incoming.clear();
+      has_incoming = false;
+    }
+    // Issue reads while there is room, oldest request first.
+    for (auto& op : ops) {
+      if (op.busy) continue;
+      Request* r = nullptr;
+      for (; issue_from < active.size(); ++issue_from) {
+        Request* a = active[issue_from];
+        while (a->next < a->pieces.size() && a->done[a->next]) ++a->next;
+        if (a->next < a->pieces.size()) {
+          r = a;
+          break;
+        }
+      }
+      if (!r) break;
+      const Piece& p = r->pieces[r->next];
+      void* desc = nullptr;
+      if (s.ep->local_mr()) {
+        if (r->local_gen != session_gen || !r->local.desc()) {
+          r->local = s.ep->register_memory(r->dst, r->bytes, FI_READ);
+          r->local_gen = session_gen;
+        }
+        desc = r->local.desc();
+      }
+      const RemoteRegion& region = r->labels ? s.labels : s.data;
+      // A bounded number of tries: a provider that keeps answering EAGAIN (tcp;ofi_rxm
+      // reconnecting for ever to a server that was killed after the bootstrap) must come back
+      // to the loop below, which notices the server gone and the timeout. (Unbounded, a rank
+      // spun here at 100% CPU for good: found by scripts/soak.)
+      ssize_t rc;
+      int tries = 0;
+      while ((rc = fi_read(s.ep->ep(), p.dst, p.len, desc, s.server, region.base + p.addr,
+                           region.key, &op.ctx)) == -FI_EAGAIN &&
+             ++tries < 64) {
+        fi_cq_entry e[1];
+        const ssize_t n = fi_cq_read(s.ep->cq(), e, 0);  // drive progress
+        if (n == -FI_EAVAIL) break;
+      }
+      if (rc != 0 && rc != -FI_EAGAIN)
+        throw TransientError(fmt::format("{}: fi_read failed: {}", uri, fabric::error_text(rc)));
+      if (rc == -FI_EAGAIN) break;
+      // The emulated link is charged for reads issued, not for attempts the provider refused.
+      double due = 0;
+      if (throttled) {
+        const double t = now();
+        bucket = std::max(bucket, t) + (bandwidth > 0 ? double(p.len) / bandwidth : 0);
+        due = std::max(bucket, t + latency);
+      }
+      op = Op{};
+      op.busy = true;
+      op.req = r;
+      op.piece = r->next;
+      op.due = due;
+      ++inflight;
+      ++r->next;
+    }
+    // Reap completions.
+    fi_cq_entry entries[16];
+    const ssize_t n = fi_cq_read(s.ep->cq(), entries, 16);
+    if (n > 0) {
+      for (ssize_t i = 0; i < n; ++i) static_cast<Op*>(entries[i].op_context)->completed = true;
+      last_progress = Clock::now();
+    } else if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      fi_cq_readerr(s.ep->cq(), &err, 0);
+      throw TransientError(fmt::format("{}: a remote read failed: {} ({})", uri,
+                                       fabric::error_text(err.err),
+                                       fi_cq_strerror(s.ep->cq(), err.prov_errno, err.err_data,
+                                                      nullptr, 0)));
+    } else if (n != -FI_EAGAIN) {
+      throw TransientError(fmt::format("{}: fi_cq_read: {}", uri, fabric::error_text(n)));
+    }
+    // Retire completed reads whose emulated delay has passed.
+    const double t = throttled ? now() : 0;
+    double earliest = 0;
+    bool waiting = false, retired = false;
+    for (auto& op : ops) {
+      if (!op.busy || !op.completed) continue;
+      if (op.due > t) {
+        earliest = waiting ? std::min(earliest, op.due) : op.due;
+        waiting = true;
+        continue;
+      }
+      Request& r = *op.req;
+      r.done[op.piece] = 1;
+      bytes += r.pieces[op.piece].len;
+      op.busy = false;
+      --inflight;
+      retired = true;
+      if (--r.left == 0) {
+        active.erase(std::find(active.begin(), active.end(), &r));
+        issue_from = 0;
+        finish(r, nullptr);  // its owner may return at once: r is not touched after this
+      }
+    }
+    if (retired) last_progress = Clock::now();
+    const auto tnow = Clock::now();
+    if (tnow - last_check > std::chrono::milliseconds(20)) {
+      last_check = tnow;
+      if (s.server_gone())
+        throw TransientError(fmt::format("{}: the server closed the connection mid-read", uri));
+    }
+    bool all_held = waiting;
+    for (auto& op : ops)
+      if (op.busy && !op.completed) all_held = false;
+    if (all_held) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(
+          std::min(0.005, std::max(0.0, earliest - now()))));
+      last_progress = Clock::now();
+    } else if (mine.left > 0 && tnow - last_progress > timeout) {
+      throw TransientError(fmt::format("{}: no read completed for {:.1f} s (server hung or "
+                                       "unreachable)",
+                                       uri, opt.timeout_s));
     }
   }
 }
@@ -426,90 +710,87 @@ std::uint64_t FabricSource::reconnects() const { return impl_->reconnects.load()
 void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) {
   Impl& im = *impl_;
   check_runs(im.info, runs, im.uri);
-  std::lock_guard g(im.mu);
   const std::uint64_t sb = im.info.sample_bytes;
   const std::uint64_t total = total_samples(runs) * sb;
   if (total == 0) return;
   const std::uint64_t max_piece = std::max<std::uint64_t>(1, im.opt.request_bytes);
 
-  // Contiguous exports: pieces address the remote file directly; done survives reconnects.
-  std::vector<Piece> pieces;
-  std::vector<std::uint64_t> offsets;
-  std::vector<char> done;
-  bool planned_rma = false;
-  // Staged exports: batches of runs that fit the staging buffer, done batch by batch.
+  if (im.rma) {
+    // Contiguous exports: pieces address the remote file directly, read together with other
+    // threads' (submit); what is done survives reconnections.
+    Request req;
+    req.dst = dst;
+    req.bytes = total;
+    std::byte* out = dst;
+    for (const auto& r : runs) {
+      std::uint64_t off = r.first * sb, left = r.count * sb;
+      while (left) {
+        const std::uint64_t n = std::min(left, max_piece);
+        req.pieces.push_back({0, off, n, out});
+        off += n;
+        out += n;
+        left -= n;
+      }
+    }
+    im.submit(req);
+    return;
+  }
+
+  // Staged exports: batches of runs that fit the staging buffer, done batch by batch, on the
+  // session alone (its stage requests and replies share the bootstrap socket).
   std::size_t staged_run = 0;
   std::uint64_t staged_skip = 0;  // samples of runs[staged_run] already delivered
   std::byte* staged_out = dst;
-
-  im.with_retries([&](Session& s) {
-    if (s.rma) {
-      if (!planned_rma) {
-        std::byte* out = dst;
-        for (const auto& r : runs) {
-          std::uint64_t off = r.first * sb, left = r.count * sb;
-          while (left) {
-            const std::uint64_t n = std::min(left, max_piece);
-            pieces.push_back({0, 0, n, out});
-            offsets.push_back(off);
-            off += n;
-            out += n;
-            left -= n;
+  im.exclusive([&] {
+    im.with_retries([&](Session& s) {
+      if (s.rma)
+        throw StorageError(fmt::format("{}: the server now exports the file for RMA reads; "
+                                       "reconnect",
+                                       im.uri));
+      const std::uint64_t per_batch = std::max<std::uint64_t>(1, s.staging_bytes / sb);
+      while (staged_run < runs.size()) {
+        std::vector<SampleRun> batch;
+        std::uint64_t n = 0;
+        std::size_t r = staged_run;
+        std::uint64_t skip = staged_skip;
+        while (r < runs.size() && n < per_batch) {
+          const std::uint64_t take = std::min(runs[r].count - skip, per_batch - n);
+          batch.push_back({runs[r].first + skip, take});
+          n += take;
+          skip += take;
+          if (skip == runs[r].count) {
+            ++r;
+            skip = 0;
           }
         }
-        done.assign(pieces.size(), 0);
-        planned_rma = true;
-      }
-      for (std::size_t i = 0; i < pieces.size(); ++i) {
-        pieces[i].key = s.data.key;
-        pieces[i].addr = s.data.base + offsets[i];
-      }
-      im.run_pieces(s, pieces, done, dst, total);
-      return;
-    }
-    const std::uint64_t per_batch = std::max<std::uint64_t>(1, s.staging_bytes / sb);
-    while (staged_run < runs.size()) {
-      std::vector<SampleRun> batch;
-      std::uint64_t n = 0;
-      std::size_t r = staged_run;
-      std::uint64_t skip = staged_skip;
-      while (r < runs.size() && n < per_batch) {
-        const std::uint64_t take = std::min(runs[r].count - skip, per_batch - n);
-        batch.push_back({runs[r].first + skip, take});
-        n += take;
-        skip += take;
-        if (skip == runs[r].count) {
-          ++r;
-          skip = 0;
+        json req = {{"op", "stage"}, {"runs", json::array()}};
+        for (const auto& b : batch) req["runs"].push_back({b.first, b.count});
+        const json reply = im.request(s, req);
+        if (!reply.value("ok", false)) {
+          const std::string err = reply.value("error", std::string("no reason given"));
+          if (reply.value("retry", false)) throw TransientError(im.uri + ": " + err);
+          throw StorageError(fmt::format("{}: the server refused a read: {}", im.uri, err));
         }
+        const std::string bad = im.uri + ": the server's stage reply is bad";
+        const std::uint64_t key = wire::count_field(reply.at("key"), bad);
+        const std::uint64_t base = wire::count_field(reply.at("base"), bad);
+        std::vector<Piece> bp;
+        for (std::uint64_t off = 0; off < n * sb; off += max_piece)
+          bp.push_back({key, base + off, std::min(max_piece, n * sb - off), staged_out + off});
+        std::vector<char> bdone(bp.size(), 0);
+        im.run_pieces(s, bp, bdone, staged_out, n * sb);
+        staged_out += n * sb;
+        staged_run = r;
+        staged_skip = skip;
       }
-      json req = {{"op", "stage"}, {"runs", json::array()}};
-      for (const auto& b : batch) req["runs"].push_back({b.first, b.count});
-      const json reply = im.request(s, req);
-      if (!reply.value("ok", false)) {
-        const std::string err = reply.value("error", std::string("no reason given"));
-        if (reply.value("retry", false)) throw TransientError(im.uri + ": " + err);
-        throw StorageError(fmt::format("{}: the server refused a read: {}", im.uri, err));
+      // The staged runs are here: the server may hand the staging buffer to another client.
+      try {
+        wire::send(s.sock, {{"op", "done"}});
+      } catch (const boost::system::system_error& e) {
+        throw TransientError(fmt::format("{}: lost the connection to the server ({})", im.uri,
+                                         e.code().message()));
       }
-      const std::string bad = im.uri + ": the server's stage reply is bad";
-      const std::uint64_t key = wire::count_field(reply.at("key"), bad);
-      const std::uint64_t base = wire::count_field(reply.at("base"), bad);
-      std::vector<Piece> bp;
-      for (std::uint64_t off = 0; off < n * sb; off += max_piece)
-        bp.push_back({key, base + off, std::min(max_piece, n * sb - off), staged_out + off});
-      std::vector<char> bdone(bp.size(), 0);
-      im.run_pieces(s, bp, bdone, staged_out, n * sb);
-      staged_out += n * sb;
-      staged_run = r;
-      staged_skip = skip;
-    }
-    // The staged runs are here: the server may hand the staging buffer to another client.
-    try {
-      wire::send(s.sock, {{"op", "done"}});
-    } catch (const boost::system::system_error& e) {
-      throw TransientError(fmt::format("{}: lost the connection to the server ({})", im.uri,
-                                       e.code().message()));
-    }
+    });
   });
 }
 
@@ -518,31 +799,40 @@ void FabricSource::read_labels(std::span<const SampleRun> runs, std::byte* dst) 
   if (!im.info.has_labels)
     throw StorageError(fmt::format("{}: the exported dataset has no labels", im.uri));
   check_runs(im.info, runs, im.uri);
-  std::lock_guard g(im.mu);
   const std::uint64_t lb = im.info.label_bytes;
-  std::vector<Piece> pieces;
+  Request req;
+  req.labels = true;
+  req.dst = dst;
   std::byte* out = dst;
   for (const auto& r : runs) {
-    pieces.push_back({0, r.first * lb, r.count * lb, out});
+    req.pieces.push_back({0, r.first * lb, r.count * lb, out});
     out += r.count * lb;
   }
-  std::vector<char> done(pieces.size(), 0);
-  const std::uint64_t total = static_cast<std::uint64_t>(out - dst);
-  if (total == 0) return;
-  std::vector<std::uint64_t> offsets;
-  for (const auto& p : pieces) offsets.push_back(p.addr);
-  im.with_retries([&](Session& s) {
-    for (std::size_t i = 0; i < pieces.size(); ++i) {
-      pieces[i].key = s.labels.key;
-      pieces[i].addr = s.labels.base + offsets[i];
-    }
-    im.run_pieces(s, pieces, done, dst, total);
+  req.bytes = static_cast<std::uint64_t>(out - dst);
+  if (req.bytes == 0) return;
+  if (im.rma) {
+    im.submit(req);
+    return;
+  }
+  // A staged export: its session's completion queue is polled by staged reads (run_pieces),
+  // so labels are read there too, on the session alone.
+  std::vector<char> done(req.pieces.size(), 0);
+  im.exclusive([&] {
+    im.with_retries([&](Session& s) {
+      std::vector<Piece> pieces = req.pieces;
+      for (auto& p : pieces) {
+        p.key = s.labels.key;
+        p.addr += s.labels.base;
+      }
+      im.run_pieces(s, pieces, done, dst, req.bytes);
+    });
   });
 }
 
 void FabricSource::drop_cache() {
-  std::lock_guard g(impl_->mu);
-  impl_->with_retries([&](Session& s) { impl_->request(s, {{"op", "drop_cache"}}); });
+  impl_->exclusive([&] {
+    impl_->with_retries([&](Session& s) { impl_->request(s, {{"op", "drop_cache"}}); });
+  });
 }
 
 }  // namespace solar::storage

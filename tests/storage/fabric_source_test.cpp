@@ -87,6 +87,71 @@ TEST_P(Providers, EveryLayoutVerifiesThroughTheServer) {
   EXPECT_EQ(test::run({SOLAR_CLI, "verify", server.uri("z"), "--no-progress"}, &out), 0) << out;
 }
 
+// Reads of one source from several threads at once (the agent's readers, a DataLoader's
+// workers) are in flight together, and each gets exactly its own bytes and labels.
+TEST_P(Providers, ReadsFromSeveralThreadsAreInFlightTogetherWithTheirOwnBytes) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous, 96);
+  StoredProcess server(dir, {"--provider", GetParam(), "--export", "c=" + dir.file("c.h5")});
+  ASSERT_TRUE(server.start()) << server.log();
+  FabricOptions o;
+  o.request_bytes = 12000;  // pieces that straddle samples: many per read
+  o.queue_depth = 5;
+  auto src = FabricSource::connect(server.uri("c"), o);
+  const std::uint64_t sb = src->info().sample_bytes;
+  std::atomic<int> bad{0};
+  std::vector<std::thread> ts;
+  for (unsigned t = 0; t < 6; ++t)
+    ts.emplace_back([&, t] {
+      std::vector<std::byte> buf;
+      std::vector<std::int32_t> labels;
+      for (unsigned k = 0; k < 40; ++k) {
+        // Runs of different lengths and places for every thread and round.
+        const std::uint64_t a = (t * 37 + k * 11) % 90, b = (t * 13 + k * 7) % 96;
+        const std::vector<SampleRun> runs = {{a, 1 + (k + t) % 6}, {b, 1}};
+        buf.assign(total_samples(runs) * sb, std::byte{0xEE});
+        labels.assign(total_samples(runs), -1);
+        src->read(runs, buf.data());
+        src->read_labels(runs, reinterpret_cast<std::byte*>(labels.data()));
+        std::size_t i = 0;
+        for (const auto& r : runs)
+          for (std::uint64_t x = r.first; x < r.first + r.count; ++x, ++i)
+            if (!content::check_sample(5, x, buf.data() + i * sb, sb) ||
+                labels[i] != content::label(5, x))
+              ++bad;
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(src->reconnects(), 0u);
+
+  // In flight together: with 150 ms of emulated latency per read, 8 threads' one-sample reads
+  // take about one latency, not eight (as they did when a source read one request at a time).
+  StoredProcess slow(dir, {"--provider", GetParam(), "--throttle-latency", "150", "--export",
+                           "c=" + dir.file("c.h5")});
+  ASSERT_TRUE(slow.start()) << slow.log();
+  o.request_bytes = 4 << 20;  // one fi_read per sample, all eight fit the queue depth
+  o.queue_depth = 16;
+  auto s2 = FabricSource::connect(slow.uri("c"), o);
+  auto timed = [&](unsigned threads) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> ws;
+    for (unsigned t = 0; t < threads; ++t)
+      ws.emplace_back([&, t] {
+        std::vector<std::byte> one(sb);
+        const SampleRun r{t, 1};
+        s2->read({&r, 1}, one.data());
+        if (!content::check_sample(5, t, one.data(), sb)) ++bad;
+      });
+    for (auto& w : ws) w.join();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double one = timed(1), eight = timed(8);
+  EXPECT_LT(eight, 3 * one) << "one read " << one << " s, eight reads from eight threads "
+                            << eight << " s";
+  EXPECT_EQ(bad.load(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Storage, Providers, ::testing::Values("tcp;ofi_rxm", "shm"),
                          [](const auto& p) {
                            return p.param == "shm" ? std::string("shm") : std::string("tcp_rxm");
@@ -435,6 +500,38 @@ TEST(FabricSource, ServerRestartedMidReadIsRetriedWithCorrectBytes) {
     ASSERT_TRUE(content::check_sample(5, i, buf.data() + i * src->info().sample_bytes,
                                       src->info().sample_bytes))
         << i;
+}
+
+// Several threads' reads in flight when the server is killed and restarted: each is issued
+// again on the new connection where it stopped, and every byte is right.
+TEST(FabricSource, ServerRestartedUnderReadsFromSeveralThreadsGivesEachItsBytes) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous, 64, {4, 32, 32, 32});
+  StoredProcess first = throttled(dir);
+  ASSERT_TRUE(first.start()) << first.log();
+  FabricOptions o;
+  o.timeout_s = 5;
+  o.request_bytes = 128 << 10;
+  o.queue_depth = 4;
+  auto src = FabricSource::connect(first.uri("c"), o);
+  const std::uint64_t sb = src->info().sample_bytes;
+  std::vector<std::vector<std::byte>> bufs(4, std::vector<std::byte>(16 * sb));
+  std::vector<std::future<void>> readers;
+  for (std::uint64_t t = 0; t < 4; ++t)
+    readers.push_back(std::async(std::launch::async, [&, t] {
+      const SampleRun r{t * 16, 16};
+      src->read({&r, 1}, bufs[t].data());
+    }));
+  while (src->bytes_read() < sb) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  first.kill_now();
+  StoredProcess second = throttled(dir);
+  ASSERT_TRUE(second.start(first.port())) << second.log();
+  for (auto& r : readers) r.get();
+  EXPECT_GE(src->reconnects(), 1u);
+  for (std::uint64_t t = 0; t < 4; ++t)
+    for (std::uint64_t i = 0; i < 16; ++i)
+      ASSERT_TRUE(content::check_sample(5, t * 16 + i, bufs[t].data() + i * sb, sb))
+          << t * 16 + i;
 }
 
 TEST(SolarStored, HelpExplainsEveryFlag) {
