@@ -253,14 +253,14 @@ std::vector<std::vector<SampleRun>> batches(const std::vector<SampleRun>& runs,
 }
 
 // Reads every batch, two at a time (double buffering: one batch is being issued while the
-// other completes, as the agent does), into scratch memory.
+// other completes, as the agent does), into scratch memory: `bufs`, two buffers of at least a
+// batch each, allocated and touched by the caller (page faults of fresh memory are not reads).
 void read_all(storage::SampleSource& src, const std::vector<std::vector<SampleRun>>& parts,
-              std::uint64_t batch_bytes) {
+              std::vector<std::byte> (&bufs)[2]) {
   std::atomic<std::size_t> next{0};
   std::exception_ptr err;
   std::mutex mu;
-  auto reader = [&] {
-    std::vector<std::byte> buf(batch_bytes + src.info().sample_bytes);
+  auto reader = [&](std::vector<std::byte>& buf) {
     try {
       for (std::size_t i; (i = next.fetch_add(1)) < parts.size();) src.read(parts[i], buf.data());
     } catch (...) {
@@ -269,8 +269,8 @@ void read_all(storage::SampleSource& src, const std::vector<std::vector<SampleRu
       next = parts.size();
     }
   };
-  std::thread other(reader);
-  reader();
+  std::thread other(reader, std::ref(bufs[1]));
+  reader(bufs[0]);
   other.join();
   if (err) std::rethrow_exception(err);
 }
@@ -502,6 +502,14 @@ void run_bench_io(const BenchOptions& o) {
     std::optional<storage::FabricReference> reference;
   };
   std::vector<Phase> phases(3);
+  // The destinations, allocated and touched before anything is timed, as the reference's are:
+  // for one-sample requests a ring of max(--queue-depth, --workers) samples (the reference's
+  // ring is --queue-depth samples: the same memory, not one cache-hot sample per worker), and
+  // two batch buffers for the coalesced and sequential phases.
+  const std::uint64_t ring_slots = std::max<std::uint64_t>(window, o.workers);
+  std::vector<std::byte> ring(ring_slots * sb, std::byte{1});
+  std::vector<std::byte> batch_bufs[2];
+  for (auto& b : batch_bufs) b.assign(per_batch + sb, std::byte{1});
   // 1. One sample per request, random order, from `workers` threads (a PyTorch Dataset's
   //    __getitem__ under a DataLoader with that many workers).
   phases[0].name = "random, 1 sample/request";
@@ -513,11 +521,10 @@ void run_bench_io(const BenchOptions& o) {
     std::vector<std::thread> ts;
     for (unsigned w = 0; w < o.workers; ++w)
       ts.emplace_back([&] {
-        std::vector<std::byte> one(sb);
         try {
           for (std::uint64_t i; (i = next.fetch_add(1)) < k;) {
             const SampleRun r{ids[i], 1};
-            src->read({&r, 1}, one.data());
+            src->read({&r, 1}, ring.data() + (i % ring_slots) * sb);
           }
         } catch (...) {
           std::lock_guard g(mu);
@@ -529,12 +536,12 @@ void run_bench_io(const BenchOptions& o) {
     if (err) std::rethrow_exception(err);
   };
   for (std::uint64_t id : ids) phases[0].reference_reads.push_back({id * sb, sb});
-  phases[0].reference_local = std::uint64_t{window} * sb;
+  phases[0].reference_local = ring_slots * sb;
   // 2. The same samples, sorted and coalesced into runs, read batch by batch.
   const auto coalesced_parts = batches(sorted_runs, sb, batch_bytes);
   phases[1].name = "sorted, coalesced runs";
   phases[1].requests = sorted_runs.size();
-  phases[1].run = [&] { read_all(*src, coalesced_parts, per_batch); };
+  phases[1].run = [&] { read_all(*src, coalesced_parts, batch_bufs); };
   for (const auto& r : sorted_runs)
     add_reads(phases[1].reference_reads, r.first * sb, r.count * sb, reference_op);
   phases[1].reference_local = per_batch;
@@ -542,7 +549,7 @@ void run_bench_io(const BenchOptions& o) {
   const auto seq_parts = batches({{0, k}}, sb, batch_bytes);
   phases[2].name = "sequential (device limit)";
   phases[2].requests = seq_parts.size();
-  phases[2].run = [&] { read_all(*src, seq_parts, per_batch); };
+  phases[2].run = [&] { read_all(*src, seq_parts, batch_bufs); };
   add_reads(phases[2].reference_reads, 0, bytes, reference_op);
   phases[2].reference_local = per_batch;
 
