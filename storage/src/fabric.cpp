@@ -8,6 +8,7 @@
 #include <sys/random.h>
 
 #include <algorithm>
+#include <string_view>
 #include <type_traits>
 
 #include "solar/storage/signals.h"
@@ -100,7 +101,8 @@ fi_info* hints_for(const std::string& provider, bool thread_safe) {
 }
 }  // namespace
 
-std::unique_ptr<Endpoint> Endpoint::open(const std::string& provider, const std::string& node) {
+std::unique_ptr<Endpoint> Endpoint::open(const std::string& provider, const std::string& node,
+                                         bool wait) {
   // Initialising the providers (psm's among them) must not leave handlers of theirs behind in
   // the caller's process (signals.h): whatever changes here is put back as it was.
   struct KeepSignals {
@@ -134,9 +136,20 @@ std::unique_ptr<Endpoint> Endpoint::open(const std::string& provider, const std:
   if (long r = fi_av_open(e->domain_, &av_attr, &e->av_, nullptr)) throw fail("fi_av_open", r);
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_CONTEXT;
-  cq_attr.wait_obj = FI_WAIT_NONE;
+  // Only a wait object with a descriptor (FI_WAIT_FD) helps: the provider's sockets wake it.
+  // shm has no descriptor to wake anyone, and its FI_WAIT_UNSPEC wait is a sched_yield loop
+  // that did not even return at its timeout (libfabric 1.17): shm is polled.
+  wait = wait && std::string_view(e->info_->fabric_attr->prov_name).substr(0, 3) != "shm";
+  cq_attr.wait_obj = wait ? FI_WAIT_FD : FI_WAIT_NONE;
   cq_attr.size = 1024;
-  if (long r = fi_cq_open(e->domain_, &cq_attr, &e->cq_, nullptr)) throw fail("fi_cq_open", r);
+  long cq_rc = fi_cq_open(e->domain_, &cq_attr, &e->cq_, nullptr);
+  if (cq_rc && wait) {  // no wait object here: poll
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    cq_rc = fi_cq_open(e->domain_, &cq_attr, &e->cq_, nullptr);
+  } else if (!cq_rc) {
+    e->waitable_ = wait;
+  }
+  if (cq_rc) throw fail("fi_cq_open", cq_rc);
   if (long r = fi_endpoint(e->domain_, e->info_, &e->ep_, nullptr)) throw fail("fi_endpoint", r);
   if (long r = fi_ep_bind(e->ep_, &e->av_->fid, 0)) throw fail("fi_ep_bind(av)", r);
   if (long r = fi_ep_bind(e->ep_, &e->cq_->fid, FI_TRANSMIT | FI_RECV))

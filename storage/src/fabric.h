@@ -43,7 +43,11 @@ class Endpoint {
  public:
   // provider: a libfabric provider name ("tcp;ofi_rxm", "shm", ...) or "" for FI_PROVIDER / the
   // library's choice. node: address to bind to (servers), "" for any.
-  static std::unique_ptr<Endpoint> open(const std::string& provider, const std::string& node);
+  // wait: give the completion queue a wait object (fi_cq_sread blocks in the kernel until the
+  // provider has work), where the provider offers one; waitable() says whether it did.
+  static std::unique_ptr<Endpoint> open(const std::string& provider, const std::string& node,
+                                        bool wait = false);
+  bool waitable() const { return waitable_; }
   ~Endpoint();
 
   std::string provider() const;
@@ -71,6 +75,7 @@ class Endpoint {
   fid_cq* cq_ = nullptr;
   fid_ep* ep_ = nullptr;
   std::mutex reg_mu_;
+  bool waitable_ = false;
 };
 
 }  // namespace solar::storage::fabric

@@ -267,7 +267,11 @@ StorageServer::StorageServer(ServerOptions options) : impl_(std::make_unique<Imp
   }
   std::string provider = im.opt.provider;
   if (provider.empty() && !std::getenv("FI_PROVIDER")) provider = "tcp;ofi_rxm";
-  im.ep = fabric::Endpoint::open(provider, im.opt.host == "0.0.0.0" ? "" : im.opt.host);
+  im.ep = fabric::Endpoint::open(provider, im.opt.host == "0.0.0.0" ? "" : im.opt.host,
+                                 !im.opt.busy_poll);
+  spdlog::info("fabric progress: {}", im.ep->waitable() ? "sleeping on the completion queue's "
+                                                          "wait object until a read arrives"
+                                                        : "busy polling");
   // A bad export (missing, truncated, wrong rank) is reported and refused to clients that ask
   // for it; the others are served. With none usable the server does not start.
   std::string errors;
@@ -292,19 +296,29 @@ StorageServer::StorageServer(ServerOptions options) : impl_(std::make_unique<Imp
   im.progress = std::thread([&im] {
     // Target-side progress: reads do not complete unless someone drives the provider.
     fi_cq_entry entries[16];
+    bool waiting = im.ep->waitable();
     auto next_watch = std::chrono::steady_clock::now();
     while (!im.stopping.load(std::memory_order_relaxed)) {
       if (const auto now = std::chrono::steady_clock::now(); now >= next_watch) {
         im.watch_exports();
         next_watch = now + std::chrono::milliseconds(500);
       }
+      // Woken by the provider's sockets; at the latest after 10 ms, for watch_exports, stop
+      // and any progress a provider does not signal (connection set-up).
       tsan_ignore_begin();
-      const ssize_t n = fi_cq_read(im.ep->cq(), entries, 16);
+      const ssize_t n = waiting ? fi_cq_sread(im.ep->cq(), entries, 16, nullptr, 10)
+                                : fi_cq_read(im.ep->cq(), entries, 16);
       fi_cq_err_entry err{};
       if (n == -FI_EAVAIL) fi_cq_readerr(im.ep->cq(), &err, 0);
       tsan_ignore_end();
-      if (n == -FI_EAGAIN) sched_yield();
-      else if (n == -FI_EAVAIL) spdlog::warn("completion error: {}", fabric::error_text(err.err));
+      if (n == -FI_EAGAIN || n == -FI_ETIMEDOUT) {
+        if (!waiting) sched_yield();
+      } else if (n == -FI_EAVAIL) {
+        spdlog::warn("completion error: {}", fabric::error_text(err.err));
+      } else if (n < 0 && waiting) {
+        spdlog::warn("fi_cq_sread: {}; busy polling from now on", fabric::error_text(n));
+        waiting = false;
+      }
     }
   });
 }

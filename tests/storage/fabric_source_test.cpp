@@ -127,8 +127,10 @@ TEST_P(Providers, ReadsFromSeveralThreadsAreInFlightTogetherWithTheirOwnBytes) {
 
   // In flight together: with 150 ms of emulated latency per read, 8 threads' one-sample reads
   // take about one latency, not eight (as they did when a source read one request at a time).
-  StoredProcess slow(dir, {"--provider", GetParam(), "--throttle-latency", "150", "--export",
-                           "c=" + dir.file("c.h5")});
+  // (This server polls without pause, the other sleeps on its wait object where it has one:
+  // both serve.)
+  StoredProcess slow(dir, {"--provider", GetParam(), "--busy-poll", "--throttle-latency", "150",
+                           "--export", "c=" + dir.file("c.h5")});
   ASSERT_TRUE(slow.start()) << slow.log();
   o.request_bytes = 4 << 20;  // one fi_read per sample, all eight fit the queue depth
   o.queue_depth = 16;
@@ -539,7 +541,7 @@ TEST(SolarStored, HelpExplainsEveryFlag) {
   EXPECT_EQ(test::run({SOLAR_STORED, "--help"}, &out), 0);
   for (const char* flag : {"--listen", "--export", "--provider", "--token",
                            "--throttle-bandwidth", "--throttle-latency", "--ready-file",
-                           "--max-pending", "--max-clients", "--hello-timeout"})
+                           "--max-pending", "--max-clients", "--hello-timeout", "--busy-poll"})
     EXPECT_NE(out.find(flag), std::string::npos) << flag;
   EXPECT_EQ(test::run({SOLAR_STORED, "--export", "bad"}, &out), 2);
   EXPECT_NE(out.find("NAME=FILE.h5:/dataset"), std::string::npos) << out;

@@ -41,6 +41,12 @@ struct ServerOptions {
   unsigned max_pending = 256;
   unsigned max_clients = 1024;
   double hello_timeout_s = 10;
+  // Target-side progress (reads do not complete unless the server drives the provider): by
+  // default the progress thread sleeps in fi_cq_sread on the completion queue's wait object,
+  // woken by the provider when a read arrives (tcp;ofi_rxm: the sockets), so an idle server
+  // takes no CPU and a busy one does not spin against its clients for the cores; providers
+  // without a wait object are polled. busy_poll: poll always (sched_yield between polls).
+  bool busy_poll = false;
 };
 
 class StorageServer {
