@@ -143,7 +143,9 @@ struct FabricSource::Impl {
   std::optional<Clock::time_point> outage_since;
   unsigned outage_attempts = 0;
 
-  std::unique_ptr<Session> open_session(bool first);
+  // wait: a completion queue pump() may sleep on (where the provider has a descriptor);
+  // measure_fabric's is polled only, as fi_rma_bw's.
+  std::unique_ptr<Session> open_session(bool first, bool wait = true);
   void run_pieces(Session& s, std::vector<Piece>& pieces, std::vector<char>& done,
                   std::byte* dst, std::uint64_t dst_len);
   json request(Session& s, const json& msg);
@@ -177,7 +179,7 @@ struct FabricSource::Impl {
   }
 };
 
-std::unique_ptr<Session> FabricSource::Impl::open_session(bool first) {
+std::unique_ptr<Session> FabricSource::Impl::open_session(bool first, bool wait) {
   auto s = std::make_unique<Session>();
   const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(opt.timeout_s * 1000));
   try {
@@ -246,7 +248,7 @@ std::unique_ptr<Session> FabricSource::Impl::open_session(bool first) {
     if (reply.contains("labels"))
       s->labels = {wire::count_field(reply["labels"].at("key"), bad_hello),
                    wire::count_field(reply["labels"].at("base"), bad_hello)};
-    s->ep = fabric::Endpoint::open(provider, "");
+    s->ep = fabric::Endpoint::open(provider, "", wait);
     if (s->ep->virt_addr() != reply.at("virt_addr").get<bool>())
       throw StorageError(fmt::format("{}: provider {} disagrees with the server's about "
                                      "FI_MR_VIRT_ADDR; use the server's provider",
@@ -634,9 +636,15 @@ void FabricSource::Impl::pump(Session& s, Request* mine) {
       ++inflight;
       ++r->next;
     }
-    // Reap completions.
+    // Reap completions: where the provider has a descriptor to wait on (tcp;ofi_rxm), sleep
+    // in the kernel until one arrives rather than spin against the server for the cores.
     fi_cq_entry entries[16];
-    const ssize_t n = fi_cq_read(s.ep->cq(), entries, 16);
+    bool held = false;
+    for (auto& op : ops)
+      if (op.busy && op.completed) held = true;
+    const ssize_t n = s.ep->waitable() && inflight > 0 && !held && !has_incoming.load()
+                          ? fi_cq_sread(s.ep->cq(), entries, 16, nullptr, 10)
+                          : fi_cq_read(s.ep->cq(), entries, 16);
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) static_cast<Op*>(entries[i].op_context)->completed = true;
       last_progress = Clock::now();
@@ -647,7 +655,7 @@ void FabricSource::Impl::pump(Session& s, Request* mine) {
                                        fabric::error_text(err.err),
                                        fi_cq_strerror(s.ep->cq(), err.prov_errno, err.err_data,
                                                       nullptr, 0)));
-    } else if (n != -FI_EAGAIN) {
+    } else if (n != -FI_EAGAIN && n != -FI_ETIMEDOUT) {
       throw TransientError(fmt::format("{}: fi_cq_read: {}", uri, fabric::error_text(n)));
     }
     // Retire completed reads whose emulated delay has passed.
@@ -895,7 +903,7 @@ FabricReference FabricSource::measure_fabric(std::span<const FabricRead> reads, 
   for (const auto& x : reads) longest = std::max(longest, x.len);
   local_bytes = std::max(local_bytes, longest);
   // A session of its own: nothing it does shares a lock, an endpoint or a queue with reads.
-  auto s = im.open_session(false);
+  auto s = im.open_session(false, false);
   const json reply = im.request(*s, {{"op", "reference"}, {"bytes", remote_bytes}});
   if (!reply.value("ok", false))
     throw StorageError(fmt::format("{}: the server lends no reference buffer: {}", im.uri,
