@@ -106,6 +106,7 @@ struct FabricSource::Impl {
   double bucket = 0;                  // when the emulated link is next free (seconds)
   bool rma = false;  // the export is read one-sided (contiguous): reads share the session
   std::atomic<std::uint64_t> bytes{0}, reconnects{0};
+  std::atomic<std::uint64_t> peak_in_flight{0};  // most fi_reads of read() in flight at once
 
   // The session is used by one thread at a time, the driver. Reads of an RMA export do not
   // take turns, though: each queues its pieces (a Request) and waits, and a caller that finds
@@ -634,6 +635,8 @@ void FabricSource::Impl::pump(Session& s, Request* mine) {
       op.piece = r->next;
       op.due = due;
       ++inflight;
+      if (inflight > peak_in_flight.load(std::memory_order_relaxed))
+        peak_in_flight.store(inflight, std::memory_order_relaxed);  // one driver at a time
       ++r->next;
     }
     // Reap completions: where the provider has a descriptor to wait on (tcp;ofi_rxm), sleep
@@ -760,6 +763,7 @@ const std::string& FabricSource::identity() const { return impl_->identity; }
 std::string FabricSource::provider() const { return impl_->provider; }
 std::uint64_t FabricSource::bytes_read() const { return impl_->bytes.load(); }
 std::uint64_t FabricSource::reconnects() const { return impl_->reconnects.load(); }
+std::uint64_t FabricSource::peak_in_flight() const { return impl_->peak_in_flight.load(); }
 
 void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) {
   Impl& im = *impl_;

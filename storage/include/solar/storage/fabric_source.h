@@ -90,6 +90,9 @@ class FabricSource : public SampleSource {
                                  std::uint64_t local_bytes, std::uint64_t remote_bytes);
   std::uint64_t bytes_read() const;    // completed payload bytes since connect (all threads)
   std::uint64_t reconnects() const;
+  // The most fi_reads of read() calls in flight at once so far (all threads): up to
+  // queue_depth when several callers' reads, or one caller's pieces, overlap.
+  std::uint64_t peak_in_flight() const;
 
   struct Impl;
 
