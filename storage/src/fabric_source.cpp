@@ -765,7 +765,20 @@ std::uint64_t FabricSource::bytes_read() const { return impl_->bytes.load(); }
 std::uint64_t FabricSource::reconnects() const { return impl_->reconnects.load(); }
 std::uint64_t FabricSource::peak_in_flight() const { return impl_->peak_in_flight.load(); }
 
-void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) {
+namespace {
+// What a failed read was reading, for its error: the file's samples and where they start.
+[[noreturn]] void rethrow_with_offset(const StorageError& e, std::span<const SampleRun> runs,
+                                      std::uint64_t unit, const char* what) {
+  if (runs.empty()) throw e;
+  throw StorageError(fmt::format("{} (reading {} {} from sample {}, byte offset {} of the "
+                                 "exported {})",
+                                 e.what(), total_samples(runs), what, runs.front().first,
+                                 runs.front().first * unit, what));
+}
+}  // namespace
+
+// Function try blocks: a read that fails for good says where in the dataset it was.
+void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) try {
   Impl& im = *impl_;
   check_runs(im.info, runs, im.uri);
   const std::uint64_t sb = im.info.sample_bytes;
@@ -850,9 +863,11 @@ void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) {
       }
     });
   });
+} catch (const StorageError& e) {
+  rethrow_with_offset(e, runs, impl_->info.sample_bytes, "samples");
 }
 
-void FabricSource::read_labels(std::span<const SampleRun> runs, std::byte* dst) {
+void FabricSource::read_labels(std::span<const SampleRun> runs, std::byte* dst) try {
   Impl& im = *impl_;
   if (!im.info.has_labels)
     throw StorageError(fmt::format("{}: the exported dataset has no labels", im.uri));
@@ -885,6 +900,8 @@ void FabricSource::read_labels(std::span<const SampleRun> runs, std::byte* dst) 
       im.run_pieces(s, pieces, done, dst, req.bytes);
     });
   });
+} catch (const StorageError& e) {
+  rethrow_with_offset(e, runs, impl_->info.label_bytes, "labels");
 }
 
 void FabricSource::drop_cache() {

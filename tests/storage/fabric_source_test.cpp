@@ -1,4 +1,5 @@
 // FabricSource against real solar-stored processes on loopback, for tcp;ofi_rxm and shm.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -383,6 +384,14 @@ TEST(FabricSource, ServerKilledMidReadIsAClearError) {
   EXPECT_NE(error_of([&] { src->read({&all, 1}, buf.data()); }).find("gave up after"),
             std::string::npos);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - again).count(), 1.0);
+  // The error says where in the dataset the read was (issue 14: the file and the offset).
+  const SampleRun mid{10, 5};
+  const std::string m = error_of([&] { src->read({&mid, 1}, buf.data()); });
+  EXPECT_NE(m.find(fmt::format("reading 5 samples from sample 10, byte offset {} of the exported "
+                               "samples",
+                               10 * src->info().sample_bytes)),
+            std::string::npos)
+      << m;
 }
 
 // A restart that takes longer than the old 1.5 s of retries: the read waits for the server and
