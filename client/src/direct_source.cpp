@@ -13,14 +13,24 @@ namespace solar::client {
 namespace {
 
 // The folder of the shared object this code is in (libsolar), with a trailing '/'; "" when
-// it cannot be told.
-std::string own_folder() {
+// it cannot be told. Absolute: dladdr gives the path as the loader was given it, relative
+// when libsolar was opened by a relative path (SOLAR_LIBRARY=build/client/libsolar.so).
+std::string find_own_folder() {
   Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(&own_folder), &info) == 0 || !info.dli_fname) return {};
-  const std::string path = info.dli_fname;
+  if (::dladdr(reinterpret_cast<void*>(&find_own_folder), &info) == 0 || !info.dli_fname)
+    return {};
+  char* real = ::realpath(info.dli_fname, nullptr);
+  if (!real) return {};
+  const std::string path = real;
+  std::free(real);
   const auto slash = path.rfind('/');
   return slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
 }
+
+// Resolved when libsolar is loaded, not at the first direct read: by then the program may have
+// changed its working directory, against which a relative path would resolve.
+const std::string kOwnFolder = find_own_folder();
+std::string own_folder() { return kOwnFolder; }
 
 struct DirectModule {
   DirectOpenFn* open = nullptr;

@@ -197,3 +197,27 @@ def test_a_missing_direct_module_is_a_clear_error(plan, dataset, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"needs libsolar-direct.so, which could not be loaded from {missing} " \
            "(SOLAR_DIRECT_LIBRARY)" in p.stdout, p.stdout
+
+
+def test_direct_module_is_found_after_a_chdir_when_libsolar_was_named_relatively(
+        plan, dataset, tmp_path):
+    """libsolar opened by a relative path (SOLAR_LIBRARY=build/client/libsolar.so), then the
+    script changes directory before its first direct read: libsolar-direct.so is still found
+    beside libsolar (its folder is resolved when libsolar is loaded)."""
+    lib = os.environ.get("SOLAR_LIBRARY")
+    if not lib:
+        pytest.skip("needs SOLAR_LIBRARY (the build's libsolar.so)")
+    folder, name = os.path.split(os.path.realpath(lib))
+    code = textwrap.dedent(f"""
+        import os, sys
+        import solar
+        os.chdir({str(tmp_path)!r})
+        loader = solar.Loader()
+        assert not loader.using_agent
+        batch = next(iter(loader))
+        print("read", len(batch.indices), flush=True)
+        """)
+    env = direct_env(plan, dataset, SOLAR_LIBRARY=os.path.join(".", name))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=env, cwd=folder)
+    assert p.returncode == 0 and "read " in p.stdout, p.stdout + p.stderr
