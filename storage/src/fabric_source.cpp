@@ -685,6 +685,9 @@ void FabricSource::Impl::pump(Session& s, Request* mine) {
       }
     }
     if (retired) last_progress = Clock::now();
+    // Done: a server that closes its socket right after the last completion is not this
+    // read's problem (else its caller would wait out a reconnection window for bytes it has).
+    if (!more()) return;
     const auto tnow = Clock::now();
     if (tnow - last_check > std::chrono::milliseconds(20)) {
       last_check = tnow;
