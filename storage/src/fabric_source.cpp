@@ -472,7 +472,24 @@ void FabricSource::Impl::fail_all(std::exception_ptr error) {
     incoming.clear();
     has_incoming = false;
   }
-  for (Request* r : all) finish(*r, error);
+  // Each caller gets an exception object of its own, made here and handed over under mu: one
+  // object rethrown in several threads is destroyed by whichever drops it last, through
+  // libstdc++'s reference count, which TSan cannot see (a race report, scripts/sanitize
+  // thread, solar-agent's reader threads reading what() of an error another one freed).
+  std::string what = "unknown error";
+  bool storage = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const StorageError& e) {
+    what = e.what();
+    storage = true;
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  for (Request* r : all)
+    finish(*r, storage ? std::make_exception_ptr(StorageError(what))
+                       : std::make_exception_ptr(std::runtime_error(what)));
 }
 
 void FabricSource::Impl::release_locked() {
