@@ -166,6 +166,13 @@ struct FabricSource::Impl {
     }
     if (engine.joinable()) engine.join();
   }
+  // The end of one pass of a read loop (run_pieces, pump): every 20 ms, whether the server's
+  // bootstrap socket closed; when every busy op has completed and only waits out its emulated
+  // delay (`waiting`, until `earliest`), a short sleep; else, when `may_time_out`, the
+  // no-progress timeout. Throws TransientError.
+  void check_progress(Session& s, const std::vector<Op>& ops, bool waiting, double earliest,
+                      bool may_time_out, Clock::time_point& last_check,
+                      Clock::time_point& last_progress);
   void finish(Request& r, std::exception_ptr error);  // tells its owner; r may be gone after
   void fail_all(std::exception_ptr error);            // every queued request fails with it
   void drop_session();  // closes the session: nothing more lands in anyone's memory
@@ -285,7 +292,6 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
   std::size_t next = 0, pending = 0;
   auto last_progress = Clock::now();
   auto last_check = last_progress;
-  const auto timeout = std::chrono::duration<double>(opt.timeout_s);
 
   auto advance = [&] {
     while (next < pieces.size() && done[next]) ++next;
@@ -365,24 +371,8 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
         --pending;
         last_progress = Clock::now();
       }
-      const auto tnow = Clock::now();
-      if (tnow - last_check > std::chrono::milliseconds(20)) {
-        last_check = tnow;
-        if (s.server_gone())
-          throw TransientError(fmt::format("{}: the server closed the connection mid-read", uri));
-      }
-      bool all_held = waiting;
-      for (auto& op : slots)
-        if (op.busy && !op.completed) all_held = false;
-      if (all_held) {
-        std::this_thread::sleep_for(std::chrono::duration<double>(
-            std::min(0.005, std::max(0.0, earliest - now()))));
-        last_progress = Clock::now();
-      } else if ((pending > 0 || next < pieces.size()) && tnow - last_progress > timeout) {
-        throw TransientError(fmt::format("{}: no read completed for {:.1f} s (server hung or "
-                                         "unreachable)",
-                                         uri, opt.timeout_s));
-      }
+      check_progress(s, slots, waiting, earliest, pending > 0 || next < pieces.size(),
+                     last_check, last_progress);
     }
   } catch (...) {
     if (pending > 0) {
@@ -452,6 +442,30 @@ void FabricSource::Impl::drop_session() {
   inflight = 0;
   for (Request* r : active) r->next = 0;
   ops_gen = session_gen;
+}
+
+void FabricSource::Impl::check_progress(Session& s, const std::vector<Op>& ops, bool waiting,
+                                        double earliest, bool may_time_out,
+                                        Clock::time_point& last_check,
+                                        Clock::time_point& last_progress) {
+  const auto tnow = Clock::now();
+  if (tnow - last_check > std::chrono::milliseconds(20)) {
+    last_check = tnow;
+    if (s.server_gone())
+      throw TransientError(fmt::format("{}: the server closed the connection mid-read", uri));
+  }
+  bool all_held = waiting;
+  for (const auto& op : ops)
+    if (op.busy && !op.completed) all_held = false;
+  if (all_held) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(
+        std::min(0.005, std::max(0.0, earliest - now()))));
+    last_progress = Clock::now();
+  } else if (may_time_out && tnow - last_progress > std::chrono::duration<double>(opt.timeout_s)) {
+    throw TransientError(fmt::format("{}: no read completed for {:.1f} s (server hung or "
+                                     "unreachable)",
+                                     uri, opt.timeout_s));
+  }
 }
 
 void FabricSource::Impl::finish(Request& r, std::exception_ptr error) {
@@ -585,7 +599,6 @@ void FabricSource::Impl::pump(Session& s, Request* mine) {
   if (ops.size() != std::max(1u, opt.queue_depth)) ops.resize(std::max(1u, opt.queue_depth));
   auto last_progress = Clock::now();
   auto last_check = last_progress;
-  const auto timeout = std::chrono::duration<double>(opt.timeout_s);
   const bool throttled = bandwidth > 0 || latency > 0;
   std::size_t issue_from = 0;  // active requests before this one have nothing left to issue
 
@@ -705,24 +718,8 @@ void FabricSource::Impl::pump(Session& s, Request* mine) {
     // Done: a server that closes its socket right after the last completion is not this
     // read's problem (else its caller would wait out a reconnection window for bytes it has).
     if (!more()) return;
-    const auto tnow = Clock::now();
-    if (tnow - last_check > std::chrono::milliseconds(20)) {
-      last_check = tnow;
-      if (s.server_gone())
-        throw TransientError(fmt::format("{}: the server closed the connection mid-read", uri));
-    }
-    bool all_held = waiting;
-    for (auto& op : ops)
-      if (op.busy && !op.completed) all_held = false;
-    if (all_held) {
-      std::this_thread::sleep_for(std::chrono::duration<double>(
-          std::min(0.005, std::max(0.0, earliest - now()))));
-      last_progress = Clock::now();
-    } else if (tnow - last_progress > timeout) {  // also when nothing could be issued
-      throw TransientError(fmt::format("{}: no read completed for {:.1f} s (server hung or "
-                                       "unreachable)",
-                                       uri, opt.timeout_s));
-    }
+    // The timeout counts also when nothing could be issued.
+    check_progress(s, ops, waiting, earliest, true, last_check, last_progress);
   }
 }
 
