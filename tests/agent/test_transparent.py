@@ -148,9 +148,12 @@ def test_whole_dataset_resident_no_sample_byte_from_the_file(tmp_path, datasets,
     wrapper = tmp_path / "wait-then-train.sh"
     wrapper.write_text(
         "#!/bin/sh\n"
+        "tries=0\n"  # bounded: a wrapper left looping would outlive a failed run
         f"until {SOLAR} stat \"$SOLAR_SOCKET\" --json | {PY} -c "
         "'import json,sys; s=json.load(sys.stdin); sys.exit(s[\"ready_steps\"] < s[\"total_steps\"])'"
-        "; do sleep 0.05; done\nexec \"$@\"\n")
+        "; do tries=$((tries + 1)); if [ $tries -gt 2400 ]; then\n"
+        "  echo \"wait-then-train: the agent did not read every sample within 120 s\" >&2; exit 1\n"
+        "fi; sleep 0.05; done\nexec \"$@\"\n")
     wrapper.chmod(0o755)
     env = dict(os.environ, TMPDIR=str(tmp_path))
     p = run(SOLAR, "run", "-n", "2", "--nodes", "1", "--dataset", data, "--epochs", "2", "--batch",
