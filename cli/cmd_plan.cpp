@@ -146,6 +146,8 @@ nlohmann::json metrics_json(const Metrics& m) {
           {"hit_rate", m.hit_rate()},
           {"lower_bound_fetches", m.lower_bound_fetches},
           {"ratio_to_lower_bound", m.ratio_to_lower_bound()},
+          {"peer_share_of_accesses",
+           m.accesses ? double(m.peer_fetches) / double(m.accesses) : 0.0},
           {"per_epoch", epochs}};
 }
 
@@ -176,6 +178,17 @@ void print_table(const PlanConfig& c, const std::string& scenario,
                to_string(r.policy), m.remote_fetches, format_bytes(m.remote_bytes), m.hits,
                100 * m.hit_rate(), m.remote_runs, m.ratio_to_lower_bound(), vs, r.seconds,
                format_bytes(r.peak_rss));
+  }
+  if (c.peer_fetch) {
+    // Peer reads cost interconnect time, not storage: shown beside the storage fetches.
+    fmt::print("\n{:<12} {:>12} {:>9} {:>12} {:>11}\n", "policy", "storage", "vs lower",
+               "peer reads", "of accesses");
+    for (const auto& r : results) {
+      const Metrics& m = r.metrics;
+      fmt::print("{:<12} {:>12} {:>8.3f}× {:>12} {:>10.1f}%\n", to_string(r.policy),
+                 m.remote_fetches, m.ratio_to_lower_bound(), m.peer_fetches,
+                 m.accesses ? 100.0 * double(m.peer_fetches) / double(m.accesses) : 0.0);
+    }
   }
   if (results.size() == 1) {
     const Metrics& m = results[0].metrics;
@@ -347,7 +360,9 @@ void add_plan_commands(CLI::App& app) {
   plan->add_flag("--drop-last", o->drop_last,
                  "Drop the tail that does not fill a step (DistributedSampler and DataLoader)");
   plan->add_flag("--peer-fetch", o->peer_fetch,
-                 "Let a node take a sample from a peer node's buffer instead of remote storage");
+                 "Let a node take a sample from a peer node's buffer instead of remote storage\n"
+                 "(policies solar and sampler; sampler: the buffers act as one, a sample\n"
+                 "handed from node to node as DistributedSampler's ranks read it)");
   plan->add_option("--policy", o->policy,
                    "none, lru, solar-paper, nopfs, solar, sampler, or all [solar]")
       ->type_name("POLICY");

@@ -139,12 +139,17 @@ class NodeBuffer {
   // Pins x for step `stamp` keeping its key (FIFO hits, a copy a peer reads this step).
   void pin(std::uint32_t x, std::uint64_t stamp) { map_.find(x)->pin = stamp; }
   EvictKey key(std::uint32_t x) const { return map_.find(x)->key; }
+  // Whether resident x is pinned for step `stamp` (used there, or read by a peer).
+  bool pinned(std::uint32_t x, std::uint64_t stamp) const { return map_.find(x)->pin == stamp; }
 
   // Calls f(x, key) for every resident sample, in no particular order.
   template <class F>
   void for_each_resident(F&& f) const {
     map_.for_each([&](std::uint32_t x, const Entry& e) { f(x, e.key); });
   }
+
+  // Removes resident, unpinned x (handed over to a peer); its heap item goes stale.
+  void erase(std::uint32_t x) { map_.erase(x); }
 
   // Changes x's key without pinning (e.g. a copy that will never be used here again).
   void rekey(std::uint32_t x, EvictKey key) {

@@ -44,6 +44,14 @@ class EpochStream {
       if (q >= end && on(q)) return std::uint64_t{position_} * layout_.used() + q;
     return use_in_next(cur_[i], on);
   }
+  // The first use of sample x at epoch position q0 or later of this epoch, or else in the next
+  // one, at a position that passes on(q); kNever if none there. Needs want_next_use.
+  template <class On>
+  std::uint64_t use_from(std::uint32_t x, std::uint64_t q0, On&& on) const {
+    for (std::uint32_t q = first_in_cur_[x]; q != kNone; q = next_in_cur_[q])
+      if (q >= q0 && on(q)) return std::uint64_t{position_} * layout_.used() + q;
+    return use_in_next(x, on);
+  }
   // The first use of sample x from the start of this epoch, in it or the next, at an epoch
   // position that passes on(q); kNever if none there. Needs want_next_use.
   template <class On>

@@ -152,6 +152,7 @@ Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress) {
   // are below epochs × padded accesses per epoch ≤ kMaxAccesses (PlanConfig::validate), so a
   // key never reaches kEvictFirst nor wraps.
   static_assert(kMaxAccesses < kEvictLast, "access times must fit an eviction key");
+  if (c.peer_fetch) return plan_sampler_peers(c, progress);
   const EpochLayout layout = EpochLayout::of(c);
   const auto order = identity_order(c.epochs);
   EpochStream stream(c, layout, order, true);

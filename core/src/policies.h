@@ -12,5 +12,7 @@ Plan plan_nopfs(const PlanConfig& c, const ProgressFn& progress);
 Plan plan_solar_paper(const PlanConfig& c, const ProgressFn& progress);
 Plan plan_solar(const PlanConfig& c, const ProgressFn& progress);
 Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress);
+// plan_sampler with peer reads (c.peer_fetch): policy_peers.cpp.
+Plan plan_sampler_peers(const PlanConfig& c, const ProgressFn& progress);
 
 }  // namespace solar::detail

@@ -33,7 +33,8 @@ ReplayReport replay_plan(const Plan& plan) {
   Metrics& m = rep.metrics;
   m.per_epoch.resize(c.epochs);
   m.lower_bound_fetches = lower_bound_fetches(c);
-  std::vector<std::unordered_set<std::uint32_t>> resident(M);
+  std::vector<std::unordered_set<std::uint32_t>> resident(M), evicted_now(M);
+  std::vector<std::uint64_t> handed(M);  // this step: reads of samples the source evicts
   std::vector<std::uint32_t> seq, expect, got;
   std::vector<std::unordered_map<std::uint32_t, int>> fetched(M);  // this step: sample -> uses
   std::uint64_t t = 0;
@@ -61,13 +62,19 @@ ReplayReport replay_plan(const Plan& plan) {
         fail(fmt::format("step {} (epoch position {}, step {}): the global batch's membership "
                          "differs from the epoch's order",
                          t, p, j));
-      // Evictions, then fetches, on every node.
-      for (std::uint64_t n = 0; n < M; ++n)
-        for (std::uint32_t x : plan.nodes[n].evicts_at(t))
+      // Evictions, then fetches, on every node. A peer may read a sample its source evicts in
+      // the same step (a handover: the source frees the slot once the read is done).
+      for (std::uint64_t n = 0; n < M; ++n) {
+        evicted_now[n].clear();
+        for (std::uint32_t x : plan.nodes[n].evicts_at(t)) {
           if (resident[n].erase(x) == 0)
             fail(fmt::format("step {} node {}: evicts sample {} that it does not hold", t, n, x));
+          evicted_now[n].insert(x);
+        }
+      }
+      for (std::uint64_t n = 0; n < M; ++n) fetched[n].clear();
+      std::fill(handed.begin(), handed.end(), 0);
       for (std::uint64_t n = 0; n < M; ++n) {
-        fetched[n].clear();
         auto bring = [&](std::uint32_t x) {
           if (!resident[n].insert(x).second)
             fail(fmt::format("step {} node {}: fetches sample {} that it already holds", t, n, x));
@@ -79,17 +86,23 @@ ReplayReport replay_plan(const Plan& plan) {
           ++m.remote_runs;
         }
         for (const PeerFetch& pf : plan.nodes[n].peers_at(t)) {
-          if (pf.from_node >= M || pf.from_node == n || !resident[pf.from_node].count(pf.sample))
-            fail(fmt::format("step {} node {}: peer node {} does not hold sample {}", t, n,
+          if (pf.from_node >= M || pf.from_node == n ||
+              !((resident[pf.from_node].count(pf.sample) &&
+                 !fetched[pf.from_node].count(pf.sample)) ||
+                evicted_now[pf.from_node].count(pf.sample)))
+            fail(fmt::format("step {} node {}: peer node {} did not hold sample {} before the step", t, n,
                              pf.from_node, pf.sample));
           bring(pf.sample);
           ++em.peer_fetches;
+          if (evicted_now[pf.from_node].count(pf.sample)) ++handed[pf.from_node];
         }
         if (resident[n].size() > cap)
           fail(fmt::format("step {} node {}: holds {} samples, over its capacity of {}", t, n,
                            resident[n].size(), cap));
         rep.peak_occupancy = std::max<std::uint64_t>(rep.peak_occupancy, resident[n].size());
       }
+      for (std::uint64_t n = 0; n < M; ++n)
+        rep.peak_handovers = std::max(rep.peak_handovers, handed[n]);
       // Accesses.
       for (std::uint64_t w = 0; w < W; ++w) {
         const std::uint64_t n = w / R;

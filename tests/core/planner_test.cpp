@@ -7,6 +7,8 @@
 #include <set>
 #include <unordered_map>
 
+#include <fmt/format.h>
+
 #include "solar/core/planner.h"
 #include "solar/core/replay.h"
 #include "solar/core/rng.h"
@@ -277,6 +279,7 @@ TEST(Sampler, NeverFetchesMoreThanLruOrNone) {
     c.samples += std::uint64_t{c.nodes} * c.ranks_per_node * c.batch;
     c.epochs = 2 + c.epochs;
     c.policy = Policy::sampler;
+    c.peer_fetch = false;
     SCOPED_TRACE(::testing::Message() << "N=" << c.samples << " E=" << c.epochs << " M="
                                       << c.nodes << " R=" << c.ranks_per_node << " b="
                                       << c.batch << " C=" << c.buffer_samples());
@@ -351,6 +354,123 @@ TEST(PaperOrder, ChoosesACheapPathOverTheOverlapMatrix) {
   std::vector<std::uint32_t> identity{0, 1, 2, 3, 4, 5};
   EXPECT_GE(overlap_of(order) + 6, overlap_of(identity));
   for (std::uint32_t i = 0; i < 6; ++i) EXPECT_EQ(ov[i * 6 + i], 0U);
+}
+
+
+// --policy sampler --peer-fetch: DistributedSampler's assignment (an unmodified script's), the
+// nodes' buffers acting as one through peer reads and handovers (policy_peers.cpp).
+PlanConfig ddp_config(std::uint64_t n, std::uint32_t e, std::uint32_t m, std::uint32_t r,
+                      std::uint32_t b, std::uint64_t buffer_samples) {
+  PlanConfig c;
+  c.samples = n;
+  c.sample_bytes = 256 << 10;
+  c.epochs = e;
+  c.nodes = m;
+  c.ranks_per_node = r;
+  c.batch = b;
+  c.order = OrderMode::torch;
+  c.buffer_bytes = buffer_samples * c.sample_bytes;
+  c.policy = Policy::sampler;
+  return c;
+}
+
+TEST(SamplerPeers, StorageFetchesWithinFivePercentOfTheBound) {
+  // s1 (8192 samples, 10 epochs, 4 nodes × 4 ranks, batch 16, 90% of the dataset in all) and
+  // 800 samples, 5 epochs, 4 nodes × 1 rank, 26% per node (issue: peer sharing). Without
+  // peers the same assignment needs 3.5× and 3.4× the bound.
+  for (const PlanConfig& base : {ddp_config(8192, 10, 4, 4, 16, 1843),
+                                 ddp_config(800, 5, 4, 1, 16, 208)}) {
+    PlanConfig c = base;
+    SCOPED_TRACE(::testing::Message() << "N=" << c.samples << " M=" << c.nodes);
+    const Plan alone = make_plan(c);
+    c.peer_fetch = true;
+    const Plan plan = make_plan(c);
+    const ReplayReport rep = replay_plan(plan);  // every peer read's source held the sample
+    EXPECT_EQ(rep.metrics, plan.metrics);
+    const double lb = double(plan.metrics.lower_bound_fetches);
+    EXPECT_LE(double(rep.metrics.remote_fetches), 1.05 * lb);
+    EXPECT_GT(double(alone.metrics.remote_fetches), 3.0 * lb);
+    EXPECT_GT(rep.metrics.peer_fetches, rep.metrics.accesses / 2);
+    EXPECT_LE(rep.peak_handovers, std::uint64_t{c.ranks_per_node} * c.batch);
+    EXPECT_LE(rep.peak_occupancy, c.buffer_samples());
+  }
+}
+
+TEST(SamplerPeers, RandomConfigsReplayAndFetchNoMoreThanWithoutPeers) {
+  Xoshiro256 g(4242);
+  int fewer = 0;
+  for (int i = 0; i < 80; ++i) {
+    PlanConfig c = random_config(g);
+    c.nodes = 2 + static_cast<std::uint32_t>(g.bounded(5));
+    c.samples += std::uint64_t{c.nodes} * c.ranks_per_node * c.batch;
+    c.epochs = 2 + c.epochs;
+    c.imbalance = 0;  // the script's equal batches
+    c.order = OrderMode::torch;
+    c.policy = Policy::sampler;
+    c.peer_fetch = false;
+    SCOPED_TRACE(::testing::Message() << "N=" << c.samples << " E=" << c.epochs << " M="
+                                      << c.nodes << " R=" << c.ranks_per_node << " b="
+                                      << c.batch << " C=" << c.buffer_samples()
+                                      << " drop_last=" << c.drop_last);
+    const auto alone = make_plan(c).metrics.remote_fetches;
+    c.peer_fetch = true;
+    const Plan plan = make_plan(c);
+    ReplayReport rep;
+    ASSERT_NO_THROW(rep = replay_plan(plan));
+    EXPECT_GE(plan.metrics.remote_fetches, plan.metrics.lower_bound_fetches);
+    EXPECT_LE(plan.metrics.remote_fetches, alone);
+    EXPECT_LE(rep.peak_handovers, std::uint64_t{c.ranks_per_node} * c.batch);
+    fewer += plan.metrics.remote_fetches < alone;
+  }
+  EXPECT_GT(fewer, 60);
+}
+
+TEST(SamplerPeers, ReplayRefusesAPeerReadFromANodeThatDidNotHoldTheSample) {
+  PlanConfig c = ddp_config(200, 3, 3, 2, 4, 40);
+  c.peer_fetch = true;
+  const Plan plan = make_plan(c);
+  ASSERT_NO_THROW(replay_plan(plan));
+  // Point the first peer read of a later step at the third node, which holds nothing of it at
+  // that moment... or at the reader itself: both are refused, naming the step and nodes.
+  bool changed = false;
+  for (std::uint32_t n = 0; n < c.nodes && !changed; ++n) {
+    const NodeSchedule& ns = plan.nodes[n];
+    for (std::size_t i = 0; i < ns.peer_fetches.size() && !changed; ++i) {
+      Plan broken = plan;
+      broken.nodes[n].peer_fetches[i].from_node = n;
+      EXPECT_THROW(replay_plan(broken), PlanInvalid);
+      changed = true;
+    }
+  }
+  ASSERT_TRUE(changed) << "the plan has no peer read";
+  // A source that fetches the sample from storage in the very step a peer reads it from there
+  // (it did not hold it before the step): a storage fetch of node 0, claimed as read by node 1
+  // from node 0 in that step. (Where node 1 happens to hold that sample already, the replay
+  // refuses the duplicate instead; some step has a sample node 1 lacks.)
+  int refused_for_the_source = 0;
+  for (std::uint64_t t = 1; t < plan.total_steps() && !refused_for_the_source; ++t) {
+    const auto runs = plan.nodes[0].fetches_at(t);
+    if (runs.empty()) continue;
+    const std::uint32_t x = runs[0].first;
+    Plan broken = plan;
+    auto& ns = broken.nodes[1];
+    ns.peer_fetches.insert(
+        ns.peer_fetches.begin() + static_cast<std::ptrdiff_t>(ns.peer_offsets[t]),
+        PeerFetch{x, 0});
+    for (std::uint64_t u = t + 1; u < ns.peer_offsets.size(); ++u) ++ns.peer_offsets[u];
+    try {
+      replay_plan(broken);
+      ADD_FAILURE() << "accepted a peer read of sample " << x << " at step " << t;
+    } catch (const PlanInvalid& e) {
+      const std::string what = e.what();
+      if (what.find(fmt::format("peer node 0 did not hold sample {} before the step", x)) !=
+          std::string::npos)
+        ++refused_for_the_source;
+      else
+        EXPECT_NE(what.find("already holds"), std::string::npos) << what;
+    }
+  }
+  EXPECT_EQ(refused_for_the_source, 1);
 }
 
 }  // namespace

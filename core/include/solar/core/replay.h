@@ -17,12 +17,16 @@ class PlanInvalid : public std::runtime_error {
 struct ReplayReport {
   Metrics metrics;                      // recounted from the records
   std::uint64_t peak_occupancy = 0;     // most samples any node held at once
+  // Most peer reads in one step of samples their source evicts in that step (handovers), from
+  // one source: slots a source keeps beyond its capacity until those reads are done.
+  std::uint64_t peak_handovers = 0;
 };
 
 // Checks: the epoch order is a permutation; every step's global batch is, as a multiset,
 // exactly that step of the epoch's sequence; every rank gets between max(1, b_j-δ) and b_j+δ
 // samples; every eviction removes a resident sample, every fetch brings a new one and is used
-// in its step, peers serve only samples they hold; every access finds its sample resident and
+// in its step, peers serve only samples they held before the step (and may evict in it: a
+// handover); every access finds its sample resident and
 // is flagged a hit exactly when it was not fetched for it; no buffer exceeds its capacity; and
 // the recounted metrics equal plan.metrics. Throws PlanInvalid on the first violation.
 ReplayReport replay_plan(const Plan& plan);
