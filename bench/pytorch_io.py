@@ -8,6 +8,8 @@ under solar's transparent mode (libsolar_preload.so), same HDF5 file, same ranks
     /usr/bin/python3 bench/pytorch_io.py --throttle 400M,2000      # emulated shared storage
     /usr/bin/python3 bench/pytorch_io.py --nodes 4 --ranks 1 --buffer 26% --epochs 5 \
         --throttle 400M,2000
+    /usr/bin/python3 bench/pytorch_io.py --nodes 4 --ranks 1 --buffer 26% --epochs 5 \
+        --throttle 400M,2000 --modes baseline,transparent --peers     # buffers shared
 
 --throttle BPS[,IOPS] runs every mode inside one blkio cgroup capped at that read bandwidth
 (and IOPS) on the disk holding the dataset (root; cgroup v1, see shared/notes/io.md): the
@@ -98,6 +100,9 @@ def solar_run(tool, dataset, a, rank_argv, extra=()):
                "--seed", str(a.seed), "--order", "torch", *extra,
                *([] if no_agent else ["-v"]),
                *(["--zero-copy"] if a.zero_copy and not no_agent and not transparent else []),
+               # Peer sharing: the agents read each other's buffers over the fabric (loopback
+               # here: uncapped, as a cluster's interconnect next to its shared storage).
+               *(["--peers"] if getattr(a, "peers", False) and not no_agent else []),
                # Emulated nodes share this machine's page cache: under the cap, agents read
                # with O_DIRECT so that one node's fetch does not become another's free hit.
                *(["--direct-io"] if THROTTLE and not no_agent else []),
@@ -282,6 +287,8 @@ def main():
     ap.add_argument("--modes", default="baseline,transparent,solar",
                     help="which loaders to run (baseline is always run) "
                          "[baseline,transparent,solar]")
+    ap.add_argument("--peers", action="store_true",
+                    help="agents share their buffers (solar run --peers; several --nodes)")
     ap.add_argument("--json", metavar="FILE",
                     help="also write every figure (per-epoch times, limits, bytes each mode "
                          "read from the disk under --throttle) here, for bench/sweep and "
@@ -392,7 +399,8 @@ def main():
         base = median[best]
         result = {"config": {k: getattr(a, k) for k in ("samples", "preset", "nodes", "ranks",
                                                           "batch", "epochs", "buffer", "seed",
-                                                          "throttle", "workers", "repeat")},
+                                                          "throttle", "workers", "repeat",
+                                                          "peers")},
                   "sample_bytes": sb, "dataset_bytes": nbytes,
                   "modes": {"baseline": {"per_epoch_s": base, "total_s": sum(base),
                                          "num_workers": best,

@@ -37,6 +37,9 @@ struct RunOptions {
   std::string resume_from;                             // resume: a loader's state_dict as JSON
   bool drop_last = false, no_agent = false, keep = false, verbose = false, zero_copy = false;
   bool direct_io = false, transparent = false, order_given = false, label = false;
+  bool peers = false;
+  std::string peer_provider = "tcp;ofi_rxm";
+  double peer_timeout = 10;
   std::vector<std::string> command;
 };
 
@@ -84,6 +87,13 @@ void print_summary(const LaunchResult& r) {
     if (const auto& t = a.value("transparent", nlohmann::json()); t.is_object())
       fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(),
                  transparent_line(t, a["total_steps"].get<std::uint64_t>()));
+    if (const auto& p = a.value("peers", nlohmann::json()); p.is_object())
+      fmt::print(stderr,
+                 "solar run: node {}: {} samples read from peers' buffers ({}), {} from storage "
+                 "instead (peer unreachable or without the sample){}\n",
+                 a["node"].get<int>(), p.value("samples", 0ULL),
+                 format_bytes(p.value("bytes", 0ULL)), p.value("fallbacks", 0ULL),
+                 p.value("disabled", false) ? "; peer sharing was turned off" : "");
   }
   for (const auto& p : r.problems) fmt::print(stderr, "solar run: {}\n", p);
 }
@@ -295,7 +305,10 @@ void run_run(const RunOptions& o) {
     } catch (const std::exception& e) {
       throw ConfigError("--dataset", e.what());
     }
-    c = plan_for_run(src->info(), buffer, c);
+    if (o.peers && o.no_agent) throw ConfigError("--peers", "needs agents; drop --no-agent");
+    if (o.peers && ranks.nodes < 2)
+      throw ConfigError("--peers", "shares buffers between nodes: give --nodes 2 or more");
+    c = plan_for_run(src->info(), buffer, c, o.peers);
     if (o.transparent) follow_the_script(c, o.order_given);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "solar run: %s\n", e.what());
@@ -332,6 +345,9 @@ void run_run(const RunOptions& o) {
   spec.direct_io = o.direct_io;
   spec.read_gap = read_gap;
   spec.transparent = o.transparent;
+  spec.peers = o.peers;
+  spec.peer_provider = o.peer_provider;
+  spec.peer_timeout = o.peer_timeout;
   spec.keep_run_dir = o.keep;
   spec.label_lines = o.label;
   spec.stats_out = o.stats_out;
@@ -562,6 +578,19 @@ void add_run_commands(CLI::App& app) {
                 "the dataset file are served from the node buffer by libsolar_preload.so when "
                 "resident, from the file otherwise. Give the script's own --seed, --batch and "
                 "--epochs; contiguous or unfiltered chunked HDF5 datasets");
+  run->add_flag("--peers", o->peers,
+                "Peer sharing: the nodes' buffers act as one. A node's miss on a sample another "
+                "node holds is read from that node's buffer over libfabric RMA instead of "
+                "storage (the plan places samples for it: policy sampler with --transparent, "
+                "solar otherwise). Each agent keeps a few more staging slots for it, out of "
+                "--buffer");
+  run->add_option("--peer-provider", o->peer_provider,
+                  "libfabric provider between the agents [tcp;ofi_rxm]")
+      ->type_name("NAME");
+  run->add_option("--peer-timeout", o->peer_timeout,
+                  "Seconds: a peer agent that does not answer or lacks a sample this long is "
+                  "passed over, its samples read from storage [10]")
+      ->check(CLI::PositiveNumber);
   run->add_flag("-l,--label", o->label,
                 "Prefix every line the ranks write to stdout/stderr with the rank, as srun -l "
                 "does ('3: text'; right-aligned to the widest rank); lines are kept whole, never "

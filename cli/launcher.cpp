@@ -427,11 +427,14 @@ class RunDirWatch {
 }  // namespace
 
 PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
-                        PlanConfig c) {
+                        PlanConfig c, bool peers) {
   const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
-  return config_for_agents(
+  PlanConfig out = config_for_agents(
       c, info.samples, info.sample_bytes, label,
-      buffer.resolve(info.samples, agent_slot_bytes(info.sample_bytes, label)));
+      buffer.resolve(info.samples, agent_slot_bytes(info.sample_bytes, label)),
+      kAgentStagingSteps + (peers ? kPeerHandoverSteps : 0));
+  out.peer_fetch = peers;
+  return out;
 }
 
 ScratchDir::ScratchDir(const std::string& prefix) {
@@ -605,6 +608,9 @@ LaunchResult launch(const LaunchSpec& spec) {
   std::unique_ptr<LineLabeller> labeller;  // -l: outlives the ranks (declared before them)
   try {
     if (spec.agents) {
+      if (spec.peers && ::mkdir((dir / "peers").c_str(), 0700) != 0)
+        throw std::runtime_error(fmt::format("creating {}: {}", (dir / "peers").string(),
+                                             std::strerror(errno)));
       const std::string agent =
           spec.agent_path.empty() ? find_sibling("solar-agent", "agent") : spec.agent_path;
       for (std::uint32_t m = 0; m < c.nodes; ++m) {
@@ -623,6 +629,11 @@ LaunchResult launch(const LaunchSpec& spec) {
           argv.push_back(std::to_string(spec.read_gap));
         }
         if (spec.transparent) argv.push_back("--transparent");
+        if (spec.peers) {
+          argv.insert(argv.end(), {"--peer-dir", (dir / "peers").string(), "--peer-provider",
+                                   spec.peer_provider, "--peer-timeout",
+                                   fmt::format("{}", spec.peer_timeout)});
+        }
         if (spec.start_step > 0) {
           argv.push_back("--start-step");
           argv.push_back(std::to_string(spec.start_step));

@@ -58,6 +58,11 @@ struct LaunchSpec {
   // job ends ("" = none): {"format_version", "source", "nodes": [per-node --stats-out]}.
   std::string stats_out;
   bool verbose = false;  // say where the agents' sockets are (for solar stat)
+  // Peer sharing: agents read the plan's peer reads from each other's buffers over libfabric
+  // (solar-agent --peer-dir, a private folder in the run directory; --peer-provider).
+  bool peers = false;
+  std::string peer_provider = "tcp;ofi_rxm";
+  double peer_timeout = 10;
   // Resume: the global step the job starts at (checked against the plan by the caller). The
   // agents get --start-step, the ranks SOLAR_START_EPOCH and SOLAR_START_STEP (the step within
   // the epoch). 0: the whole plan.
@@ -86,7 +91,9 @@ struct LaunchResult {
 
 // The plan config for running c's job over a dataset with `buffer` of agent memory per node
 // (config_for_agents on the dataset's sizes). Throws ConfigError.
-PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer, PlanConfig c);
+// peers: the agents share their buffers (their handover slots come out of the budget).
+PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer, PlanConfig c,
+                        bool peers = false);
 
 // Throws std::runtime_error if the job cannot start (agent failed, bad command).
 LaunchResult launch(const LaunchSpec& spec);

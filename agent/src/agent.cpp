@@ -154,6 +154,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   bo.staging_steps = o.staging_steps;
   bo.zero_copy = o.zero_copy;
   bo.transparent = o.transparent;
+  bo.peers = !o.peer_dir.empty();
   bo.page_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
   buf_ = buffer_layout(header_.config, label_bytes_, bo);
   const std::uint64_t bytes = buf_.map_bytes;
@@ -181,6 +182,8 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   base_ = static_cast<std::byte*>(p);
   table_ = SlotTable(buf_.cache_slots);
   if (o.transparent) setup_index();
+  else if (bo.peers)  // the entries only: other agents look samples up there (peers.cpp)
+    table_.attach_index(reinterpret_cast<std::uint64_t*>(base_ + buf_.entries_offset));
   ranks_.resize(R_);
   for (RankState& rs : ranks_) rs.cursor = rs.released = rs.assembled = start_;
   admitted_ = ready_ = start_;
@@ -198,6 +201,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   ::chmod(o.socket.c_str(), 0600);
   acceptor_.listen();
   startup_.listening = Clock::now();
+  if (bo.peers) setup_peers();
   reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (start_ > 0)
     spdlog::info("node {}: starting at step {} (epoch {}, step {} of it): steps before it are "
@@ -223,6 +227,9 @@ Agent::Impl::~Impl() {
   if (pace_.joinable()) pace_.join();
   watch_wake_.notify_all();
   if (watch_.joinable()) watch_.join();
+  peer_wake_.notify_all();
+  if (peer_.joinable()) peer_.join();
+  peers_.reset();  // its registrations of the buffer go before the buffer
   if (base_) ::munmap(base_, buf_.map_bytes);
   if (memfd_ >= 0) ::close(memfd_);
   if (reserve_fd_ >= 0) ::close(reserve_fd_);
@@ -234,6 +241,7 @@ int Agent::Impl::run() {
   prefetch_ = std::thread([this] { prefetch_loop(); });
   for (unsigned i = 0; i < std::max(1U, opt_.readers); ++i)
     readers_.emplace_back([this] { reader_loop(); });
+  if (peers_) peer_ = std::thread([this] { peer_loop(); });
   if (opt_.transparent) pace_ = std::thread([this] { pace_loop(); });
   else watch_ = std::thread([this] { watch_loop(); });
   asio::signal_set signals(io_, SIGTERM, SIGINT);
@@ -255,9 +263,11 @@ int Agent::Impl::run() {
   slot_freed_.notify_all();
   job_ready_.notify_all();
   watch_wake_.notify_all();
+  peer_wake_.notify_all();
   prefetch_.join();
   for (auto& r : readers_) r.join();
   readers_.clear();
+  if (peer_.joinable()) peer_.join();
   if (pace_.joinable()) pace_.join();
   if (watch_.joinable()) watch_.join();
   // Nobody watches the file from now on: ranks still running read it themselves.

@@ -45,6 +45,15 @@ struct AgentOptions {
   // at this step are read when a step from here on first needs them (counted as
   // unplanned_fetched_samples). At most the plan's total steps; not with `transparent`.
   std::uint64_t start_step = 0;
+  // Peer sharing (agent/README.md, "Peers"): the plan's peer reads are read from the other
+  // agents' buffers over libfabric RMA instead of storage. Each agent writes its card (fabric
+  // address, memory keys) into this folder, which must be private to the user (0700), and reads
+  // the others' from it. Empty: peer reads go to storage.
+  std::string peer_dir;
+  std::string peer_provider = "tcp;ofi_rxm";  // libfabric provider between agents
+  // A peer that does not answer, or does not have a sample, for this long: its samples are read
+  // from storage (one warning). Also how long an agent waits at start for the others' cards.
+  double peer_timeout = 10;
 };
 
 // Thrown for anything that stops the agent from starting: names the input and the fix.

@@ -7,6 +7,7 @@
 //   control.cpp      the Unix socket: sessions, hellos (libsolar and interposer), messages
 //   transparent.cpp  the shared sample index (extent mode for the interposer) and pacing
 //   stats.cpp        per-epoch statistics, the stats reply and --stats-out
+//   peers.cpp        peer sharing: other agents' buffers read over libfabric RMA, ours served
 // Internal to solar-agent.
 #pragma once
 
@@ -211,6 +212,36 @@ class Agent::Impl {
   std::vector<std::thread> readers_;
   std::vector<RankState> ranks_;
   bool stopping_ = false;
+
+  // Peer sharing (opt_.peer_dir; peers.cpp). The prefetch engine hands the plan's peer reads
+  // to the peer thread as PeerJobs (their slots placed, counted in outstanding_); a job that
+  // cannot be read from its peer becomes a storage ReadJob of the same slot. As a source, the
+  // agent pins each sample another node reads from it at step t (before that step's
+  // evictions) until that node's progress counter, which it writes into our memory, passes t.
+  struct PeerState;
+  struct PeerJob {
+    std::uint64_t step = 0;
+    std::uint32_t sample = 0, slot = 0, from = 0;
+  };
+  struct PeerStateDelete {  // PeerState is defined in peers.cpp only
+    void operator()(PeerState* p) const;
+  };
+  std::unique_ptr<PeerState, PeerStateDelete> peers_;
+  std::deque<PeerJob> peer_jobs_;            // queued for the peer thread (mu_)
+  std::vector<std::uint32_t> peer_pending_;  // per step: peer jobs not read or handed to storage
+  std::uint64_t peer_samples_ = 0, peer_bytes_ = 0, peer_fallbacks_ = 0, peer_torn_ = 0;
+  std::uint64_t peer_pins_released_early_ = 0;  // samples a stalled reader lost (see peers.cpp)
+  Clock::time_point slot_wait_since_{};       // the prefetch engine waits for a slot since then
+  bool slot_waiting_ = false;
+  std::thread peer_;
+  std::condition_variable peer_wake_;  // peer jobs queued, or stopping
+  void setup_peers();  // constructor: endpoint, registrations, card, the others' cards
+  void peer_loop();
+  // At step t, before its evictions: pins the samples other nodes read from us in step t.
+  void pin_served_locked(std::uint64_t t);
+  bool peer_usable_locked(std::uint32_t node) const;
+  void peer_done_locked(const PeerJob& j, bool ok);
+  nlohmann::json peers_json() const;
   std::string fatal_;  // set when prefetching failed
 
   // Metrics: run totals.
@@ -241,6 +272,7 @@ class Agent::Impl {
     double start = -1, end = -1;        // since ready_at_: first request, last release so far
     std::uint32_t ranks_done = 0;       // ranks that released its last step
     std::uint64_t file_reads[4] = {};   // transparent: the interposers' counters, see stats.cpp
+    std::uint64_t peer_samples = 0;     // read from other agents' buffers (peers.cpp)
   };
   std::vector<EpochStats> epochs_;
   std::vector<double> epoch_rank_stall_;  // [e·R + r]: rank r's stall in epoch e

@@ -29,6 +29,10 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
     // A plan of policy `none` may hold less than a step; its samples still need slots.
     b.cache_slots = std::max(c.buffer_samples(), std::uint64_t{R} * b.ring_batch);
   }
+  if (o.peers) {
+    b.handover_slots = std::uint64_t{kPeerHandoverSteps} * R * b.ring_batch;
+    b.cache_slots += b.handover_slots;
+  }
   b.slots = b.cache_slots + std::uint64_t{R} * b.ring_depth * b.ring_batch;
   b.inline_copy = b.ring_batch * b.slot_bytes <= kInlineCopyBytes;
   // Transparent mode: the sample index follows the slots, page-aligned.
@@ -39,6 +43,7 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
   b.consumed_offset = b.entries_offset + N * sizeof(std::uint64_t);
   b.extents_offset = b.consumed_offset + (N * 4 + 7) / 8 * 8;
   b.map_bytes = o.transparent ? b.extents_offset + N * sizeof(solar_xextent)
+                : o.peers     ? b.consumed_offset
                               : b.slots * b.slot_bytes;
   return b;
 }

@@ -30,7 +30,8 @@ struct BufferLayout {
   std::uint64_t entries_offset = 0;
   std::uint64_t consumed_offset = 0;
   std::uint64_t extents_offset = 0;
-  std::uint64_t map_bytes = 0;     // the whole memfd: slots, then the index (transparent only)
+  std::uint64_t map_bytes = 0;     // the whole memfd: slots, then the index (transparent, peers)
+  std::uint64_t handover_slots = 0;  // peers: cache slots beyond the plan's, see BufferOptions
 
   // Ring slot i of rank r's batch of step t.
   std::uint32_t ring_slot(std::uint32_t r, std::uint64_t t, std::size_t i) const {
@@ -44,6 +45,10 @@ struct BufferOptions {
   std::uint32_t staging_steps = kAgentStagingSteps;  // batches in each rank's ring
   bool zero_copy = false;    // no rings: ranks read the cache slots
   bool transparent = false;  // no rings, and the sample index after the slots
+  // Peer sharing: the index's entries after the slots (other agents look samples up there),
+  // and room for the samples handed over to peers until their reads are done (two steps of
+  // the node's ranks; ReplayReport::peak_handovers is at most one).
+  bool peers = false;
   std::uint64_t page_bytes = 4096;
 };
 

@@ -52,6 +52,18 @@ int main(int argc, char** argv) {
                "Read HDF5 files with O_DIRECT, bypassing the page cache: for datasets far larger "
                "than the node's memory (here it doubled cold random reads, but loses the page "
                "cache's hits on files that fit in memory)");
+  app.add_option("--peer-dir", o.peer_dir,
+                 "Peer sharing: read the plan's peer reads from the other agents' buffers over "
+                 "libfabric RMA. The agents of a job exchange their cards (address, keys) in "
+                 "this folder: the same for all of them (shared between nodes), private to the "
+                 "user (0700). Without it, peer reads come from storage");
+  app.add_option("--peer-provider", o.peer_provider,
+                 "libfabric provider between agents: tcp;ofi_rxm, shm (one host), verbs;ofi_rxm "
+                 "or cxi on clusters [tcp;ofi_rxm]");
+  app.add_option("--peer-timeout", o.peer_timeout,
+                 "Seconds: a peer without a sample or an answer this long is read from storage "
+                 "instead (one warning); also the wait for the others' cards at start [10]")
+      ->check(CLI::PositiveNumber);
   std::string read_gap;
   app.add_option("--read-gap", read_gap,
                  "For storage bound by requests (IOPS), not bytes: samples at most SIZE apart "

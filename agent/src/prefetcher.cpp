@@ -22,22 +22,31 @@ namespace solar::agent {
 // reads and all earlier steps' are done.
 void Agent::Impl::prefetch_loop() {
   std::vector<std::uint32_t> incoming, slots, reading;
+  std::vector<std::uint32_t> from;  // per incoming sample: the peer node, or kStorage
+  constexpr std::uint32_t kStorage = ~std::uint32_t{0};
   try {
     for (std::uint64_t t = start_; t < T_; ++t) {
       incoming.clear();
       std::unique_lock lk(mu_);
       if (stopping_ || !fatal_.empty()) return;
+      // What other nodes read from this one in step t stays until they are done (peers.cpp),
+      // even when the plan evicts it now (a handover).
+      if (peers_) pin_served_locked(t);
       // The plan's evictions: free now, or once the ranks still using them release them.
       for (std::uint32_t y : plan_.schedule.evicts_at(t))
         if (table_.evict(y)) slot_freed_.notify_all();
-      auto want = [&](std::uint32_t x) {
+      from.clear();
+      auto want = [&](std::uint32_t x, std::uint32_t source) {
         if (table_.resurrect(x)) return;  // still here: resurrect instead of re-reading
         incoming.push_back(x);
+        from.push_back(source);
       };
       for (const FetchRun& run : plan_.schedule.fetches_at(t))
-        for (std::uint32_t x = run.first; x < run.first + run.count; ++x) want(x);
-      // Peer transfers between agents are not implemented yet: read those from storage.
-      for (const PeerFetch& pf : plan_.schedule.peers_at(t)) want(pf.sample);
+        for (std::uint32_t x = run.first; x < run.first + run.count; ++x) want(x, kStorage);
+      // Peer reads: from the peer's buffer (peers.cpp), or from storage without peer sharing
+      // (or with that peer unreachable).
+      for (const PeerFetch& pf : plan_.schedule.peers_at(t))
+        want(pf.sample, peer_usable_locked(pf.from_node) ? pf.from_node : kStorage);
       // Every sample the step uses must be here or coming. The plan guarantees it for a run
       // from step 0; an agent started later (--start-step) lacks what the plan kept from
       // earlier steps, and reads it now, for the first step that needs it. The plan's
@@ -52,13 +61,19 @@ void Agent::Impl::prefetch_loop() {
           }
           if (std::find(incoming.begin(), incoming.end(), x) != incoming.end()) continue;
           incoming.push_back(x);
+          from.push_back(kStorage);
           ++unplanned_;
         }
       }
       slots.clear();
       const auto wait_from = Clock::now();
       for (std::size_t i = 0; i < incoming.size(); ++i) {
+        if (!table_.has_free()) {  // peers.cpp releases a stalled reader's pins after a while
+          slot_waiting_ = true;
+          slot_wait_since_ = Clock::now();
+        }
         slot_freed_.wait(lk, [&] { return stopping_ || !fatal_.empty() || table_.has_free(); });
+        slot_waiting_ = false;
         if (stopping_ || !fatal_.empty()) return;
         slots.push_back(table_.take_free());
       }
@@ -67,7 +82,7 @@ void Agent::Impl::prefetch_loop() {
       // only user may be a rank that has left), its slot must not be handed to another sample
       // whose read could then be overwritten by this one.
       for (std::size_t i = 0; i < incoming.size(); ++i) table_.place(incoming[i], slots[i]);
-      fetched_ += incoming.size();
+      fetched_ += static_cast<std::uint64_t>(std::count(from.begin(), from.end(), kStorage));
       // Admit the step's uses now, before later steps' evictions are looked at. Each use's hit
       // bit becomes what this agent does (the per-epoch stats count it when the batch is
       // served): set when its sample is already here, clear when it is read for this step.
@@ -85,10 +100,20 @@ void Agent::Impl::prefetch_loop() {
         }
       }
       admitted_ = t + 1;
-      // The step's reads: one request list of coalesced runs (a source keeps many of them in
-      // flight), executed by a reader thread while this one goes on to the next steps.
-      std::vector<std::size_t> idx(incoming.size());
-      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      // Peer reads go to the peer thread; the rest is the step's storage reads: one request
+      // list of coalesced runs (a source keeps many of them in flight), executed by a reader
+      // thread while this one goes on to the next steps.
+      std::uint32_t peer_jobs = 0;
+      std::vector<std::size_t> idx;
+      idx.reserve(incoming.size());
+      for (std::size_t i = 0; i < incoming.size(); ++i) {
+        if (from[i] == kStorage) {
+          idx.push_back(i);
+          continue;
+        }
+        peer_jobs_.push_back({t, incoming[i], slots[i], from[i]});
+        ++peer_jobs;
+      }
       std::sort(idx.begin(), idx.end(), [&](auto a, auto b) { return incoming[a] < incoming[b]; });
       // Split into about one job per reader thread, whole runs each, so that a step's reads
       // run in parallel too (sources also parallelise within a job).
@@ -110,9 +135,13 @@ void Agent::Impl::prefetch_loop() {
           ++jobs;
         }
       }
-      outstanding_[t] = jobs;
+      outstanding_[t] = jobs + peer_jobs;
       if (jobs) job_ready_.notify_all();
-      else complete_steps_locked();
+      if (peer_jobs) {
+        peer_pending_[t] = peer_jobs;
+        peer_wake_.notify_one();
+      }
+      if (!jobs && !peer_jobs) complete_steps_locked();
     }
   } catch (const std::exception& e) {
     fail(e.what());
@@ -306,7 +335,7 @@ void Agent::Impl::reader_loop() {
       const double secs = seconds_since(t0);
       std::lock_guard lk(mu_);
       for (const ReadJob& job : batch) {
-        if (xindex_) {  // the bytes are in place: readers may copy them from now on
+        if (xindex_ || peers_) {  // the bytes are in place: readers may copy them from now on
           std::size_t k = 0;
           for (const auto& run : job.runs)
             for (std::uint64_t x = run.first; x < run.first + run.count; ++x, ++k)

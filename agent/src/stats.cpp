@@ -216,6 +216,7 @@ nlohmann::json Agent::Impl::stats_document() {
          {"uptime_seconds", seconds_since(started_)},
          {"error", fatal_},
          {"transparent", xindex_ ? transparent_json() : nlohmann::json()},
+         {"peers", peers_json()},
          {"ranks", ranks}};
     eps = epochs_;
     rank_stall = epoch_rank_stall_;
@@ -254,6 +255,7 @@ nlohmann::json Agent::Impl::stats_document() {
         {"fetched_samples", x.fetched_samples},
         {"fetched_bytes", x.fetched_samples * sample_bytes_},
         {"storage_reads", x.storage_reads},
+        {"peer_samples", x.peer_samples},
         {"read_seconds", x.read_seconds},
         {"samples_served", x.samples_served},
         {"batches_served", x.batches_served},

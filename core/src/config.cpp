@@ -206,12 +206,13 @@ void follow_the_script(PlanConfig& c, bool order_given) {
 }
 
 PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t sample_bytes,
-                             std::uint64_t label_bytes, std::uint64_t budget_bytes) {
+                             std::uint64_t label_bytes, std::uint64_t budget_bytes,
+                             std::uint32_t staging_steps) {
   c.samples = samples;
   c.sample_bytes = sample_bytes;
   c.policy = Policy::none;
   c.validate();
-  fit_plan_to_agent_budget(c, budget_bytes, label_bytes);
+  fit_plan_to_agent_budget(c, budget_bytes, label_bytes, staging_steps);
   c.policy = Policy::solar;
   c.validate();
   return c;

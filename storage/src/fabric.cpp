@@ -88,10 +88,11 @@ Region::~Region() {
 }
 
 namespace {
-fi_info* hints_for(const std::string& provider, bool thread_safe) {
+fi_info* hints_for(const std::string& provider, bool thread_safe, bool remote_write) {
   fi_info* h = libfabric().dupinfo(nullptr);  // fi_allocinfo()
   h->ep_attr->type = FI_EP_RDM;
   h->caps = FI_RMA | FI_READ | FI_REMOTE_READ;
+  if (remote_write) h->caps |= FI_WRITE | FI_REMOTE_WRITE;
   h->mode = FI_CONTEXT | FI_CONTEXT2;
   h->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
@@ -102,7 +103,7 @@ fi_info* hints_for(const std::string& provider, bool thread_safe) {
 }  // namespace
 
 std::unique_ptr<Endpoint> Endpoint::open(const std::string& provider, const std::string& node,
-                                         bool wait) {
+                                         bool wait, bool remote_write) {
   // Initialising the providers (psm's among them) must not leave handlers of theirs behind in
   // the caller's process (signals.h): whatever changes here is put back as it was.
   struct KeepSignals {
@@ -113,7 +114,7 @@ std::unique_ptr<Endpoint> Endpoint::open(const std::string& provider, const std:
   const bool bind = !node.empty() && provider != "shm";
   int rc = -FI_ENODATA;
   for (bool thread_safe : {true, false}) {
-    fi_info* hints = hints_for(provider, thread_safe);
+    fi_info* hints = hints_for(provider, thread_safe, remote_write);
     rc = libfabric().getinfo(FI_VERSION(1, 9), bind ? node.c_str() : nullptr, nullptr,
                     bind ? FI_SOURCE : 0, hints, &e->info_);
     libfabric().freeinfo(hints);

@@ -45,8 +45,9 @@ class Endpoint {
   // library's choice. node: address to bind to (servers), "" for any.
   // wait: give the completion queue a wait object (fi_cq_sread blocks in the kernel until the
   // provider has work), where the provider offers one; waitable() says whether it did.
+  // remote_write: also FI_WRITE | FI_REMOTE_WRITE (the agents' peer progress counters).
   static std::unique_ptr<Endpoint> open(const std::string& provider, const std::string& node,
-                                        bool wait = false);
+                                        bool wait = false, bool remote_write = false);
   bool waitable() const { return waitable_; }
   ~Endpoint();
 
