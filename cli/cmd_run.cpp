@@ -68,6 +68,15 @@ std::string device_bytes(const nlohmann::json& a) {
   return fmt::format("; {} read from the device", format_bytes(it->get<std::uint64_t>()));
 }
 
+// An agent's peer-sharing counters for people (`solar run`'s summary and `solar stat`).
+std::string peers_line(const nlohmann::json& p) {
+  return fmt::format("{} samples read from peers' buffers ({}), {} from storage instead (peer "
+                     "unreachable or without the sample){}",
+                     p.value("samples", 0ULL), format_bytes(p.value("bytes", 0ULL)),
+                     p.value("fallbacks", 0ULL),
+                     p.value("disabled", false) ? "; peer sharing was turned off" : "");
+}
+
 void print_summary(const LaunchResult& r) {
   for (const auto& a : r.agents) {
     const double hit = a["hits"].get<double>();
@@ -88,12 +97,7 @@ void print_summary(const LaunchResult& r) {
       fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(),
                  transparent_line(t, a["total_steps"].get<std::uint64_t>()));
     if (const auto& p = a.value("peers", nlohmann::json()); p.is_object())
-      fmt::print(stderr,
-                 "solar run: node {}: {} samples read from peers' buffers ({}), {} from storage "
-                 "instead (peer unreachable or without the sample){}\n",
-                 a["node"].get<int>(), p.value("samples", 0ULL),
-                 format_bytes(p.value("bytes", 0ULL)), p.value("fallbacks", 0ULL),
-                 p.value("disabled", false) ? "; peer sharing was turned off" : "");
+      fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(), peers_line(p));
   }
   for (const auto& p : r.problems) fmt::print(stderr, "solar run: {}\n", p);
 }
@@ -308,7 +312,7 @@ void run_run(const RunOptions& o) {
     if (o.peers && o.no_agent) throw ConfigError("--peers", "needs agents; drop --no-agent");
     if (o.peers && ranks.nodes < 2)
       throw ConfigError("--peers", "shares buffers between nodes: give --nodes 2 or more");
-    c = plan_for_run(src->info(), buffer, c, o.peers);
+    c = plan_for_run(src->info(), buffer, c, o.peers, !o.transparent && !o.zero_copy);
     if (o.transparent) follow_the_script(c, o.order_given);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "solar run: %s\n", e.what());
@@ -454,6 +458,8 @@ std::string stat_block(const nlohmann::json& s, StatTrack& tr, double now) {
       totals.value("stall_seconds", 0.0), rate, eta);
   if (const auto& t = s.value("transparent", nlohmann::json()); t.is_object())
     out += fmt::format("  {}\n", transparent_line(t, total));
+  if (const auto& p = s.value("peers", nlohmann::json()); p.is_object())
+    out += fmt::format("  {}\n", peers_line(p));
   for (const auto& r : s["ranks"]) {
     const std::uint64_t step = r["step"];
     const std::uint64_t e = std::min<std::uint64_t>(step / std::max<std::uint64_t>(spe, 1),

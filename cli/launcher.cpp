@@ -427,12 +427,12 @@ class RunDirWatch {
 }  // namespace
 
 PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
-                        PlanConfig c, bool peers) {
+                        PlanConfig c, bool peers, bool rings) {
   const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
   PlanConfig out = config_for_agents(
       c, info.samples, info.sample_bytes, label,
       buffer.resolve(info.samples, agent_slot_bytes(info.sample_bytes, label)),
-      kAgentStagingSteps + (peers ? kPeerHandoverSteps : 0));
+      kAgentStagingSteps + (peers && rings ? kPeerHandoverSteps : 0));
   out.peer_fetch = peers;
   return out;
 }

@@ -91,9 +91,10 @@ struct LaunchResult {
 
 // The plan config for running c's job over a dataset with `buffer` of agent memory per node
 // (config_for_agents on the dataset's sizes). Throws ConfigError.
-// peers: the agents share their buffers (their handover slots come out of the budget).
+// peers: the agents share their buffers; rings: they copy batches into rings (not zero copy
+// or transparent), so their handover slots come out of the budget (agent/src/buffer_layout.h).
 PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer, PlanConfig c,
-                        bool peers = false);
+                        bool peers = false, bool rings = true);
 
 // Throws std::runtime_error if the job cannot start (agent failed, bad command).
 LaunchResult launch(const LaunchSpec& spec);

@@ -237,6 +237,7 @@ class Agent::Impl {
   std::condition_variable peer_wake_;  // peer jobs queued, or stopping
   void setup_peers();  // constructor: endpoint, registrations, card, the others' cards
   void peer_loop();
+  void wake_peer_locked();  // peer jobs queued (or stopping): the peer thread looks now
   // At step t, before its evictions: pins the samples other nodes read from us in step t.
   void pin_served_locked(std::uint64_t t);
   bool peer_usable_locked(std::uint32_t node) const;

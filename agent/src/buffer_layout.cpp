@@ -29,7 +29,7 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
     // A plan of policy `none` may hold less than a step; its samples still need slots.
     b.cache_slots = std::max(c.buffer_samples(), std::uint64_t{R} * b.ring_batch);
   }
-  if (o.peers) {
+  if (o.peers && b.ring_depth > 0) {  // without rings the staging slots hold them (.h)
     b.handover_slots = std::uint64_t{kPeerHandoverSteps} * R * b.ring_batch;
     b.cache_slots += b.handover_slots;
   }

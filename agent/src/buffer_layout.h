@@ -46,8 +46,13 @@ struct BufferOptions {
   bool zero_copy = false;    // no rings: ranks read the cache slots
   bool transparent = false;  // no rings, and the sample index after the slots
   // Peer sharing: the index's entries after the slots (other agents look samples up there),
-  // and room for the samples handed over to peers until their reads are done (two steps of
-  // the node's ranks; ReplayReport::peak_handovers is at most one).
+  // and room for the samples handed over to peers until their reads are done
+  // (kPeerHandoverSteps steps of the node's ranks: a plan hands over at most one step's worth
+  // per step, ReplayReport::peak_handovers; with that room no agent waits for another's reads
+  // of the same step to admit a step, so the agents cannot wait on each other in a cycle).
+  // Without rings (zero copy, transparent) the staging slots, which hold samples evicted while
+  // still in use, hold these too: once the node's ranks have used the steps before the one it
+  // admits, at most one step's handovers are left there out of staging_steps (≥ 2) steps.
   bool peers = false;
   std::uint64_t page_bytes = 4096;
 };

@@ -117,7 +117,7 @@ void Agent::Impl::setup_peers() {
         opt_.peer_dir));
   std::unique_ptr<PeerState, PeerStateDelete> ps(new PeerState());
   try {
-    ps->ep = fabric::Endpoint::open(opt_.peer_provider, "", false, /*remote_write=*/true);
+    ps->ep = fabric::Endpoint::open(opt_.peer_provider, "", /*wait=*/true, /*remote_write=*/true);
   } catch (const std::exception& e) {
     throw AgentError(fmt::format("--peer-provider {}: {}", opt_.peer_provider, e.what()));
   }
@@ -245,6 +245,11 @@ void Agent::Impl::setup_peers() {
   peers_ = std::move(ps);
 }
 
+void Agent::Impl::wake_peer_locked() {
+  peer_wake_.notify_one();
+  if (peers_ && peers_->ep && peers_->ep->waitable()) fi_cq_signal(peers_->ep->cq());
+}
+
 bool Agent::Impl::peer_usable_locked(std::uint32_t node) const {
   return peers_ && !peers_->disabled && node < peers_->remote.size() &&
          peers_->remote[node].known && !peers_->remote[node].dead;
@@ -292,6 +297,8 @@ void Agent::Impl::peer_loop() {
   std::deque<PeerJob> queue;                   // taken from peer_jobs_, not yet started
   std::size_t active = 0;
   std::uint32_t writes_in_flight = 0;
+  std::uint64_t torn = 0;  // changed entries seen, added to peer_torn_ under the lock
+  bool block_next = false;
   std::string dead_why;
 
   auto post_entry = [&](PeerState::Op& op, std::uint64_t* into) {
@@ -314,6 +321,8 @@ void Agent::Impl::peer_loop() {
       std::unique_lock lk(mu_);
       for (auto& [job, ok] : done) peer_done_locked(job, ok);
       done.clear();
+      peer_torn_ += torn;
+      torn = 0;
       if (stopping_ || !fatal_.empty()) break;
       while (!peer_jobs_.empty()) {
         PeerJob j = peer_jobs_.front();
@@ -404,10 +413,15 @@ void Agent::Impl::peer_loop() {
         idle = false;
       }
     }
-    // 5. Completions.
+    // 5. Completions. After an idle pass, on a provider with a wait object (tcp), the first
+    //    read blocks in the kernel until the provider has work or 1 ms has passed: serving
+    //    the other agents' reads of our buffer needs this thread to progress the endpoint
+    //    (tcp;ofi_rxm's progress is manual), promptly but without spinning.
     fi_cq_entry entries[16];
     for (;;) {
-      const ssize_t n = fi_cq_read(cq, entries, 16);
+      const ssize_t n = block_next ? fi_cq_sread(cq, entries, 16, nullptr, 1)
+                                   : fi_cq_read(cq, entries, 16);
+      block_next = false;
       std::vector<std::pair<void*, bool>> completed;
       if (n > 0) {
         for (ssize_t k = 0; k < n; ++k) completed.emplace_back(entries[k].op_context, true);
@@ -478,10 +492,10 @@ void Agent::Impl::peer_loop() {
           if (scratch[2 * i + 1] == op->e1) {
             finish(*op, true);
           } else if (++op->torn >= kMaxTorn) {
-            ++peer_torn_;
+            ++torn;
             finish(*op, false);
           } else {
-            ++peer_torn_;
+            ++torn;
             op->phase = 0;
             op->retry_at = Clock::now();
           }
@@ -520,13 +534,14 @@ void Agent::Impl::peer_loop() {
       continue;
     }
     if (idle) {
-      std::unique_lock lk(mu_);
-      const bool busy = active || writes_in_flight ||
-                        std::any_of(ps.pins.begin(), ps.pins.end(),
-                                    [](const auto& p) { return !p.empty(); });
-      peer_wake_.wait_for(lk, busy ? std::chrono::microseconds(100)
-                                   : std::chrono::milliseconds(5),
-                          [&] { return stopping_ || !fatal_.empty() || !peer_jobs_.empty(); });
+      if (ps.ep->waitable()) {
+        block_next = true;  // step 5 waits in fi_cq_sread (woken early by wake_peer_locked)
+      } else {  // shm: readers copy our memory themselves; poll for our own work
+        std::unique_lock lk(mu_);
+        peer_wake_.wait_for(lk, std::chrono::microseconds(100), [&] {
+          return stopping_ || !fatal_.empty() || !peer_jobs_.empty();
+        });
+      }
     }
   }
 }

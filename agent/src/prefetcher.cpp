@@ -139,7 +139,7 @@ void Agent::Impl::prefetch_loop() {
       if (jobs) job_ready_.notify_all();
       if (peer_jobs) {
         peer_pending_[t] = peer_jobs;
-        peer_wake_.notify_one();
+        wake_peer_locked();
       }
       if (!jobs && !peer_jobs) complete_steps_locked();
     }

@@ -134,7 +134,7 @@ void follow_the_script(PlanConfig& c, bool order_given);
 // batch is named as such), then fits the buffer; policy solar. Throws ConfigError.
 // staging_steps: the agent's slots beyond the resident set, in steps of its ranks (peer
 // sharing adds kPeerHandoverSteps for the samples handed over to peers: agent/README.md).
-inline constexpr std::uint32_t kPeerHandoverSteps = 2;
+inline constexpr std::uint32_t kPeerHandoverSteps = 1;
 PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t sample_bytes,
                              std::uint64_t label_bytes, std::uint64_t budget_bytes,
                              std::uint32_t staging_steps = kAgentStagingSteps);
