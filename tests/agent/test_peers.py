@@ -127,3 +127,27 @@ def test_peer_dir_that_others_can_open_is_refused(tmp_path, data):
     assert p.returncode == 1, p.stderr
     assert "--peer-dir" in p.stderr and "0700" in p.stderr, p.stderr
     assert not list(shared.iterdir())
+
+
+def test_peer_agent_stopped_mid_run_nothing_hangs_same_bytes(tmp_path, data):
+    """SIGSTOP of node 1's agent, left stopped until `solar run` stops the agents at the end:
+    reads from it (in flight or queued) give up after --peer-timeout (peer sharing off, or
+    that peer passed over), its own unmodified rank reads the file for what is not resident,
+    and every rank still gets the plain run's bytes."""
+    plain = script_run(tmp_path, data, "plain", "--no-agent", epochs=4)
+    assert plain.returncode == 0, plain.stderr
+    p = script_run(tmp_path, data, "peers", "--transparent", "--peers", "--peer-timeout", "1",
+                   epochs=4, popen=True)
+
+    def stop_node1(p):
+        os.kill(children(p.pid, "solar-agent")[1], 19)  # SIGSTOP; solar run sends SIGCONT
+
+    rc, out, err = interrupt(
+        p, stop_node1, (lambda: len(children(p.pid, "solar-agent")) == 4, "4 agents"),
+        (lambda: lines(tmp_path / "peers-0.txt") >= 4, "rank 0 at line 4"), timeout=600)
+    assert rc == 0, out + err
+    assert digests(tmp_path, "peers", 4) == digests(tmp_path, "plain", 4)
+    # The others gave up on it (reads never answered: peer sharing turned off, or samples it
+    # never got: read from storage instead).
+    counts = peer_counts(err)
+    assert sum(fb for node, (_, fb) in counts.items() if node != 1) > 0, err
