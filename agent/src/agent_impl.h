@@ -141,6 +141,7 @@ class Agent::Impl {
                   const std::vector<std::uint8_t>& payload);
   void on_hello(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& payload);
   void on_xhello(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& payload);
+  void put_layout(protocol::HelloOk& ok) const;
   bool send_with_buffer_fd(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& msg);
 
   // Transparent mode (opt_.transparent): the shared index of resident samples (its entries are

@@ -189,6 +189,20 @@ void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
         while (!s->closed) {
           const auto got = s->reader.next(h, s->payload);
           if (got == RequestReader::Next::more) break;
+          if (got == RequestReader::Next::malformed && protocol::other_version(h)) {
+            // A libsolar (or interposer) of another build: it hears why, in this version.
+            const std::string why = fmt::format(
+                "this agent speaks protocol version {} (solar {}), the request version {}: the "
+                "rank's libsolar and the agent come from different solar builds; install both "
+                "from one",
+                protocol::kVersion, SOLAR_PROJECT_VERSION, h.version);
+            bad_request_log_.warn(fmt::format("refused a connection: {}", why));
+            std::vector<std::uint8_t> out(sizeof(protocol::Header) + why.size());
+            protocol::put_frame(out.data(), protocol::Op::error, why.data(), why.size());
+            [[maybe_unused]] const ssize_t sent = ::send(s->sock.native_handle(), out.data(),
+                                                         out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+            return detach(s);
+          }
           if (got == RequestReader::Next::malformed) {
             const std::string what = fmt::format(
                 "malformed or oversized request (magic {:#x}, version {}, op {}, length {}; at "
@@ -215,6 +229,22 @@ std::vector<std::uint8_t> frame(protocol::Op op, const void* body, std::size_t n
 }
 }  // namespace
 
+
+// What a sample's bytes are, from the source (protocol version 2), for the hello reply.
+void Agent::Impl::put_layout(protocol::HelloOk& ok) const {
+  const auto& info = source_->info();
+  auto name = [](char (&out)[sizeof ok.dtype], storage::DType t) {
+    const std::string_view n = storage::to_string(t);
+    std::memset(out, 0, sizeof out);
+    std::memcpy(out, n.data(), std::min(n.size(), sizeof out - 1));
+  };
+  name(ok.dtype, info.dtype);
+  if (info.has_labels) name(ok.label_dtype, info.label_dtype);
+  if (info.sample_shape.size() <= protocol::HelloOk::kMaxShapeDims) {
+    ok.shape_dims = static_cast<std::uint32_t>(info.sample_shape.size());
+    std::copy(info.sample_shape.begin(), info.sample_shape.end(), ok.shape);
+  }
+}
 
 void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
                              const std::vector<std::uint8_t>& payload) {
@@ -318,6 +348,7 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
   ok.total_steps = T_;
   ok.steps_per_epoch = header_.layout.steps;
   ok.start_step = start_;
+  put_layout(ok);
   if (!send_with_buffer_fd(s, frame(protocol::Op::hello_ok, &ok, sizeof ok))) {
     spdlog::warn("rank {}: could not send the hello reply", h.local_rank);
     return detach(s);

@@ -4,6 +4,9 @@
 
 #include "solar/transparent.h"
 
+static_assert(SOLAR_PROTO_VERSION == solar::protocol::kVersion,
+              "solar/transparent.h and solar/protocol.h disagree on the protocol version");
+
 namespace solar::agent {
 
 std::uint32_t max_request_payload(std::uint16_t op) {

@@ -203,6 +203,10 @@ struct solar_loader {
   std::string dataset, labels, socket_path;
   std::unique_ptr<solar::storage::SampleSource> source;  // direct path, opened on first use
   std::uint64_t sample_bytes = 0, label_bytes = 0;
+  // What a sample's bytes are (solar_sample_shape, solar_sample_dtype, solar_label_dtype): from
+  // the agent's hello, or the source when reading directly. Empty names / no shape: unknown.
+  std::string dtype, label_dtype;
+  std::optional<std::vector<std::uint64_t>> shape;
 
   int sock = -1;
   double agent_timeout = kDefaultAgentTimeout;  // seconds, 0: none (SOLAR_AGENT_TIMEOUT)
@@ -245,6 +249,9 @@ struct solar_loader {
     if (sample_bytes == 0) {
       sample_bytes = info.sample_bytes;
       label_bytes = info.has_labels ? info.label_bytes : 0;
+      dtype = solar::storage::to_string(info.dtype);
+      label_dtype = info.has_labels ? std::string(solar::storage::to_string(info.label_dtype)) : "";
+      shape = info.sample_shape;
     } else if (label_bytes != (info.has_labels ? info.label_bytes : 0)) {
       throw ClientError(fmt::format("{}: label size differs from the agent's", source->describe()));
     }
@@ -335,6 +342,23 @@ struct solar_loader {
                          ? agent_gone(err)
                          : std::string("the agent closed the connection without answering (see "
                                        "its log)"));
+    if (solar::protocol::other_version(rh)) {
+      // An agent of another build: its error frame (an agent of version 2 or later sends one)
+      // says why; either way this libsolar cannot read its replies.
+      std::string why;
+      if (rh.op == static_cast<std::uint16_t>(solar::protocol::Op::error) &&
+          rh.length <= 4096) {
+        std::vector<char> text(rh.length);
+        if (read_all(fd, text.data(), text.size())) why = std::string(text.begin(), text.end());
+      }
+      return refused(why.empty()
+                         ? fmt::format("the agent speaks protocol version {}, this libsolar ({}) "
+                                       "version {}: the agent and libsolar come from different "
+                                       "solar builds; install both from one",
+                                       rh.version, SOLAR_VERSION_STRING,
+                                       solar::protocol::kVersion)
+                         : "the agent refused this rank: " + why);
+    }
     std::vector<std::uint8_t> body(solar::protocol::acceptable(rh) ? rh.length : 0);
     if (!solar::protocol::acceptable(rh) || !read_all(fd, body.data(), body.size()))
       return refused(solar::protocol::acceptable(rh) ? agent_gone(errno)
@@ -372,6 +396,10 @@ struct solar_loader {
     base = static_cast<std::byte*>(p);
     sample_bytes = hello.sample_bytes;
     label_bytes = hello.label_bytes;
+    dtype.assign(hello.dtype, strnlen(hello.dtype, sizeof hello.dtype));
+    label_dtype.assign(hello.label_dtype, strnlen(hello.label_dtype, sizeof hello.label_dtype));
+    if (hello.shape_dims <= solar::protocol::HelloOk::kMaxShapeDims)
+      shape.emplace(hello.shape, hello.shape + hello.shape_dims);
     // This rank starts after the agent's start: the agent runs its plan in order, so the
     // steps in between are taken and released (read by the agent, not copied here).
     const std::uint64_t want = cursor;
@@ -618,6 +646,15 @@ uint32_t solar_steps_per_epoch(const solar_loader* l) { return l->header.layout.
 uint64_t solar_sample_bytes(const solar_loader* l) { return l->sample_bytes; }
 uint64_t solar_label_bytes(const solar_loader* l) { return l->label_bytes; }
 uint64_t solar_dataset_samples(const solar_loader* l) { return l->header.config.samples; }
+int solar_sample_shape(const solar_loader* l, uint64_t* dims, int max_dims) {
+  if (!l || !l->shape) return -1;
+  const auto& sh = *l->shape;
+  const std::size_t room = dims ? static_cast<std::size_t>(std::max(max_dims, 0)) : 0;
+  for (std::size_t i = 0; i < sh.size() && i < room; ++i) dims[i] = sh[i];
+  return static_cast<int>(sh.size());
+}
+const char* solar_sample_dtype(const solar_loader* l) { return l ? l->dtype.c_str() : ""; }
+const char* solar_label_dtype(const solar_loader* l) { return l ? l->label_dtype.c_str() : ""; }
 uint32_t solar_rank(const solar_loader* l) { return l->node * l->R + l->local_rank; }
 uint32_t solar_world_size(const solar_loader* l) {
   return static_cast<uint32_t>(l->header.config.world());

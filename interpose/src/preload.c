@@ -209,7 +209,7 @@ static int xhello(struct solar_xhello_ok *ok) {
     uint32_t magic;
     uint16_t version, op;
     uint32_t length, reserved;
-  } head = {SOLAR_PROTO_MAGIC, 1, SOLAR_OP_XHELLO, sizeof(struct solar_xhello), 0};
+  } head = {SOLAR_PROTO_MAGIC, SOLAR_PROTO_VERSION, SOLAR_OP_XHELLO, sizeof(struct solar_xhello), 0};
   _Static_assert(sizeof head == 16, "protocol header is 16 bytes");
   struct solar_xhello hello = {.pid = (uint32_t)my_pid, .reserved = 0};
   unsigned char frame[sizeof head + sizeof hello];
@@ -220,7 +220,7 @@ static int xhello(struct solar_xhello_ok *ok) {
   int fine = connect(s, (struct sockaddr *)&addr, sizeof addr) == 0 &&
              send_all(s, frame, sizeof frame) == 0 &&
              recv_all(s, &head, sizeof head, &memfd) == 0;
-  fine = fine && head.magic == SOLAR_PROTO_MAGIC && head.version == 1 &&
+  fine = fine && head.magic == SOLAR_PROTO_MAGIC && head.version == SOLAR_PROTO_VERSION &&
          head.op == SOLAR_OP_XHELLO_OK && head.length == sizeof *ok &&
          recv_all(s, ok, sizeof *ok, &memfd) == 0 && memfd >= 0;
   int err = errno;

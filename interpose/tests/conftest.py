@@ -101,6 +101,7 @@ def wait_until(pred, timeout=30, what="condition"):
 # ---- the real node agent ------------------------------------------------------------------------
 
 PROTO_MAGIC, OP_ERROR, OP_XHELLO, OP_XHELLO_OK = 0x524C4F53, 10, 11, 12
+PROTO_VERSION = 2  # solar/protocol.h kVersion, solar/transparent.h SOLAR_PROTO_VERSION
 XINDEX_MAGIC = 0x5844495852414C53
 XINDEX = struct.Struct("<QQQQQQQQqqQQ")  # solar_xindex up to its stats
 
@@ -114,7 +115,7 @@ class BufferIndex:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(10)
             s.connect(str(sock))
-            s.sendall(struct.pack("<IHHII", PROTO_MAGIC, 1, OP_XHELLO, 8, 0) +
+            s.sendall(struct.pack("<IHHII", PROTO_MAGIC, PROTO_VERSION, OP_XHELLO, 8, 0) +
                       struct.pack("<II", os.getpid(), 0))
             msg, fds, _, _ = socket.recv_fds(s, 4096, 4)
             while len(msg) < 16:

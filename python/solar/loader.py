@@ -63,8 +63,28 @@ def split_dataset_spec(spec):
     return spec, "/data"
 
 
+def library_layout(handle, has_labels):
+    """(sample shape, dtype, label dtype) as libsolar knows them (from the agent, or the source
+    it reads directly), each None when it does not; no HDF5 needed."""
+    n = _lib_.solar_sample_shape(handle, None, 0)
+    shape = None
+    if n >= 0:
+        dims = (ctypes.c_uint64 * max(n, 1))()
+        _lib_.solar_sample_shape(handle, dims, n)
+        shape = tuple(int(d) for d in dims[:n])
+
+    def dtype_of(name):
+        name = (name or b"").decode("ascii", "replace")
+        return np.dtype(name) if name else None
+
+    dtype = dtype_of(_lib_.solar_sample_dtype(handle))
+    label_dtype = dtype_of(_lib_.solar_label_dtype(handle)) if has_labels else None
+    return shape, dtype, label_dtype
+
+
 def dataset_layout(spec, labels):
-    """(sample shape, dtype, label dtype) from the HDF5 file, or Nones when unknown."""
+    """(sample shape, dtype, label dtype) from the HDF5 file, or Nones when unknown (the fallback
+    when libsolar does not know them: h5py is imported only here)."""
     path, name = split_dataset_spec(spec)
     if not path or not os.path.exists(path):
         return None, None, None
@@ -315,7 +335,8 @@ class Loader:
     (SOLAR_NODE), local_rank (SOLAR_LOCAL_RANK / LOCAL_RANK), dataset (SOLAR_DATASET),
     labels (SOLAR_LABELS, '' for none), socket (SOLAR_SOCKET; '' reads directly). A process on
     its own (no launcher) is node 0, local rank 0 unless told otherwise.
-    shape/dtype: how to view a sample's bytes (default: from the HDF5 file).
+    shape/dtype: how to view a sample's bytes (default: what libsolar says the dataset holds;
+    the HDF5 file through h5py only when it does not know).
     label_dtype: the type `labels` come as (default int64 for integer labels, like the class
     indices torch's losses take; floating-point labels keep their type).
     transform: called as `transform(data, labels)` once per batch, returns the (data, labels)
@@ -394,8 +415,13 @@ class Loader:
                 if self.steps_per_epoch else 0
 
         try:
-            f_shape, f_dtype, f_ldtype = dataset_layout(self.dataset_spec, labels_name)
-            self.dtype = np.dtype(dtype if dtype is not None else (f_dtype or np.uint8))
+            f_shape, f_dtype, f_ldtype = library_layout(h, bool(self.label_bytes))
+            if f_shape is None or f_dtype is None or (self.label_bytes and f_ldtype is None):
+                h_shape, h_dtype, h_ldtype = dataset_layout(self.dataset_spec, labels_name)
+                f_shape = f_shape if f_shape is not None else h_shape
+                f_dtype = f_dtype if f_dtype is not None else h_dtype
+                f_ldtype = f_ldtype if f_ldtype is not None else h_ldtype
+            self.dtype = np.dtype(dtype if dtype is not None else (f_dtype if f_dtype is not None else np.uint8))
             if shape is None:
                 shape = f_shape if f_shape is not None and dtype is None else \
                     (self.sample_bytes // self.dtype.itemsize,)

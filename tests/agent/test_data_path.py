@@ -25,7 +25,7 @@ AGENT = os.environ.get("SOLAR_AGENT") or os.path.join(BIN, "agent", "solar-agent
 TRAIN = os.environ.get("SOLAR_EXAMPLE_TRAIN") or os.path.join(BIN, "slurm_examples", "solar-example-train")
 STORED = os.environ.get("SOLAR_STORED") or os.path.join(BIN, "storage", "solar-stored")
 
-MAGIC, VERSION = 0x524C4F53, 1
+MAGIC, VERSION = 0x524C4F53, 2
 OP_HELLO, OP_HELLO_OK, OP_NEXT, OP_BATCH, OP_STATS, OP_STATS_REPLY = 1, 2, 3, 4, 7, 8
 
 
@@ -318,6 +318,24 @@ def test_agent_survives_garbage_and_serves_valid_clients(agent):
                 s.recv(64)
             except OSError:
                 pass
+    assert proc.poll() is None
+    assert b'"total_steps"' in stats(sock)
+
+
+def test_other_protocol_version_is_told_why(agent):
+    """A libsolar of another build (another protocol version) hears which versions differ, in
+    one error frame, and the agent serves on."""
+    proc, sock, _ = agent
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(sock))
+        s.sendall(struct.pack("<IHHII", MAGIC, 1, OP_HELLO, 8, 0) + struct.pack("<II", 0, os.getpid()))
+        head = s.recv(16, socket.MSG_WAITALL)
+        magic, ver, op, length, _ = struct.unpack("<IHHII", head)
+        assert (magic, ver, op) == (MAGIC, VERSION, 10)  # error, in the agent's version
+        why = s.recv(length, socket.MSG_WAITALL).decode()
+        assert f"speaks protocol version {VERSION}" in why and "request version 1" in why, why
+        assert s.recv(16) == b""  # then closed
     assert proc.poll() is None
     assert b'"total_steps"' in stats(sock)
 

@@ -108,6 +108,27 @@ class Resume : public ::testing::Test {
 fs::path Resume::dir_;
 std::string Resume::plan_, Resume::solo_, Resume::wide_;
 
+// What a sample is, from the dataset libsolar reads directly (solar_sample_shape & co.).
+TEST_F(Resume, LayoutIsTheDatasets) {
+  {
+    solar::Loader l;
+    ASSERT_FALSE(l.using_agent());
+    EXPECT_EQ(l.sample_shape(), std::vector<std::uint64_t>{64});
+    EXPECT_EQ(l.sample_dtype(), "int16");
+    EXPECT_EQ(l.label_dtype(), "int32");
+    std::uint64_t dims[2] = {7, 7};
+    EXPECT_EQ(solar_sample_shape(l.get(), dims, 0), 1);  // nothing written
+    EXPECT_EQ(dims[0], 7u);
+    EXPECT_EQ(solar_sample_shape(l.get(), dims, 2), 1);
+    EXPECT_EQ(dims[0], 64u);
+    EXPECT_EQ(dims[1], 7u);
+  }
+  ::setenv("SOLAR_LABELS", "", 1);  // no labels: no label type
+  solar::Loader l;
+  EXPECT_EQ(l.label_dtype(), "");
+  EXPECT_EQ(l.sample_dtype(), "int16");
+}
+
 TEST_F(Resume, SkipToGivesTheUninterruptedRunsBatchesFromThatStep) {
   std::vector<Step> full;
   std::uint64_t total = 0, spe = 0;

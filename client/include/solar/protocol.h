@@ -16,6 +16,14 @@
 //   agent → rank   error {text}: the request was refused; the connection stays usable unless
 //                  the request was malformed, in which case the agent closes it.
 // Only processes of the agent's own user may connect (SO_PEERCRED is checked).
+//
+// Versions (Header::version; both sides must speak the same one):
+//   1  the first.
+//   2  hello_ok also says what a sample's bytes are: dtype, label dtype and sample shape
+//      (HelloOk's layout fields), so a rank needs no HDF5 of its own to view them.
+// An agent that receives a frame of another version answers it with one error frame in its
+// own version, naming both versions, and closes the connection; libsolar reports a reply of
+// another version as such (never as a malformed reply) and reads directly.
 #pragma once
 
 #include <cstddef>
@@ -25,7 +33,7 @@
 namespace solar::protocol {
 
 inline constexpr std::uint32_t kMagic = 0x524c4f53;  // "SOLR"
-inline constexpr std::uint16_t kVersion = 1;
+inline constexpr std::uint16_t kVersion = 2;
 inline constexpr std::uint32_t kMaxPayload = 1U << 20;
 
 enum class Op : std::uint16_t {
@@ -56,6 +64,9 @@ static_assert(sizeof(Header) == 16);
 inline bool acceptable(const Header& h) {
   return h.magic == kMagic && h.version == kVersion && h.length <= kMaxPayload;
 }
+
+// A frame of this protocol in another version (an agent or a libsolar of another build).
+inline bool other_version(const Header& h) { return h.magic == kMagic && h.version != kVersion; }
 
 // Writes the header of a message with `length` payload bytes to `out`; returns its size.
 inline std::size_t put_header(void* out, Op op, std::size_t length) {
@@ -92,7 +103,20 @@ struct HelloOk {
   // The global step the agent starts at (solar-agent --start-step; 0 for a whole run): it
   // serves steps from there on only, so a rank's first `next` is for this step.
   std::uint64_t start_step = 0;
+  // The layout of a sample's bytes (version 2), from the agent's source: dtype and label dtype
+  // by name ("int16", "float32", ...; NUL-padded; "" when unknown or, for the label, when there
+  // are no labels) and one sample's shape (the dataset's shape without its first dimension):
+  // shape_dims dimensions in shape[], or kShapeUnknown when it has more than kMaxShapeDims or
+  // is not known.
+  static constexpr std::uint32_t kMaxShapeDims = 8;
+  static constexpr std::uint32_t kShapeUnknown = 0xffffffffU;
+  char dtype[16] = {};
+  char label_dtype[16] = {};
+  std::uint32_t shape_dims = kShapeUnknown;
+  std::uint32_t reserved2 = 0;
+  std::uint64_t shape[kMaxShapeDims] = {};
 };
+static_assert(sizeof(HelloOk) == 72 + 32 + 8 + 64);  // version 1 was the first 72 bytes
 
 struct Next {
   std::uint64_t step = 0;  // the step the rank expects (its cursor); checked by the agent

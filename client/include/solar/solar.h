@@ -72,6 +72,16 @@ SOLAR_API uint64_t solar_sample_bytes(const solar_loader* loader);
 /* Bytes of one sample's label; 0 when the dataset has none. */
 SOLAR_API uint64_t solar_label_bytes(const solar_loader* loader);
 SOLAR_API uint64_t solar_dataset_samples(const solar_loader* loader);
+/* What a sample's bytes are, as the agent's source (or, reading directly, the dataset) says.
+ * solar_sample_shape: one sample's shape (the dataset's shape without its first dimension):
+ * writes its first min(n, max_dims) dimensions to `dims` (may be NULL with max_dims 0) and
+ * returns n, its number of dimensions (0 for scalar samples); -1 when libsolar does not know it.
+ * solar_sample_dtype, solar_label_dtype: the element type by name ("int8", "uint8", "int16",
+ * "uint16", "int32", "uint32", "int64", "uint64", "float32", "float64"); "" when unknown, and
+ * for the label when the dataset has none. The strings live as long as the loader. */
+SOLAR_API int solar_sample_shape(const solar_loader* loader, uint64_t* dims, int max_dims);
+SOLAR_API const char* solar_sample_dtype(const solar_loader* loader);
+SOLAR_API const char* solar_label_dtype(const solar_loader* loader);
 /* Global rank, world size and node id as the plan knows them. */
 SOLAR_API uint32_t solar_rank(const solar_loader* loader);
 SOLAR_API uint32_t solar_world_size(const solar_loader* loader);

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "solar/solar.h"
 
@@ -94,6 +95,15 @@ class Loader {
   std::uint64_t sample_bytes() const { return solar_sample_bytes(l_); }
   std::uint64_t label_bytes() const { return solar_label_bytes(l_); }
   std::uint64_t dataset_samples() const { return solar_dataset_samples(l_); }
+  // One sample's shape; empty when unknown (and for scalar samples: see solar_sample_shape).
+  std::vector<std::uint64_t> sample_shape() const {
+    const int n = solar_sample_shape(l_, nullptr, 0);
+    std::vector<std::uint64_t> dims(n > 0 ? static_cast<std::size_t>(n) : 0);
+    if (n > 0) solar_sample_shape(l_, dims.data(), n);
+    return dims;
+  }
+  std::string sample_dtype() const { return solar_sample_dtype(l_); }  // "" when unknown
+  std::string label_dtype() const { return solar_label_dtype(l_); }    // "" when unknown/none
   std::uint32_t rank() const { return solar_rank(l_); }
   std::uint32_t world_size() const { return solar_world_size(l_); }
   solar_loader* get() const { return l_; }

@@ -24,7 +24,7 @@
  * evictions on them. Then the statistics block (relaxed fetch-adds).
  *
  * Handshake: the interposer connects to $SOLAR_SOCKET and sends a frame of the agent protocol
- * (solar/protocol.h: 16-byte header {magic "SOLR", version 1, op, length, 0}) with op
+ * (solar/protocol.h: 16-byte header {magic "SOLR", version SOLAR_PROTO_VERSION, op, length, 0}) with op
  * SOLAR_OP_XHELLO and a solar_xhello body; the agent answers op SOLAR_OP_XHELLO_OK with a
  * solar_xhello_ok body and the memfd as SCM_RIGHTS ancillary data, or op 10 (error, text).
  */
@@ -40,6 +40,8 @@ extern "C" {
 #define SOLAR_XINDEX_MAGIC 0x5844495852414c53ULL /* "SLARXIDX" little-endian */
 #define SOLAR_XINDEX_FILE_CHANGED 1
 #define SOLAR_XINDEX_AGENT_STOPPED 2
+/* solar/protocol.h's kVersion (checked there at compile time). */
+#define SOLAR_PROTO_VERSION 2
 #define SOLAR_OP_XHELLO 11
 #define SOLAR_OP_XHELLO_OK 12
 
