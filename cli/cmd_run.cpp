@@ -220,7 +220,9 @@ void print_timeline(const RunTimes& rt, const LaunchResult& r, std::uint32_t ran
   const Clock::time_point from = last_batch.value_or(lt.ranks_spawned);
   fmt::print(stderr, "solar run: teardown: {} to exit {:.3f} s\n",
              last_batch ? "last batch" : "ranks' start", s(from, end));
-  line("ranks end", s(from, lt.ranks_exited),
+  // The agent stamps a batch just after sending it: a rank can take it and exit before that
+  // stamp (a few microseconds), which must not print as "-0.000 s".
+  line("ranks end", std::max(0.0, s(from, lt.ranks_exited)),
        last_batch ? "last batch served to the last rank's exit" : "ranks' run");
   if (!lt.agent_spawned.empty())
     line("agents stop", s(lt.ranks_exited, lt.agents_stopped),
