@@ -185,7 +185,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   else if (bo.peers)  // the entries only: other agents look samples up there (peers.cpp)
     table_.attach_index(reinterpret_cast<std::uint64_t*>(base_ + buf_.entries_offset));
   ranks_.resize(R_);
-  for (RankState& rs : ranks_) rs.cursor = rs.released = rs.assembled = start_;
+  for (RankState& rs : ranks_) rs.cursor = rs.asked = rs.released = rs.assembled = start_;
   admitted_ = ready_ = start_;
   startup_.first_batch.resize(R_);
   startup_.last_batch.resize(R_);

@@ -88,12 +88,16 @@ class Agent::Impl {
     std::shared_ptr<Session> session;
     bool attached = false;
     bool gone = false;        // disconnected: its uses are no longer counted
-    bool waiting = false;     // a next request waits for its step
+    bool end_owed = false;    // asked for the step after the last: `end` once all are served
     bool assembling = false;  // a job is copying its step `assembled` into its ring
     std::uint64_t assembled = 0;  // steps < assembled are in its ring (its uses dropped)
     std::uint64_t cursor = 0;    // next step to hand out
+    std::uint64_t asked = 0;     // steps < asked were asked for (next); cursor..asked-1 wait
     std::uint64_t released = 0;  // steps < released are released
     double stall_seconds = 0;
+    // When the rank began to wait for step `released` (it had released every earlier step and
+    // asked for this one): the later of that release and that request. A step handed out
+    // before the rank released the one before (asked ahead) was not waited for.
     Clock::time_point wait_since;
   };
 
@@ -170,6 +174,9 @@ class Agent::Impl {
   // Queues a message; writes go out in order, one at a time. A connection with more than
   // kMaxQueuedBytes queued is closed instead.
   void send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg);
+  // The same, from bytes the caller keeps: written at once when nothing is queued (one send,
+  // no allocation), the rest (if the socket is full) copied into the queue.
+  void send(const std::shared_ptr<Session>& s, std::span<const std::uint8_t> msg);
   void write_front(const std::shared_ptr<Session>& s);  // io thread; s->out not empty
   // The stats document (stats.cpp): the run totals, the per-epoch records (per_epoch), the
   // head start and their totals. The stats reply is it, cut to fit one message; the log's last
@@ -318,6 +325,7 @@ struct Agent::Impl::Session : std::enable_shared_from_this<Session> {
   RequestReader reader;  // received, not yet handled
   std::vector<std::uint8_t> payload;
   std::deque<std::vector<std::uint8_t>> out;
+  std::vector<std::uint8_t> scratch;  // a reply being built (send_batch_locked)
   int rank = -1;  // local rank once attached
   bool closed = false;
   std::size_t out_bytes = 0;  // queued in `out`

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
 #include <functional>
@@ -266,15 +267,21 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
         return refuse("next before hello, or malformed");
       std::lock_guard lk(mu_);
       RankState& rs = ranks_[static_cast<std::size_t>(s->rank)];
-      if (n.step != rs.cursor)
-        return refuse(fmt::format("asked for step {} but its next step is {}", n.step, rs.cursor));
-      if (rs.cursor >= T_) {
-        send(s, frame(protocol::Op::end, nullptr, 0));
+      if (n.step != rs.asked)
+        return refuse(fmt::format("asked for step {} but the next step to ask for is {}", n.step,
+                                  rs.asked));
+      if (rs.asked >= T_) {  // past the last step: `end`, after the batches still owed
+        rs.end_owed = true;
+        serve_waiting_locked();
         return;
       }
-      rs.waiting = true;
-      rs.wait_since = Clock::now();
-      note_request_locked(rs.cursor, rs.wait_since);
+      if (rs.asked - rs.cursor >= protocol::kMaxStepsAsked)
+        return refuse(fmt::format("more than {} steps asked for and not yet served",
+                                  protocol::kMaxStepsAsked));
+      if (rs.asked++ == rs.released) {  // it holds nothing older: it waits for this one now
+        rs.wait_since = Clock::now();
+        note_request_locked(n.step, rs.wait_since);
+      }
       serve_waiting_locked();
       return;
     }
@@ -292,7 +299,12 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
         for (std::uint32_t a : accesses(rl.step, static_cast<std::uint32_t>(s->rank)))
           drop_use_locked(a & kSampleMask);
       ++rs.released;  // its ring entry can take a later batch
-      note_released_locked(rl.step, Clock::now());
+      const auto now = Clock::now();
+      note_released_locked(rl.step, now);
+      if (rs.released < rs.asked && rs.released < T_) {  // asked ahead: it waits for it now
+        rs.wait_since = now;
+        note_request_locked(rs.released, now);
+      }
       schedule_assembly_locked(true);
       return;
     }
@@ -425,7 +437,24 @@ void Agent::Impl::drop_rank_locked(std::uint32_t r) {
     for (std::uint32_t a : accesses(t, r)) drop_use_locked(a & kSampleMask);
   rs.gone = true;
   rs.session.reset();
-  rs.waiting = false;
+  rs.end_owed = false;
+}
+
+// Nothing queued: the reply goes straight to the socket (non-blocking), without the queue and
+// the completion handler an asynchronous write costs; only what does not fit is queued.
+void Agent::Impl::send(const std::shared_ptr<Session>& s, std::span<const std::uint8_t> msg) {
+  if (s->closed || s->dropping) return;
+  std::size_t done = 0;
+  if (s->out.empty()) {
+    ssize_t n;
+    do n = ::send(s->sock.native_handle(), msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n == static_cast<ssize_t>(msg.size())) return;
+    // Gone: the read side sees the connection close and detaches the session.
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return;
+    done = n > 0 ? static_cast<std::size_t>(n) : 0;
+  }
+  send(s, std::vector<std::uint8_t>(msg.begin() + static_cast<std::ptrdiff_t>(done), msg.end()));
 }
 
 void Agent::Impl::send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg) {

@@ -16,9 +16,11 @@ void Agent::Impl::post_serve() {
 void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
   const std::uint64_t t = rs.cursor;
   const auto acc = accesses(t, r);
-  // The reply: header, BatchHead, then one BatchEntry per sample, built in place.
+  // The reply: header, BatchHead, then one BatchEntry per sample, built in place in the
+  // session's scratch buffer (no allocation per reply once it has grown).
   constexpr std::size_t kHead = sizeof(protocol::Header) + sizeof(protocol::BatchHead);
-  std::vector<std::uint8_t> msg(kHead + acc.size() * sizeof(protocol::BatchEntry));
+  std::vector<std::uint8_t>& msg = rs.session->scratch;
+  msg.resize(kHead + acc.size() * sizeof(protocol::BatchEntry));
   protocol::BatchHead bh;
   bh.step = t;
   bh.count = static_cast<std::uint32_t>(acc.size());
@@ -32,19 +34,27 @@ void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
     const protocol::BatchEntry e{x, buf_.ring_depth ? ring_slot(r, t, i) : table_.slot_of(x)};
     std::memcpy(msg.data() + kHead + i * sizeof e, &e, sizeof e);
   }
-  send(rs.session, std::move(msg));
-  const double wait = seconds_since(rs.wait_since);
+  send(rs.session, std::span<const std::uint8_t>(msg));
+  // Waited for only when every earlier step is released: one handed out ahead was not.
+  const double wait = rs.released == t ? seconds_since(rs.wait_since) : 0.0;
   rs.stall_seconds += wait;
   note_served_locked(t, r, acc.size(), hits, wait);
-  rs.waiting = false;
   ++rs.cursor;
 }
 
+// Every step asked for whose batch is ready, in order; then `end` when it is owed.
 void Agent::Impl::serve_waiting_locked() {
   for (std::uint32_t r = 0; r < R_; ++r) {
     RankState& rs = ranks_[r];
-    if (rs.waiting && rs.session && rs.cursor < (buf_.ring_depth ? rs.assembled : ready_))
-      send_batch_locked(rs, r);
+    if (!rs.session) continue;
+    const std::uint64_t ready = buf_.ring_depth ? rs.assembled : ready_;
+    while (rs.session && rs.cursor < rs.asked && rs.cursor < ready) send_batch_locked(rs, r);
+    if (rs.end_owed && rs.session && rs.cursor >= rs.asked) {
+      rs.end_owed = false;
+      std::uint8_t end[sizeof(protocol::Header)];
+      protocol::put_header(end, protocol::Op::end, 0);
+      send(rs.session, std::span<const std::uint8_t>(end));
+    }
   }
 }
 

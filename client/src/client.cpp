@@ -224,6 +224,16 @@ struct solar_loader {
   // A release is sent with the next request (one write instead of two); close() flushes it.
   bool release_pending = false;
   std::uint64_t release_step = 0;
+  // Asking ahead (protocol version 3): steps < asked were asked of the agent. Each call asks
+  // for the step after the one it takes (kAskAhead), so that its reply is there by the next
+  // call: one send and one receive per batch, and no wait when the agent keeps up.
+  static constexpr std::uint64_t kAskAhead = 1;
+  static_assert(kAskAhead + 1 <= solar::protocol::kMaxStepsAsked);
+  std::uint64_t asked = 0;
+  // Replies received, not yet taken: rx[rx_begin, rx_end). One receive takes whatever has
+  // arrived (a header and its payload together, or several replies).
+  std::vector<std::uint8_t> rx;
+  std::size_t rx_begin = 0, rx_end = 0;
   solar_batch batch;
 
   std::span<const std::uint32_t> planned(std::uint64_t t) const {
@@ -403,7 +413,7 @@ struct solar_loader {
     // This rank starts after the agent's start: the agent runs its plan in order, so the
     // steps in between are taken and released (read by the agent, not copied here).
     const std::uint64_t want = cursor;
-    cursor = hello.start_step;
+    cursor = asked = hello.start_step;
     skip_with_agent(want);
   }
 
@@ -423,6 +433,16 @@ struct solar_loader {
   // before it closes the connection: its reason, when it is there to read without waiting.
   std::optional<std::string> last_words() const {
     solar::protocol::Header rh;
+    if (rx_end - rx_begin >= sizeof rh) {  // already received
+      std::memcpy(&rh, rx.data() + rx_begin, sizeof rh);
+      if (solar::protocol::acceptable(rh) &&
+          rh.op == static_cast<std::uint16_t>(solar::protocol::Op::error) &&
+          rx_end - rx_begin >= sizeof rh + rh.length)
+        return "the agent refused: " +
+               std::string(rx.begin() + static_cast<std::ptrdiff_t>(rx_begin + sizeof rh),
+                           rx.begin() + static_cast<std::ptrdiff_t>(rx_begin + sizeof rh +
+                                                                    rh.length));
+    }
     if (::recv(sock, &rh, sizeof rh, MSG_DONTWAIT | MSG_PEEK) != static_cast<ssize_t>(sizeof rh) ||
         !solar::protocol::acceptable(rh) ||
         rh.op != static_cast<std::uint16_t>(solar::protocol::Op::error))
@@ -433,31 +453,74 @@ struct solar_loader {
     return "the agent refused: " + std::string(buf.begin() + sizeof rh, buf.end());
   }
 
-  // The agent path: true with the batch filled, false if the agent is gone (fall back).
+  // The next reply frame: true with its header and payload (valid until the next call), false
+  // with errno set when the connection failed (0: closed by the agent) or, with errno EPROTO,
+  // when the bytes are not a reply of this protocol version (`bad` says what they are).
+  bool receive(solar::protocol::Header& h, std::span<const std::uint8_t>& payload,
+               std::string& bad) {
+    for (;;) {
+      const std::size_t have = rx_end - rx_begin;
+      std::size_t need = sizeof h;
+      if (have >= sizeof h) {
+        std::memcpy(&h, rx.data() + rx_begin, sizeof h);
+        if (!solar::protocol::acceptable(h)) {
+          bad = solar::protocol::other_version(h)
+                    ? fmt::format("the agent speaks protocol version {}, this libsolar ({}) "
+                                  "version {}: the agent and libsolar come from different solar "
+                                  "builds; install both from one",
+                                  h.version, SOLAR_VERSION_STRING, solar::protocol::kVersion)
+                    : std::string("unexpected reply from the agent");
+          errno = EPROTO;
+          return false;
+        }
+        need += h.length;
+        if (have >= need) {
+          payload = {rx.data() + rx_begin + sizeof h, h.length};
+          rx_begin += need;
+          if (rx_begin == rx_end) rx_begin = rx_end = 0;
+          return true;
+        }
+      }
+      if (rx_begin > 0) {  // keep the partial frame at the front
+        std::memmove(rx.data(), rx.data() + rx_begin, have);
+        rx_begin = 0;
+        rx_end = have;
+      }
+      if (rx.size() < std::max<std::size_t>(need, 16384)) rx.resize(std::max<std::size_t>(need, 16384));
+      ssize_t r;
+      do r = ::recv(sock, rx.data() + rx_end, rx.size() - rx_end, 0);
+      while (r < 0 && errno == EINTR);
+      if (r == 0) errno = 0;
+      if (r <= 0) return false;
+      rx_end += static_cast<std::size_t>(r);
+    }
+  }
+
+  // The agent path: true with the batch filled, false if the agent is gone (fall back). One
+  // write: the pending release, and the requests for this step (unless asked already) and for
+  // kAskAhead steps after it within the plan; then this step's reply, usually already
+  // received.
   bool next_from_agent() {
     if (sock < 0) return false;
-    solar::protocol::Next nx{cursor};
-    char out[2 * (sizeof(solar::protocol::Header) + 8)];
+    constexpr std::size_t kFrame = sizeof(solar::protocol::Header) + 8;
+    char out[(2 + kAskAhead) * kFrame];
     std::size_t len = 0;
     if (release_pending) len = put_release(out);
-    len += solar::protocol::put_frame(out + len, solar::protocol::Op::next, &nx, sizeof nx);
-    if (!write_all(sock, out, len)) {
+    asked = std::max(asked, cursor);
+    for (const std::uint64_t upto = std::min(T, cursor + 1 + kAskAhead); asked < upto; ++asked) {
+      const solar::protocol::Next nx{asked};
+      len += solar::protocol::put_frame(out + len, solar::protocol::Op::next, &nx, sizeof nx);
+    }
+    if (len && !write_all(sock, out, len)) {
       const int err = errno;
       drop_agent(last_words().value_or(agent_gone(err)));
       return false;
     }
     solar::protocol::Header rh;
-    if (!read_all(sock, &rh, sizeof rh)) {
-      drop_agent(agent_gone(errno));
-      return false;
-    }
-    if (!solar::protocol::acceptable(rh)) {
-      drop_agent("unexpected reply from the agent");
-      return false;
-    }
-    std::vector<std::uint8_t> payload(rh.length);
-    if (!read_all(sock, payload.data(), payload.size())) {
-      drop_agent(agent_gone(errno));
+    std::span<const std::uint8_t> payload;
+    std::string bad;
+    if (!receive(rh, payload, bad)) {
+      drop_agent(errno == EPROTO ? bad : agent_gone(errno));
       return false;
     }
     const auto op = static_cast<solar::protocol::Op>(rh.op);

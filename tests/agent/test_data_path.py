@@ -25,7 +25,7 @@ AGENT = os.environ.get("SOLAR_AGENT") or os.path.join(BIN, "agent", "solar-agent
 TRAIN = os.environ.get("SOLAR_EXAMPLE_TRAIN") or os.path.join(BIN, "slurm_examples", "solar-example-train")
 STORED = os.environ.get("SOLAR_STORED") or os.path.join(BIN, "storage", "solar-stored")
 
-MAGIC, VERSION = 0x524C4F53, 2
+MAGIC, VERSION = 0x524C4F53, 3
 OP_HELLO, OP_HELLO_OK, OP_NEXT, OP_BATCH, OP_STATS, OP_STATS_REPLY = 1, 2, 3, 4, 7, 8
 
 
@@ -320,6 +320,58 @@ def test_agent_survives_garbage_and_serves_valid_clients(agent):
                 pass
     assert proc.poll() is None
     assert b'"total_steps"' in stats(sock)
+
+
+def read_frame(s):
+    head = s.recv(16, socket.MSG_WAITALL)
+    assert len(head) == 16, head
+    magic, ver, op, length, _ = struct.unpack("<IHHII", head)
+    assert (magic, ver) == (MAGIC, VERSION)
+    return op, s.recv(length, socket.MSG_WAITALL) if length else b""
+
+
+def test_rank_may_ask_for_steps_ahead(agent):
+    """Protocol version 3: up to 4 `next` requests may be unanswered; the agent answers them in
+    order, each once its batch is in the rank's ring (2 steps deep here: a step needs the
+    release of the one two before it), and refuses a fifth."""
+    proc, sock, _ = agent
+    OP_RELEASE, OP_ERROR = 6, 10
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(sock))
+        s.sendall(frame(OP_HELLO, struct.pack("<II", 0, os.getpid())))
+        msg, fds, _, _ = socket.recv_fds(s, 16 + 4096, 1)
+        for fd in fds:
+            os.close(fd)
+        assert struct.unpack_from("<IHHII", msg)[2] == OP_HELLO_OK
+        nxt = lambda t: frame(OP_NEXT, struct.pack("<Q", t))  # noqa: E731
+        rel = lambda t: frame(OP_RELEASE, struct.pack("<Q", t))  # noqa: E731
+
+        def batch_step():
+            op, body = read_frame(s)
+            assert op == OP_BATCH, (op, body)
+            step, count, _ = struct.unpack_from("<QII", body)
+            assert count == 4 and len(body) == 16 + 8 * count
+            return step
+
+        s.sendall(nxt(0) + nxt(1))  # both asked before either is read
+        assert [batch_step(), batch_step()] == [0, 1]
+        # Steps 2..6 asked while holding 1: step 2 fits the ring, 3..6 wait (4 unanswered),
+        # a fifth is refused.
+        s.sendall(rel(0) + nxt(2) + nxt(3) + nxt(4) + nxt(5))
+        assert batch_step() == 2
+        s.sendall(nxt(6) + nxt(7))
+        op, why = read_frame(s)
+        assert op == OP_ERROR and b"more than 4 steps asked for" in why, why
+        s.sendall(nxt(6))  # out of order: the next step to ask for is 7
+        op, why = read_frame(s)
+        assert op == OP_ERROR and b"next step to ask for is 7" in why, why
+        # Releases let the waiting steps through, in order.
+        s.sendall(rel(1) + rel(2))
+        assert [batch_step(), batch_step()] == [3, 4]
+        s.sendall(rel(3))
+        assert batch_step() == 5
+    assert proc.poll() is None
 
 
 def test_other_protocol_version_is_told_why(agent):

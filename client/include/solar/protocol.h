@@ -8,6 +8,12 @@
 //   rank → agent   next {step}                   agent → rank   batch {step, n, n×{sample, slot}}
 //                                                               or end (no more steps)
 //   rank → agent   release {step}                (no reply)
+// A rank may ask for steps ahead (version 3): up to kMaxStepsAsked `next` requests may be
+// unanswered, each for the step after the previous request's; the agent answers them in order,
+// each as soon as its batch is ready (which, on the ring path, may need the release of an
+// earlier step). libsolar sends the release of the step it is done with and the request for
+// the step after the one it takes now in one write, then reads the reply it asked for the call
+// before, usually already there: one send and one receive per batch, and no wait.
 //   any  → agent   stats                         agent → any    stats_reply {JSON text}
 //   any  → agent   shutdown                      (agent stops)
 //   interposer → agent  xhello {pid}         agent → it     xhello_ok {map_bytes, index
@@ -21,6 +27,8 @@
 //   1  the first.
 //   2  hello_ok also says what a sample's bytes are: dtype, label dtype and sample shape
 //      (HelloOk's layout fields), so a rank needs no HDF5 of its own to view them.
+//   3  a rank may have up to kMaxStepsAsked `next` requests unanswered (asking ahead); the
+//      agent checks each against the step after the last one asked for, not the last served.
 // An agent that receives a frame of another version answers it with one error frame in its
 // own version, naming both versions, and closes the connection; libsolar reports a reply of
 // another version as such (never as a malformed reply) and reads directly.
@@ -33,7 +41,9 @@
 namespace solar::protocol {
 
 inline constexpr std::uint32_t kMagic = 0x524c4f53;  // "SOLR"
-inline constexpr std::uint16_t kVersion = 2;
+inline constexpr std::uint16_t kVersion = 3;
+// `next` requests one rank may have unanswered (version 3); a further one is refused.
+inline constexpr std::uint32_t kMaxStepsAsked = 4;
 inline constexpr std::uint32_t kMaxPayload = 1U << 20;
 
 enum class Op : std::uint16_t {
@@ -119,7 +129,9 @@ struct HelloOk {
 static_assert(sizeof(HelloOk) == 72 + 32 + 8 + 64);  // version 1 was the first 72 bytes
 
 struct Next {
-  std::uint64_t step = 0;  // the step the rank expects (its cursor); checked by the agent
+  // The step asked for: the one after the rank's previous request (its cursor when nothing is
+  // asked ahead); checked by the agent.
+  std::uint64_t step = 0;
 };
 
 struct BatchHead {
