@@ -170,7 +170,7 @@ struct FabricSource::Impl {
   // bootstrap socket closed; when every busy op has completed and only waits out its emulated
   // delay (`waiting`, until `earliest`), a short sleep; else, when `may_time_out`, the
   // no-progress timeout. Throws TransientError.
-  void check_progress(Session& s, const std::vector<Op>& ops, bool waiting, double earliest,
+  void check_progress(Session& s, const std::vector<Op>& in_flight, bool waiting, double earliest,
                       bool may_time_out, Clock::time_point& last_check,
                       Clock::time_point& last_progress);
   void finish(Request& r, std::exception_ptr error);  // tells its owner; r may be gone after
@@ -444,8 +444,8 @@ void FabricSource::Impl::drop_session() {
   ops_gen = session_gen;
 }
 
-void FabricSource::Impl::check_progress(Session& s, const std::vector<Op>& ops, bool waiting,
-                                        double earliest, bool may_time_out,
+void FabricSource::Impl::check_progress(Session& s, const std::vector<Op>& in_flight,
+                                        bool waiting, double earliest, bool may_time_out,
                                         Clock::time_point& last_check,
                                         Clock::time_point& last_progress) {
   const auto tnow = Clock::now();
@@ -455,7 +455,7 @@ void FabricSource::Impl::check_progress(Session& s, const std::vector<Op>& ops, 
       throw TransientError(fmt::format("{}: the server closed the connection mid-read", uri));
   }
   bool all_held = waiting;
-  for (const auto& op : ops)
+  for (const auto& op : in_flight)
     if (op.busy && !op.completed) all_held = false;
   if (all_held) {
     std::this_thread::sleep_for(std::chrono::duration<double>(
