@@ -289,23 +289,52 @@ void Agent::Impl::shutdown_io() {
   accept_retry_.cancel();
   {
     std::lock_guard lk(mu_);
-    // After a failure the ranks are told why before the connection closes (one error frame,
-    // not waiting: libsolar reads it when its next request finds the connection closed).
-    const std::string why = fatal_.empty() ? "" : "the agent stopped: " + fatal_;
-    std::vector<std::uint8_t> msg(sizeof(protocol::Header) +
-                                  std::min<std::size_t>(why.size(), 4096));
-    if (!why.empty())
-      protocol::put_frame(msg.data(), protocol::Op::error, why.data(), msg.size() - sizeof(protocol::Header));
-    for (auto& rs : ranks_) {
-      if (!rs.session) continue;
-      if (!why.empty() && rs.session->out.empty()) {
-        [[maybe_unused]] const ssize_t n = ::send(rs.session->sock.native_handle(), msg.data(),
-                                                  msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    // After a failure the ranks are told why before the connection closes: one error frame,
+    // queued behind the replies still going out (a rank asks for steps ahead, so batches may
+    // be queued), then the connections close once written or after 200 ms at most.
+    // libsolar finds it among what it has received when its next request fails.
+    if (!fatal_.empty() && !last_words_sent_) {
+      last_words_sent_ = true;
+      const std::string why = "the agent stopped: " + fatal_;
+      std::vector<std::uint8_t> msg(sizeof(protocol::Header) +
+                                    std::min<std::size_t>(why.size(), 4096));
+      protocol::put_frame(msg.data(), protocol::Op::error, why.data(),
+                          msg.size() - sizeof(protocol::Header));
+      bool queued = false;
+      for (auto& rs : ranks_)
+        if (rs.session && !rs.session->closed) {
+          send(rs.session, std::vector<std::uint8_t>(msg));
+          queued = queued || !rs.session->out.empty();
+        }
+      if (queued) {
+        closing_deadline_ = Clock::now() + std::chrono::milliseconds(200);
+        close_when_written();
+        return;
       }
-      rs.session->sock.close(ec);
     }
+    for (auto& rs : ranks_)
+      if (rs.session) rs.session->sock.close(ec);
   }
   io_.stop();
+}
+
+// Io thread: polls every 5 ms until every rank's queued replies (its last words included)
+// are written or the deadline has passed, then closes and stops.
+void Agent::Impl::close_when_written() {
+  bool pending = false;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& rs : ranks_)
+      if (rs.session && !rs.session->closed && !rs.session->out.empty()) pending = true;
+  }
+  if (pending && Clock::now() < closing_deadline_) {
+    closing_timer_.expires_after(std::chrono::milliseconds(5));
+    closing_timer_.async_wait([this](const boost::system::error_code& e) {
+      if (!e) close_when_written();
+    });
+    return;
+  }
+  shutdown_io();  // last words sent: closes the connections and stops
 }
 
 Agent::Agent(const AgentOptions& options) : impl_(std::make_unique<Impl>(options)) {}

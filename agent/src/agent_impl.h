@@ -305,6 +305,12 @@ class Agent::Impl {
   asio::io_context io_;
   stream::acceptor acceptor_;
   asio::steady_timer accept_retry_{io_};  // accepting again after an error
+  // After a failure: the error frame is queued to every rank, and the connections close once
+  // it is written (shutdown_io, close_when_written; io thread).
+  bool last_words_sent_ = false;
+  Clock::time_point closing_deadline_{};
+  asio::steady_timer closing_timer_{io_};
+  void close_when_written();
   // Kept open to be given up when the agent runs out of descriptors: the connection it then
   // accepts is answered at once (its rank reads directly) instead of waiting unseen.
   int reserve_fd_ = -1;

@@ -307,6 +307,16 @@ void Agent::Impl::peer_loop() {
                    r.buf_base + r.entries_offset + std::uint64_t{op.job.sample} * 8, r.buf_key,
                    &op.ctx) == 0;
   };
+  // A peer that answered with an error: asked no more (the prefetch engine reads `dead`
+  // under the lock, peer_usable_locked).
+  auto mark_dead = [&](std::uint32_t node) {
+    std::lock_guard lk(mu_);
+    if (ps.remote[node].dead) return;
+    ps.remote[node].dead = true;
+    spdlog::warn("peer node {}: unreachable ({}); what this node would read from it is read "
+                 "from storage",
+                 node, dead_why);
+  };
   auto finish = [&](PeerState::Op& op, bool ok) {
     done.emplace_back(op.job, ok);
     op.active = false;
@@ -442,24 +452,14 @@ void Agent::Impl::peer_loop() {
           r.writing = false;
           --writes_in_flight;
           if (ok) r.written = scratch[2 * kInFlight + w->node];
-          else if (!r.dead) {
-            r.dead = true;
-            spdlog::warn("peer node {}: unreachable ({}); what this node would read from it is "
-                         "read from storage",
-                         w->node, dead_why);
-          }
+          else mark_dead(w->node);
           continue;
         }
         auto* op = static_cast<PeerState::Op*>(ctx);
         const std::size_t i = static_cast<std::size_t>(op - ps.ops.data());
         PeerState::Remote& r = ps.remote[op->job.from];
         if (!ok) {
-          if (!r.dead) {
-            r.dead = true;
-            spdlog::warn("peer node {}: unreachable ({}); what this node would read from it is "
-                         "read from storage",
-                         op->job.from, dead_why);
-          }
+          mark_dead(op->job.from);
           finish(*op, false);
           continue;
         }
@@ -511,6 +511,7 @@ void Agent::Impl::peer_loop() {
         spdlog::warn("peer node {}: a read of sample {} did not complete in {} s; peer sharing "
                      "is off for the rest of the run (everything from storage)",
                      op.job.from, op.job.sample, 2 * opt_.peer_timeout);
+        std::lock_guard lk(mu_);  // the prefetch engine reads it (peer_usable_locked)
         ps.disabled = true;
         break;
       }

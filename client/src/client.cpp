@@ -431,26 +431,27 @@ struct solar_loader {
 
   // An agent that stops after a failure (e.g. its dataset file changed) sends one error frame
   // before it closes the connection: its reason, when it is there to read without waiting.
-  std::optional<std::string> last_words() const {
-    solar::protocol::Header rh;
-    if (rx_end - rx_begin >= sizeof rh) {  // already received
-      std::memcpy(&rh, rx.data() + rx_begin, sizeof rh);
-      if (solar::protocol::acceptable(rh) &&
-          rh.op == static_cast<std::uint16_t>(solar::protocol::Op::error) &&
-          rx_end - rx_begin >= sizeof rh + rh.length)
-        return "the agent refused: " +
-               std::string(rx.begin() + static_cast<std::ptrdiff_t>(rx_begin + sizeof rh),
-                           rx.begin() + static_cast<std::ptrdiff_t>(rx_begin + sizeof rh +
-                                                                    rh.length));
+  // Replies to steps asked ahead (next_from_agent) may come before it: every whole frame
+  // received is looked at. Only for a connection being dropped (it consumes what it reads).
+  std::optional<std::string> last_words() {
+    for (;;) {  // whatever has arrived, without waiting
+      if (rx.size() - rx_end < 16384) rx.resize(rx_end + 16384);
+      const ssize_t r = ::recv(sock, rx.data() + rx_end, rx.size() - rx_end, MSG_DONTWAIT);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      rx_end += static_cast<std::size_t>(r);
     }
-    if (::recv(sock, &rh, sizeof rh, MSG_DONTWAIT | MSG_PEEK) != static_cast<ssize_t>(sizeof rh) ||
-        !solar::protocol::acceptable(rh) ||
-        rh.op != static_cast<std::uint16_t>(solar::protocol::Op::error))
-      return std::nullopt;
-    std::vector<char> buf(sizeof rh + rh.length);
-    const ssize_t n = ::recv(sock, buf.data(), buf.size(), MSG_DONTWAIT);
-    if (n != static_cast<ssize_t>(buf.size())) return std::nullopt;
-    return "the agent refused: " + std::string(buf.begin() + sizeof rh, buf.end());
+    solar::protocol::Header rh;
+    for (std::size_t at = rx_begin; rx_end - at >= sizeof rh;) {
+      std::memcpy(&rh, rx.data() + at, sizeof rh);
+      if (!solar::protocol::acceptable(rh) || rx_end - at < sizeof rh + rh.length) break;
+      if (rh.op == static_cast<std::uint16_t>(solar::protocol::Op::error))
+        return "the agent refused: " +
+               std::string(rx.begin() + static_cast<std::ptrdiff_t>(at + sizeof rh),
+                           rx.begin() + static_cast<std::ptrdiff_t>(at + sizeof rh + rh.length));
+      at += sizeof rh + rh.length;
+    }
+    return std::nullopt;
   }
 
   // The next reply frame: true with its header and payload (valid until the next call), false

@@ -111,6 +111,9 @@ const std::vector<OptionSpec>& option_specs() {
        "solar: the script is unmodified (h5py + DistributedSampler): its reads of the dataset "
        "file are served from the node buffer (implies --solar-order=torch; give the script's "
        "seed, batch and epochs)"},
+      {"peers", "SOLAR_PEERS", nullptr,
+       "solar: the nodes' agents share their buffers: a node's miss on a sample another node "
+       "holds is read from that node over libfabric (plugstack provider=), not from storage"},
       {"start-epoch", "SOLAR_START_EPOCH", "E",
        "solar: resume (requeued job, training checkpoint): start at this epoch; the agents "
        "begin there and the ranks get only the rest of the plan [0]"},
@@ -182,10 +185,13 @@ bool JobOptions::is_transparent() const {
   return value[transparent] && is_on(*value[transparent]);
 }
 
+bool JobOptions::is_peers() const { return value[peers] && is_on(*value[peers]); }
+
 bool JobOptions::active() const {
   if (off()) return false;
   for (int f = 0; f < kFields; ++f)
-    if (f != enable && f != verbose && f != transparent && f != stats && f != start_epoch &&
+    if (f != enable && f != verbose && f != transparent && f != peers && f != stats &&
+        f != start_epoch &&
         f != start_step && value[f])
       return true;
   return false;
@@ -217,14 +223,14 @@ PlanConfig JobOptions::partial_config() const {
 }
 
 std::uint64_t JobOptions::start_step_in(std::uint32_t steps_per_epoch,
-                                        std::uint32_t epochs) const {
+                                        std::uint32_t plan_epochs) const {
   std::optional<std::uint64_t> e, st;
   if (value[start_epoch])
     e = parse_count(*value[start_epoch], "--solar-start-epoch", 0, ~std::uint64_t{0});
   if (value[start_step])
     st = parse_count(*value[start_step], "--solar-start-step", 0, ~std::uint64_t{0});
   if (!e && !st) return 0;
-  return start_global_step(e, st, steps_per_epoch, epochs, "--solar-start-epoch",
+  return start_global_step(e, st, steps_per_epoch, plan_epochs, "--solar-start-epoch",
                            "--solar-start-step");
 }
 
@@ -260,7 +266,13 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
         budget = cap;
       }
     }
-    c = config_for_agents(c, info.samples, info.sample_bytes, label, budget);
+    // Peer sharing (on one node there is no one to share with: off) with rings keeps a step of
+    // slots for samples handed over to peers (as `solar run --peers`: plan_for_run).
+    const bool peers = o.is_peers() && nodes > 1;
+    const bool rings = !pc.zero_copy && !o.is_transparent();
+    c = config_for_agents(c, info.samples, info.sample_bytes, label, budget,
+                          kAgentStagingSteps + (peers && rings ? kPeerHandoverSteps : 0));
+    c.peer_fetch = peers;
     if (o.is_transparent()) follow_the_script(c, o.value[JobOptions::order].has_value());
     return c;
   } catch (const ConfigError& e) {
@@ -309,6 +321,10 @@ std::string agent_log_path(const std::string& plan, std::uint32_t node) {
 std::string step_runtime_dir(const PluginConfig& pc, std::uint32_t job, std::uint32_t step,
                              std::uint32_t node) {
   return fmt::format("{}/{}{}.{}", pc.runtime_dir, job_prefix(job), step, node);
+}
+
+std::string peer_dir_path(const PluginConfig& pc, std::uint32_t job, std::uint32_t step) {
+  return fmt::format("{}/{}{}.peers", pc.plan_dir, job_prefix(job), step);
 }
 
 std::uint64_t node_memory_bytes() {

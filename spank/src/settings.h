@@ -61,7 +61,7 @@ const std::vector<OptionSpec>& option_specs();
 
 struct JobOptions {
   enum Field : int { dataset, labels, buffer, epochs, batch, seed, order, imbalance, transparent,
-                     start_epoch, start_step, verbose, stats, enable, kFields };
+                     peers, start_epoch, start_step, verbose, stats, enable, kFields };
   // Raw text per field, and where it came from (command line beats environment).
   std::optional<std::string> value[kFields];
   bool from_command_line[kFields] = {};
@@ -78,6 +78,7 @@ struct JobOptions {
   bool off() const;
   bool is_verbose() const;
   bool is_transparent() const;
+  bool is_peers() const;
 
   // Checks everything that does not need the dataset or the step's shape: required options
   // present, numbers in range. Throws ConfigError naming the option.
@@ -112,6 +113,9 @@ std::string plan_path(const PluginConfig& pc, std::uint32_t job, std::uint32_t s
 std::string agent_log_path(const std::string& plan, std::uint32_t node);
 std::string step_runtime_dir(const PluginConfig& pc, std::uint32_t job, std::uint32_t step,
                              std::uint32_t node);
+// --solar-peers: the folder (in plan_dir, which every node reads) where the step's agents
+// leave their peer cards; srun creates it 0700 as the user, the agents refuse anything else.
+std::string peer_dir_path(const PluginConfig& pc, std::uint32_t job, std::uint32_t step);
 // The prefix every file and folder of `job` starts with (for the epilog sweep).
 std::string job_prefix(std::uint32_t job);
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
@@ -175,6 +176,13 @@ void print_node_summaries(const State& s) {
                                  " read from the device"
                            : std::string(),
                        hits + fetched > 0 ? 100 * hits / (hits + fetched) : 0.0));
+      if (const auto p = j.value("peers", nlohmann::json()); p.is_object())
+        info(fmt::format("node {}: {} samples read from peers' buffers ({}), {} from storage "
+                         "instead{}",
+                         m, p.value("samples", std::uint64_t{0}),
+                         format_bytes(p.value("bytes", std::uint64_t{0})),
+                         p.value("fallbacks", std::uint64_t{0}),
+                         p.value("disabled", false) ? "; peer sharing was turned off" : ""));
       if (const auto t = j.value("transparent", nlohmann::json()); t.is_object()) {
         const double served = t.value("hit_reads", 0.0), missed = t.value("miss_reads", 0.0);
         info(fmt::format("node {}: file reads served from the buffer {:.0f}, fallen through "
@@ -313,6 +321,14 @@ int plan_step(spank_t sp, State& s) {
     return -1;
   }
   s.plan_written = path;
+  s.peers = c.peer_fetch;  // --solar-peers on several nodes
+  if (s.peers) {  // the agents' cards: private to the user (agent/README.md)
+    const std::string peers = peer_dir_path(s.config, job, step);
+    if (::mkdir(peers.c_str(), 0700) != 0 && errno != EEXIST) {
+      error(fmt::format("--solar-peers: creating {}: {}", peers, std::strerror(errno)));
+      return -1;
+    }
+  }
   s.nodes = nodes;
   s.job = job;
   s.step = step;
@@ -326,6 +342,7 @@ int plan_step(spank_t sp, State& s) {
       {"SOLAR_STEP", fmt::format("{}.{}", job, step)},
       {"SOLAR_VERBOSE", s.options.is_verbose() ? "1" : "0"},
       {"SOLAR_TRANSPARENT", s.options.is_transparent() ? "1" : "0"},
+      {"SOLAR_PEERS", s.peers ? "1" : "0"},
   };
   for (const auto& [name, value] : env)
     if (::setenv(name, value.c_str(), 1) != 0) {
@@ -363,6 +380,7 @@ int finish_step(spank_t, State& s) {
   if (!s.options.stats_path().empty()) write_step_stats(s);
   std::error_code ec;
   std::filesystem::remove(s.plan_written, ec);
+  if (s.peers) std::filesystem::remove_all(peer_dir_path(s.config, s.job, s.step), ec);
   for (std::uint32_t m = 0; m < s.nodes; ++m)
     std::filesystem::remove(agent_log_path(s.plan_written, m), ec);
   s.plan_written.clear();

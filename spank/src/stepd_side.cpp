@@ -127,6 +127,12 @@ int start_node_agent(spank_t sp, State& s) {
   }
   const bool transparent = job_env(sp, "SOLAR_TRANSPARENT").value_or("0") == "1";
   if (transparent) l.args.push_back("--transparent");
+  // --solar-peers: the folder's name follows from the admin's plan_dir and the step, not from
+  // the job's environment; the agent (as the user) refuses it unless it is the user's, 0700.
+  if (job_env(sp, "SOLAR_PEERS").value_or("0") == "1")
+    l.args.insert(l.args.end(), {"--peer-dir", peer_dir_path(s.config, job, step),
+                                 "--peer-provider",
+                                 s.config.provider.empty() ? "tcp;ofi_rxm" : s.config.provider});
   l.env = agent_environment(sp, s.config);
   l.uid = uid;
   l.gid = gid;
@@ -204,8 +210,12 @@ int sweep_job(spank_t sp, State& s) {
   }
   for (const auto& e : fs::directory_iterator(s.config.plan_dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) == 0 && e.is_regular_file(ec) && !e.is_symlink(ec))
-      fs::remove(e.path(), ec);  // unlink: never follows a link
+    if (name.rfind(prefix, 0) != 0 || e.is_symlink(ec)) continue;
+    if (e.is_regular_file(ec)) fs::remove(e.path(), ec);  // unlink: never follows a link
+    // A step's peer folder (srun removes it; not after a crash): remove_all does not follow
+    // links inside it.
+    else if (e.is_directory(ec) && name.size() > 6 && name.ends_with(".peers"))
+      fs::remove_all(e.path(), ec);
   }
   return 0;
 }

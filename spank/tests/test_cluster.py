@@ -429,6 +429,35 @@ def test_unmodified_ddp_script_transparent_same_bytes(cluster, dataset, workers,
     assert "consumed as planned (" not in out, out  # the script's order matched the plan
 
 
+def test_peers_unmodified_script_same_bytes_and_nothing_left(cluster, dataset):
+    """srun --solar-peers --solar-transparent on 2 nodes with a small buffer: the agents read
+    from each other's buffers (their cards in a 0700 folder of plan_dir, removed at the end) and
+    the unmodified script gets the plain run's batches."""
+    data = dataset.split(":")[0]
+    script = [sys.executable if sys.executable.startswith("/usr/bin/") else "/usr/bin/python3",
+              DDP_SCRIPT, data, "--epochs", "3", "--batch", "4", "--seed", "3"]
+    out_dir = os.path.join(cluster.root, "ddp-peers")
+    os.makedirs(out_dir, exist_ok=True)
+    plain = cluster.run("srun", "-N2", "--ntasks-per-node=1", *script, "--digests",
+                        os.path.join(out_dir, "plain-%r.txt"), timeout=600)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    p = cluster.run("srun", "-N2", "--ntasks-per-node=1", "--solar-dataset=" + dataset,
+                    "--solar-buffer=40%", "--solar-epochs=3", "--solar-batch=4", "--solar-seed=3",
+                    "--solar-transparent", "--solar-peers", "--solar-verbose", *script,
+                    "--digests", os.path.join(out_dir, "solar-%r.txt"), timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(2):
+        with open(os.path.join(out_dir, f"plain-{r}.txt")) as a, \
+                open(os.path.join(out_dir, f"solar-{r}.txt")) as b:
+            want, got = a.read(), b.read()
+        assert want and got == want, f"rank {r}: batches differ"
+    peers = [int(n) for n in re.findall(r"(\d+) samples read from peers' buffers", out)]
+    assert len(peers) == 2 and sum(peers) > 0, out
+    assert not [n for n in os.listdir(cluster.plans) if n.endswith(".peers")], \
+        os.listdir(cluster.plans)
+
+
 def test_site_can_forbid_transparent(cluster, dataset):
     cluster.plugstack("transparent=no")
     p = cluster.run("srun", "-N1", *solar_args(dataset, "--solar-transparent"), "true")
