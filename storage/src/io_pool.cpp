@@ -90,7 +90,15 @@ void IoPool::run(std::size_t n, const std::function<void(std::size_t)>& part) {
         break;
       }
   }
-  if (job->error) std::rethrow_exception(job->error);
+  // Taken out of the job under its lock: a worker still holding the job must not be the one
+  // that drops the last reference to the exception while this thread reads it (the count
+  // lives in libstdc++, which TSan does not see: scripts/sanitize thread reported it).
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(job->mu);
+    error = std::move(job->error);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace solar::storage
