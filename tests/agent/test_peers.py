@@ -54,11 +54,12 @@ def test_unmodified_script_reads_peers_and_gets_the_same_bytes(tmp_path, data):
     assert "peer sharing was turned off" not in p.stderr, p.stderr
 
 
-def test_batch_ranks_verify_every_peer_filled_sample(tmp_path, data):
+@pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "shm"])
+def test_batch_ranks_verify_every_peer_filled_sample(tmp_path, data, provider):
     env = dict(os.environ, TMPDIR=str(tmp_path))
     p = run(SOLAR, "run", "-n", "4", "--nodes", "4", "--dataset", data, "--epochs", "3",
-            "--batch", "4", "--buffer", "26%", "--peers", "--", TRAIN, "--verify", check=False,
-            env=env)
+            "--batch", "4", "--buffer", "26%", "--peers", "--peer-provider", provider, "--",
+            TRAIN, "--verify", check=False, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     out = p.stdout + p.stderr
     assert out.count("verified (0 wrong), from the node agent") == 4, out
