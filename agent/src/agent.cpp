@@ -180,7 +180,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
   if (p == MAP_FAILED) throw AgentError(fmt::format("mapping the buffer: {}", std::strerror(errno)));
   base_ = static_cast<std::byte*>(p);
-  table_ = SlotTable(buf_.cache_slots);
+  table_ = SlotTable(buf_.cache_slots, header_.config.samples);
   if (o.transparent) setup_index();
   else if (bo.peers)  // the entries only: other agents look samples up there (peers.cpp)
     table_.attach_index(reinterpret_cast<std::uint64_t*>(base_ + buf_.entries_offset));

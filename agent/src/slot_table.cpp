@@ -1,14 +1,23 @@
 #include "slot_table.h"
 
+#include <algorithm>
 #include <atomic>
 #include <stdexcept>
 
 namespace solar::agent {
 
-SlotTable::SlotTable(std::uint64_t cache_slots) {
+SlotTable::SlotTable(std::uint64_t cache_slots, std::uint64_t samples)
+    : state_(samples), zombie_(samples) {
+  if (cache_slots >= kNone) throw std::invalid_argument("SlotTable: too many slots");
   free_.resize(cache_slots);
   for (std::uint64_t i = 0; i < cache_slots; ++i)
     free_[i] = static_cast<std::uint32_t>(cache_slots - 1 - i);
+}
+
+void SlotTable::grow(std::uint32_t sample) {
+  const std::size_t n = std::max<std::size_t>(std::size_t{sample} + 1, state_.size() * 2);
+  state_.resize(n);
+  zombie_.resize(n);
 }
 
 std::uint32_t SlotTable::take_free() {
@@ -19,42 +28,43 @@ std::uint32_t SlotTable::take_free() {
 }
 
 void SlotTable::place(std::uint32_t sample, std::uint32_t slot) {
-  slot_of_[sample] = slot;
-  ++pending_[sample];
+  State& s = at(sample);
+  s.slot = slot;
+  ++s.uses;
 }
 
-void SlotTable::add_use(std::uint32_t sample) { ++pending_[sample]; }
+void SlotTable::add_use(std::uint32_t sample) { ++at(sample).uses; }
 
 bool SlotTable::free_slot(std::uint32_t sample) {
-  auto it = slot_of_.find(sample);
-  if (it == slot_of_.end()) return false;
+  if (!resident(sample)) return false;
   unpublish(sample);  // before the slot can take another sample's bytes
-  free_.push_back(it->second);
-  slot_of_.erase(it);
-  zombie_.erase(sample);
+  State& s = state_[sample];
+  free_.push_back(s.slot);
+  s.slot = kNone;
+  zombie_[sample] = false;
   return true;
 }
 
 bool SlotTable::drop_use(std::uint32_t sample) {
-  auto it = pending_.find(sample);
-  if (it == pending_.end()) return false;
-  if (--it->second == 0) {
-    pending_.erase(it);
-    if (zombie_.count(sample)) return free_slot(sample);
-  }
+  if (sample >= state_.size() || state_[sample].uses == 0) return false;
+  if (--state_[sample].uses == 0 && zombie_[sample]) return free_slot(sample);
   return false;
 }
 
 bool SlotTable::evict(std::uint32_t sample) {
-  if (pending_.count(sample)) {
-    zombie_.insert(sample);
+  if (uses(sample) != 0) {
+    at(sample);
+    zombie_[sample] = true;
     return false;
   }
   return free_slot(sample);
 }
 
-bool SlotTable::resurrect(std::uint32_t sample) { return zombie_.erase(sample) != 0; }
-
+bool SlotTable::resurrect(std::uint32_t sample) {
+  if (!zombie(sample)) return false;
+  zombie_[sample] = false;
+  return true;
+}
 void SlotTable::publish(std::uint32_t sample, std::uint32_t slot) {
   if (!entries_) return;
   const std::uint64_t e = (++gen_ << 32) | (std::uint64_t{slot} + 1);

@@ -7,8 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <unordered_map>
-#include <unordered_set>
+#include <stdexcept>
 #include <vector>
 
 namespace solar::agent {
@@ -16,8 +15,11 @@ namespace solar::agent {
 class SlotTable {
  public:
   SlotTable() = default;
-  // Slots 0..cache_slots-1, all free; take_free() hands them out in ascending order.
-  explicit SlotTable(std::uint64_t cache_slots);
+  // Slots 0..cache_slots-1, all free; take_free() hands them out in ascending order. The
+  // per-sample state is a dense array indexed by sample (8 bytes and a bit per sample of the
+  // dataset, sized up front from `samples` and grown if a larger sample number comes): a
+  // lookup is an index, not a hash (the serving path looks up every sample it hands out).
+  explicit SlotTable(std::uint64_t cache_slots, std::uint64_t samples = 0);
 
   // Transparent mode: the index's entries (one per sample of the dataset), written by
   // publish() and free_slot(). Without them, publish() and unpublish() do nothing.
@@ -47,12 +49,16 @@ class SlotTable {
   bool free_slot(std::uint32_t sample);
 
   // The slot of a resident (or zombie) sample; throws std::out_of_range for any other.
-  std::uint32_t slot_of(std::uint32_t sample) const { return slot_of_.at(sample); }
-  bool resident(std::uint32_t sample) const { return slot_of_.count(sample) != 0; }
-  bool zombie(std::uint32_t sample) const { return zombie_.count(sample) != 0; }
+  std::uint32_t slot_of(std::uint32_t sample) const {
+    if (!resident(sample)) throw std::out_of_range("SlotTable::slot_of: sample not resident");
+    return state_[sample].slot;
+  }
+  bool resident(std::uint32_t sample) const {
+    return sample < state_.size() && state_[sample].slot != kNone;
+  }
+  bool zombie(std::uint32_t sample) const { return sample < zombie_.size() && zombie_[sample]; }
   std::uint32_t uses(std::uint32_t sample) const {
-    const auto it = pending_.find(sample);
-    return it == pending_.end() ? 0 : it->second;
+    return sample < state_.size() ? state_[sample].uses : 0;
   }
 
   // Transparent mode: the sample's bytes are in `slot`: readers may copy them from now on. Each
@@ -63,10 +69,19 @@ class SlotTable {
   std::uint64_t generation() const { return gen_; }
 
  private:
+  static constexpr std::uint32_t kNone = 0xFFFFFFFFU;
+  struct State {
+    std::uint32_t slot = kNone;  // resident or zombie: its slot
+    std::uint32_t uses = 0;      // admitted uses + reads in flight
+  };
+  State& at(std::uint32_t sample) {
+    if (sample >= state_.size()) grow(sample);
+    return state_[sample];
+  }
+  void grow(std::uint32_t sample);
   std::vector<std::uint32_t> free_;
-  std::unordered_map<std::uint32_t, std::uint32_t> slot_of_;  // resident or zombie
-  std::unordered_map<std::uint32_t, std::uint32_t> pending_;  // admitted uses + reads in flight
-  std::unordered_set<std::uint32_t> zombie_;                  // evicted by plan, still in use
+  std::vector<State> state_;  // by sample
+  std::vector<bool> zombie_;  // by sample: evicted by the plan, still in use
   std::uint64_t* entries_ = nullptr;
   std::uint64_t gen_ = 0;
 };

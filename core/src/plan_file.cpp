@@ -81,13 +81,19 @@ class Reader {
   const char* part_;
 };
 
-std::array<std::uint32_t, 256> make_crc_table() {
-  std::array<std::uint32_t, 256> t{};
+// CRC-32 (IEEE 802.3, reflected 0xedb88320), sliced by 8: table k gives the CRC of a byte
+// followed by k zero bytes, so eight bytes are folded per step (several GB/s instead of the
+// byte-at-a-time table's ~0.5: a plan of 10^8 accesses is checked by the agent and every rank).
+using CrcTables = std::array<std::array<std::uint32_t, 256>, 8>;
+CrcTables make_crc_tables() {
+  CrcTables t{};
   for (std::uint32_t i = 0; i < 256; ++i) {
     std::uint32_t c = i;
     for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320U ^ (c >> 1) : c >> 1;
-    t[i] = c;
+    t[0][i] = c;
   }
+  for (std::size_t k = 1; k < 8; ++k)
+    for (std::uint32_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xff];
   return t;
 }
 
@@ -177,9 +183,21 @@ void check_offsets(Reader& r, const std::vector<std::uint64_t>& off, std::uint64
 }  // namespace
 
 std::uint32_t crc32(const std::uint8_t* data, std::size_t size, std::uint32_t crc) {
-  static const auto table = make_crc_table();
+  static const CrcTables t = make_crc_tables();
   crc = ~crc;
-  for (std::size_t i = 0; i < size; ++i) crc = table[(crc ^ data[i]) & 0xff] ^ (crc >> 8);
+  for (; size >= 8; data += 8, size -= 8) {
+    std::uint32_t lo, hi;  // little-endian words (the reflected CRC consumes bytes low first)
+    std::memcpy(&lo, data, 4);
+    std::memcpy(&hi, data + 4, 4);
+    if constexpr (std::endian::native == std::endian::big) {
+      lo = __builtin_bswap32(lo);
+      hi = __builtin_bswap32(hi);
+    }
+    lo ^= crc;
+    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
+          t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
+  }
+  for (; size > 0; ++data, --size) crc = t[0][(crc ^ *data) & 0xff] ^ (crc >> 8);
   return ~crc;
 }
 

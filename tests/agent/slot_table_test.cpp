@@ -150,6 +150,30 @@ TEST(SlotTable, ZombieEvictedAgainAfterResurrectionIsFreedOnItsLastUse) {
   EXPECT_EQ(t.free_slots(), 1U);
 }
 
+// The per-sample state is an array sized from the dataset: a sample past that size (or a table
+// made without one) grows it, and the samples already there keep their state.
+TEST(SlotTable, SamplesBeyondTheSizedDatasetGrowTheTableAndKeepEarlierState) {
+  SlotTable t(4, 10);
+  const std::uint32_t s3 = load(t, 3);
+  t.add_use(3);
+  const std::uint32_t big = load(t, 1000000);
+  EXPECT_TRUE(t.resident(1000000));
+  EXPECT_EQ(t.slot_of(1000000), big);
+  EXPECT_EQ(t.slot_of(3), s3);
+  EXPECT_EQ(t.uses(3), 1U);
+  EXPECT_FALSE(t.evict(3));  // a use pins it: a zombie, in the grown table too
+  EXPECT_TRUE(t.zombie(3));
+  EXPECT_FALSE(t.resident(999999));
+  EXPECT_THROW(t.slot_of(2000000), std::out_of_range);
+  EXPECT_EQ(t.uses(2000000), 0U);
+  EXPECT_FALSE(t.zombie(2000000));
+  EXPECT_TRUE(t.drop_use(3));  // the last use frees the zombie's slot
+  EXPECT_FALSE(t.resident(3));
+  SlotTable u(1);  // no size given
+  EXPECT_EQ(load(u, 123456), 0U);
+  EXPECT_TRUE(u.resident(123456));
+}
+
 TEST(SlotTable, DoubleFreeAndUnknownSamplesAreNoOps) {
   SlotTable t(3);
   load(t, 1);

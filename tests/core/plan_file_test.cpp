@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
@@ -37,6 +39,30 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// The plan's checksum is the standard CRC-32 (IEEE, as zlib's crc32): the check value, every
+// length and alignment against the byte-at-a-time definition, and chaining.
+TEST(PlanFile, Crc32IsTheStandardOneAtEveryLengthAndAlignment) {
+  const std::string check = "123456789";
+  EXPECT_EQ(crc32(reinterpret_cast<const std::uint8_t*>(check.data()), check.size()),
+            0xCBF43926U);
+  EXPECT_EQ(crc32(nullptr, 0), 0U);
+  auto bitwise = [](const std::uint8_t* p, std::size_t n) {
+    std::uint32_t c = ~0U;
+    for (std::size_t i = 0; i < n; ++i) {
+      c ^= p[i];
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320U ^ (c >> 1) : c >> 1;
+    }
+    return ~c;
+  };
+  std::vector<std::uint8_t> bytes(300);
+  std::uint32_t x = 12345;
+  for (auto& b : bytes) b = static_cast<std::uint8_t>((x = x * 1103515245U + 12345U) >> 24);
+  for (std::size_t at = 0; at < 8; ++at)
+    for (std::size_t n = 0; n + at <= 80; ++n)
+      ASSERT_EQ(crc32(bytes.data() + at, n), bitwise(bytes.data() + at, n)) << at << " " << n;
+  EXPECT_EQ(crc32(bytes.data() + 100, 200, crc32(bytes.data(), 100)), bitwise(bytes.data(), 300));
+}
 
 TEST(PlanFile, RoundTripsAndReplays) {
   const Plan plan = make_plan(config(1));
