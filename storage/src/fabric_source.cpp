@@ -25,6 +25,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// After a read completes, the driver polls the completion queue this long before it sleeps in
+// the kernel (providers with a wait object): a core is spent only while reads keep completing.
+constexpr std::chrono::microseconds kPollAfterProgress{1000};
+
 // A failure worth retrying on a new connection (the server went away, a read timed out).
 class TransientError : public StorageError {
  public:
@@ -670,14 +674,18 @@ void FabricSource::Impl::pump(Session& s, Request* mine) {
       ++r->next;
     }
     // Reap completions: where the provider has a descriptor to wait on (tcp;ofi_rxm), sleep
-    // in the kernel until one arrives rather than spin against the server for the cores.
+    // in the kernel until one arrives rather than spin against the server for the cores, but
+    // only once no read has made progress for kPollAfterProgress: while completions flow,
+    // polling drives the provider (ofi_rxm progresses inside fi_cq_read) and saves a wake-up
+    // per read (tcp 256 KiB one-sample reads from 8 threads: 0.48 -> 0.69 of the raw fabric).
     fi_cq_entry entries[16];
     bool held = false;
     for (auto& op : ops)
       if (op.busy && op.completed) held = true;
-    const ssize_t n = s.ep->waitable() && inflight > 0 && !held && !has_incoming.load()
-                          ? fi_cq_sread(s.ep->cq(), entries, 16, nullptr, 10)
-                          : fi_cq_read(s.ep->cq(), entries, 16);
+    const bool sleep = s.ep->waitable() && inflight > 0 && !held && !has_incoming.load() &&
+                       Clock::now() - last_progress > kPollAfterProgress;
+    const ssize_t n = sleep ? fi_cq_sread(s.ep->cq(), entries, 16, nullptr, 10)
+                            : fi_cq_read(s.ep->cq(), entries, 16);
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) static_cast<Op*>(entries[i].op_context)->completed = true;
       last_progress = Clock::now();
