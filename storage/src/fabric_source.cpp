@@ -84,8 +84,14 @@ struct Request {
   std::size_t left = 0;  // pieces not done (driver only)
   fabric::Region local;  // its registration on the current session (FI_MR_LOCAL providers)
   std::uint64_t local_gen = 0;
-  bool finished = false;  // under Impl::mu, with `error`
-  std::exception_ptr error;
+  // Under Impl::mu. A failed read's error is its message (and whether it was a StorageError):
+  // its owner makes the exception object and throws it in its own thread (submit). An object
+  // made by the driver and rethrown by the owner is freed through libstdc++'s reference counts
+  // (the exception's and its message's copy-on-write string), which TSan cannot see: two
+  // reports (scripts/sanitize thread) before the error crossed threads as text.
+  bool finished = false;
+  bool failed = false, storage_error = false;
+  std::string error;
   std::condition_variable cv;
 };
 
@@ -177,7 +183,8 @@ struct FabricSource::Impl {
   void check_progress(Session& s, const std::vector<Op>& in_flight, bool waiting, double earliest,
                       bool may_time_out, Clock::time_point& last_check,
                       Clock::time_point& last_progress);
-  void finish(Request& r, std::exception_ptr error);  // tells its owner; r may be gone after
+  // Tells its owner (error: the current exception, or none: done); r may be gone after.
+  void finish(Request& r, std::exception_ptr error);
   void fail_all(std::exception_ptr error);            // every queued request fails with it
   void drop_session();  // closes the session: nothing more lands in anyone's memory
   // Runs work() holding the session alone (no reads issued meanwhile; in-flight ones wait).
@@ -474,8 +481,24 @@ void FabricSource::Impl::check_progress(Session& s, const std::vector<Op>& in_fl
 
 void FabricSource::Impl::finish(Request& r, std::exception_ptr error) {
   r.local = fabric::Region();
+  bool storage = false;
+  std::string what;
+  if (error) {
+    what = "unknown error";
+    try {
+      std::rethrow_exception(error);
+    } catch (const StorageError& e) {
+      what = e.what();
+      storage = true;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+  }
   std::lock_guard g(mu);
-  r.error = std::move(error);
+  r.failed = error != nullptr;
+  r.storage_error = storage;
+  r.error = std::move(what);
   r.finished = true;
   r.cv.notify_one();
 }
@@ -490,24 +513,7 @@ void FabricSource::Impl::fail_all(std::exception_ptr error) {
     incoming.clear();
     has_incoming = false;
   }
-  // Each caller gets an exception object of its own, made here and handed over under mu: one
-  // object rethrown in several threads is destroyed by whichever drops it last, through
-  // libstdc++'s reference count, which TSan cannot see (a race report, scripts/sanitize
-  // thread, solar-agent's reader threads reading what() of an error another one freed).
-  std::string what = "unknown error";
-  bool storage = false;
-  try {
-    std::rethrow_exception(error);
-  } catch (const StorageError& e) {
-    what = e.what();
-    storage = true;
-  } catch (const std::exception& e) {
-    what = e.what();
-  } catch (...) {
-  }
-  for (Request* r : all)
-    finish(*r, storage ? std::make_exception_ptr(StorageError(what))
-                       : std::make_exception_ptr(std::runtime_error(what)));
+  for (Request* r : all) finish(*r, error);  // each owner throws an exception of its own
 }
 
 void FabricSource::Impl::release_locked() {
@@ -587,7 +593,10 @@ void FabricSource::Impl::submit(Request& req) {
     lk.lock();
     release_locked();
   }
-  if (req.error) std::rethrow_exception(req.error);
+  if (req.failed) {
+    if (req.storage_error) throw StorageError(req.error);
+    throw std::runtime_error(req.error);
+  }
 }
 
 void FabricSource::Impl::pump(Session& s, Request* mine) {
