@@ -26,6 +26,8 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
     b.cache_slots = c.buffer_samples() + std::uint64_t{o.staging_steps} * R * b.ring_batch;
   } else {
     b.ring_depth = o.staging_steps;
+    if (b.ring_batch * b.slot_bytes <= kInlineCopyBytes)
+      b.ring_depth = std::max(b.ring_depth, kSmallBatchRingDepth);
     // A plan of policy `none` may hold less than a step; its samples still need slots.
     b.cache_slots = std::max(c.buffer_samples(), std::uint64_t{R} * b.ring_batch);
   }

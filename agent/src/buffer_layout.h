@@ -14,13 +14,18 @@ namespace solar::agent {
 
 // Batches up to this size are copied into a ring by whichever thread makes them ready.
 inline constexpr std::uint64_t kInlineCopyBytes = 512 * 1024;
+// Rings of such small batches are at least this deep, beyond the budget's staging steps if
+// need be (at most 2 × 512 KiB more per rank): a rank asks for its next steps ahead
+// (protocol::HelloOk::ask_ahead) and finds them copied when it comes back, instead of waiting
+// for a round trip to the agent per batch (the cost that bounds small batches).
+inline constexpr std::uint64_t kSmallBatchRingDepth = 4;
 
 struct BufferLayout {
   std::uint32_t ranks = 0;         // R: the node's ranks
   std::uint64_t slot_bytes = 0;    // agent_slot_bytes: one sample and its label, 64-byte aligned
   std::uint64_t slots = 0;         // all of them: cache slots, then the rings
   std::uint64_t cache_slots = 0;   // the plan's resident set
-  std::uint64_t ring_depth = 0;    // batches per rank's ring
+  std::uint64_t ring_depth = 0;    // batches per rank's ring (≥ staging_steps: see above)
   std::uint64_t ring_batch = 0;    // slots per ring batch (b + δ)
   bool inline_copy = false;        // batches small enough to copy without a thread hop
   // Transparent mode: the sample index follows the slots, page-aligned (solar/transparent.h):

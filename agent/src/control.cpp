@@ -360,6 +360,11 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
   ok.total_steps = T_;
   ok.steps_per_epoch = header_.layout.steps;
   ok.start_step = start_;
+  // Rings: as deep as the ring goes (a step asked beyond it would wait for a release anyway).
+  // Zero copy: one step, as before the field (a ready step is handed out at once).
+  ok.ask_ahead = buf_.ring_depth >= 2 ? static_cast<std::uint32_t>(std::min<std::uint64_t>(
+                                            buf_.ring_depth - 1, protocol::kMaxStepsAsked - 1))
+                                      : 1;
   put_layout(ok);
   if (!send_with_buffer_fd(s, frame(protocol::Op::hello_ok, &ok, sizeof ok))) {
     spdlog::warn("rank {}: could not send the hello reply", h.local_rank);

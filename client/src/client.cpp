@@ -225,10 +225,11 @@ struct solar_loader {
   bool release_pending = false;
   std::uint64_t release_step = 0;
   // Asking ahead (protocol version 3): steps < asked were asked of the agent. Each call asks
-  // for the step after the one it takes (kAskAhead), so that its reply is there by the next
-  // call: one send and one receive per batch, and no wait when the agent keeps up.
-  static constexpr std::uint64_t kAskAhead = 1;
-  static_assert(kAskAhead + 1 <= solar::protocol::kMaxStepsAsked);
+  // for the steps after the one it takes, as many as the agent's hello says (its ring depth
+  // minus one; 1 from an agent that does not say), so that their replies are there by the
+  // next calls: one send and one receive per batch, and no wait when the agent keeps up.
+  static constexpr std::uint64_t kMaxAskAhead = solar::protocol::kMaxStepsAsked - 1;
+  std::uint64_t ask_ahead = 1;
   std::uint64_t asked = 0;
   // Replies received, not yet taken: rx[rx_begin, rx_end). One receive takes whatever has
   // arrived (a header and its payload together, or several replies).
@@ -406,6 +407,7 @@ struct solar_loader {
     base = static_cast<std::byte*>(p);
     sample_bytes = hello.sample_bytes;
     label_bytes = hello.label_bytes;
+    ask_ahead = std::clamp<std::uint64_t>(hello.ask_ahead, 1, kMaxAskAhead);
     dtype.assign(hello.dtype, strnlen(hello.dtype, sizeof hello.dtype));
     label_dtype.assign(hello.label_dtype, strnlen(hello.label_dtype, sizeof hello.label_dtype));
     if (hello.shape_dims <= solar::protocol::HelloOk::kMaxShapeDims)
@@ -499,16 +501,16 @@ struct solar_loader {
 
   // The agent path: true with the batch filled, false if the agent is gone (fall back). One
   // write: the pending release, and the requests for this step (unless asked already) and for
-  // kAskAhead steps after it within the plan; then this step's reply, usually already
+  // ask_ahead steps after it within the plan; then this step's reply, usually already
   // received.
   bool next_from_agent() {
     if (sock < 0) return false;
     constexpr std::size_t kFrame = sizeof(solar::protocol::Header) + 8;
-    char out[(2 + kAskAhead) * kFrame];
+    char out[(2 + kMaxAskAhead) * kFrame];
     std::size_t len = 0;
     if (release_pending) len = put_release(out);
     asked = std::max(asked, cursor);
-    for (const std::uint64_t upto = std::min(T, cursor + 1 + kAskAhead); asked < upto; ++asked) {
+    for (const std::uint64_t upto = std::min(T, cursor + 1 + ask_ahead); asked < upto; ++asked) {
       const solar::protocol::Next nx{asked};
       len += solar::protocol::put_frame(out + len, solar::protocol::Op::next, &nx, sizeof nx);
     }

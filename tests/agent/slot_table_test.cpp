@@ -321,18 +321,25 @@ PlanConfig small_config() {
   return c;
 }
 
+// Batches of 18 slots of 64 KiB (1.125 MiB): too large for the deeper small-batch rings.
+PlanConfig large_batch_config() {
+  PlanConfig c = small_config();
+  c.sample_bytes = 65476;  // a slot of 64 KiB with or without a 4-byte label
+  return c;
+}
+
 TEST(BufferLayout, RingsFillTheBudgetCoreFittedThePlanTo) {
   for (const std::uint32_t staging : {1U, 2U, 3U}) {
     for (const std::uint64_t label : {0ULL, 4ULL}) {
-      PlanConfig c = small_config();
-      const std::uint64_t budget = 8ULL << 20;
+      PlanConfig c = large_batch_config();
+      const std::uint64_t budget = 64ULL << 20;
       fit_plan_to_agent_budget(c, budget, label, staging);
       BufferOptions o;
       o.staging_steps = staging;
       const BufferLayout b = buffer_layout(c, label, o);
       SCOPED_TRACE(testing::Message() << "staging " << staging << ", label " << label);
       EXPECT_EQ(b.slot_bytes, agent_slot_bytes(c.sample_bytes, label));
-      EXPECT_EQ(b.slot_bytes, 1024U);
+      EXPECT_EQ(b.slot_bytes, 65536U);
       EXPECT_EQ(b.ring_batch, 18U);
       EXPECT_EQ(b.ring_depth, staging);
       EXPECT_EQ(b.cache_slots, c.buffer_samples());
@@ -344,9 +351,28 @@ TEST(BufferLayout, RingsFillTheBudgetCoreFittedThePlanTo) {
   }
 }
 
+// Small batches (18 slots of 1 KiB) get rings of kSmallBatchRingDepth, beyond the budget's
+// staging steps by at most 2 × 512 KiB per rank; deeper staging is kept as it is.
+TEST(BufferLayout, SmallBatchRingsAreAtLeastFourDeepBeyondTheBudget) {
+  for (const std::uint32_t staging : {1U, 2U, 3U, 4U, 6U}) {
+    PlanConfig c = small_config();
+    const std::uint64_t budget = 8ULL << 20;
+    fit_plan_to_agent_budget(c, budget, 0, staging);
+    BufferOptions o;
+    o.staging_steps = staging;
+    const BufferLayout b = buffer_layout(c, 0, o);
+    SCOPED_TRACE(testing::Message() << "staging " << staging);
+    const std::uint64_t depth = std::max<std::uint64_t>(staging, kSmallBatchRingDepth);
+    EXPECT_EQ(b.ring_depth, depth);
+    EXPECT_EQ(b.cache_slots, c.buffer_samples());
+    EXPECT_EQ(b.slots, budget / b.slot_bytes + 4U * (depth - staging) * 18U);
+    EXPECT_LE((b.slots - budget / b.slot_bytes) * b.slot_bytes, 4U * 2U * kInlineCopyBytes);
+  }
+}
+
 TEST(BufferLayout, ZeroCopyAndTransparentKeepTheStagingSlotsInTheCache) {
-  PlanConfig c = small_config();
-  const std::uint64_t budget = 8ULL << 20;
+  PlanConfig c = large_batch_config();
+  const std::uint64_t budget = 64ULL << 20;
   fit_plan_to_agent_budget(c, budget, 0);
   BufferOptions rings;
   const BufferLayout r = buffer_layout(c, 0, rings);
@@ -360,6 +386,12 @@ TEST(BufferLayout, ZeroCopyAndTransparentKeepTheStagingSlotsInTheCache) {
     EXPECT_EQ(b.cache_slots, b.slots);
     EXPECT_EQ(b.cache_slots, c.buffer_samples() + kAgentStagingSteps * 4U * 18U);
   }
+  // Small batches: the same, without the rings' extra depth.
+  PlanConfig s = small_config();
+  fit_plan_to_agent_budget(s, 8ULL << 20, 0);
+  BufferOptions zc;
+  zc.zero_copy = true;
+  EXPECT_EQ(buffer_layout(s, 0, zc).slots, (8ULL << 20) / 1024U);
 }
 
 TEST(BufferLayout, APlanHoldingLessThanAStepStillGetsAStepOfCacheSlots) {
@@ -367,27 +399,31 @@ TEST(BufferLayout, APlanHoldingLessThanAStepStillGetsAStepOfCacheSlots) {
   c.buffer_bytes = 10 * c.sample_bytes;  // policy none: under R·(b+δ) = 72
   const BufferLayout b = buffer_layout(c, 0, BufferOptions{});
   EXPECT_EQ(b.cache_slots, 72U);
-  EXPECT_EQ(b.slots, 72U + 4U * kAgentStagingSteps * 18U);
+  EXPECT_EQ(b.slots, 72U + 4U * kSmallBatchRingDepth * 18U);
 }
 
 TEST(BufferLayout, RingSlotsTileTheSpaceAfterTheCacheSlots) {
-  PlanConfig c = small_config();
-  c.buffer_bytes = 500 * c.sample_bytes;
-  BufferOptions o;
-  o.staging_steps = 3;
-  const BufferLayout b = buffer_layout(c, 0, o);
-  std::set<std::uint32_t> seen;
-  for (std::uint32_t r = 0; r < 4; ++r)
-    for (std::uint64_t t = 0; t < 3; ++t)
-      for (std::size_t i = 0; i < b.ring_batch; ++i) {
-        const std::uint32_t s = b.ring_slot(r, t, i);
-        EXPECT_GE(s, b.cache_slots);
-        EXPECT_LT(s, b.slots);
-        EXPECT_TRUE(seen.insert(s).second) << "rank " << r << " step " << t << " slot " << i;
-        EXPECT_EQ(b.ring_slot(r, t + 3, i), s);  // step t + depth reuses step t's entry
-      }
-  EXPECT_EQ(seen.size(), b.slots - b.cache_slots);
-  EXPECT_EQ(b.slot_offset(b.ring_slot(1, 0, 0)), (500U + 3U * 18U) * b.slot_bytes);
+  for (const bool large : {false, true}) {
+    PlanConfig c = large ? large_batch_config() : small_config();
+    c.buffer_bytes = 500 * c.sample_bytes;
+    BufferOptions o;
+    o.staging_steps = 3;
+    const BufferLayout b = buffer_layout(c, 0, o);
+    const std::uint64_t depth = b.ring_depth;
+    EXPECT_EQ(depth, large ? 3U : kSmallBatchRingDepth);
+    std::set<std::uint32_t> seen;
+    for (std::uint32_t r = 0; r < 4; ++r)
+      for (std::uint64_t t = 0; t < depth; ++t)
+        for (std::size_t i = 0; i < b.ring_batch; ++i) {
+          const std::uint32_t s = b.ring_slot(r, t, i);
+          EXPECT_GE(s, b.cache_slots);
+          EXPECT_LT(s, b.slots);
+          EXPECT_TRUE(seen.insert(s).second) << "rank " << r << " step " << t << " slot " << i;
+          EXPECT_EQ(b.ring_slot(r, t + depth, i), s);  // step t + depth reuses step t's entry
+        }
+    EXPECT_EQ(seen.size(), b.slots - b.cache_slots);
+    EXPECT_EQ(b.slot_offset(b.ring_slot(1, 0, 0)), (500U + depth * 18U) * b.slot_bytes);
+  }
 }
 
 TEST(BufferLayout, TransparentIndexFollowsTheSlotsPageAligned) {

@@ -332,8 +332,9 @@ def read_frame(s):
 
 def test_rank_may_ask_for_steps_ahead(agent):
     """Protocol version 3: up to 4 `next` requests may be unanswered; the agent answers them in
-    order, each once its batch is in the rank's ring (2 steps deep here: a step needs the
-    release of the one two before it), and refuses a fifth."""
+    order, each once its batch is in the rank's ring (4 steps deep for these small batches: a
+    step needs the release of the one four before it; the hello says to ask 3 ahead), and
+    refuses a fifth."""
     proc, sock, _ = agent
     OP_RELEASE, OP_ERROR = 6, 10
     with socket.socket(socket.AF_UNIX) as s:
@@ -344,6 +345,7 @@ def test_rank_may_ask_for_steps_ahead(agent):
         for fd in fds:
             os.close(fd)
         assert struct.unpack_from("<IHHII", msg)[2] == OP_HELLO_OK
+        assert struct.unpack_from("<I", msg, 16 + 60)[0] == 3  # HelloOk::ask_ahead
         nxt = lambda t: frame(OP_NEXT, struct.pack("<Q", t))  # noqa: E731
         rel = lambda t: frame(OP_RELEASE, struct.pack("<Q", t))  # noqa: E731
 
@@ -356,21 +358,24 @@ def test_rank_may_ask_for_steps_ahead(agent):
 
         s.sendall(nxt(0) + nxt(1))  # both asked before either is read
         assert [batch_step(), batch_step()] == [0, 1]
-        # Steps 2..6 asked while holding 1: step 2 fits the ring, 3..6 wait (4 unanswered),
-        # a fifth is refused.
+        # Steps 2..6 asked while holding 1: steps 2 and 3 fit the ring, 4..6 wait (4
+        # unanswered once 2 and 3 are out), ...
         s.sendall(rel(0) + nxt(2) + nxt(3) + nxt(4) + nxt(5))
-        assert batch_step() == 2
-        s.sendall(nxt(6) + nxt(7))
+        assert [batch_step(), batch_step()] == [2, 3]
+        s.sendall(nxt(6) + nxt(7) + nxt(8))
+        # ... step 4 came through (step 0 was released), 5..8 wait: a fifth is refused.
+        assert batch_step() == 4
+        s.sendall(nxt(9))
         op, why = read_frame(s)
         assert op == OP_ERROR and b"more than 4 steps asked for" in why, why
-        s.sendall(nxt(6))  # out of order: the next step to ask for is 7
+        s.sendall(nxt(8))  # out of order: the next step to ask for is 9
         op, why = read_frame(s)
-        assert op == OP_ERROR and b"next step to ask for is 7" in why, why
+        assert op == OP_ERROR and b"next step to ask for is 9" in why, why
         # Releases let the waiting steps through, in order.
         s.sendall(rel(1) + rel(2))
-        assert [batch_step(), batch_step()] == [3, 4]
+        assert [batch_step(), batch_step()] == [5, 6]
         s.sendall(rel(3))
-        assert batch_step() == 5
+        assert batch_step() == 7
     assert proc.poll() is None
 
 

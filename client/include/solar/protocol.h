@@ -109,7 +109,10 @@ struct HelloOk {
   std::uint64_t slots = 0;
   std::uint64_t total_steps = 0;
   std::uint32_t steps_per_epoch = 0;
-  std::uint32_t reserved = 0;
+  // How many steps past the one it takes a rank should ask for (at most kMaxStepsAsked - 1):
+  // with rings, their depth minus one, so that its next batches are copied while it works on
+  // this one. 0 (an agent that does not say, as before this field): 1.
+  std::uint32_t ask_ahead = 0;
   // The global step the agent starts at (solar-agent --start-step; 0 for a whole run): it
   // serves steps from there on only, so a rank's first `next` is for this step.
   std::uint64_t start_step = 0;
