@@ -65,6 +65,7 @@ bool SlotTable::resurrect(std::uint32_t sample) {
   zombie_[sample] = false;
   return true;
 }
+
 void SlotTable::publish(std::uint32_t sample, std::uint32_t slot) {
   if (!entries_) return;
   const std::uint64_t e = (++gen_ << 32) | (std::uint64_t{slot} + 1);
