@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <span>
 #include <thread>
 #include <vector>
@@ -16,6 +17,22 @@
 namespace solar::detail {
 
 inline constexpr std::uint64_t kNever = ~std::uint64_t{0};
+
+// The eviction key of a copy whose next use is at access time `next`: kEvictLast - time, so the
+// farthest use goes first, and kEvictFirst (0) for never again. Access times are below epochs ×
+// padded accesses per epoch ≤ kMaxAccesses (PlanConfig::validate), so a key never reaches
+// kEvictFirst nor wraps.
+static_assert(kMaxAccesses < kEvictLast, "access times must fit an eviction key");
+inline EvictKey key_for_next_use(std::uint64_t next) {
+  return next == kNever ? kEvictFirst : static_cast<EvictKey>(kEvictLast - next);
+}
+
+// Epochs in their own order (0, 1, ..., epochs - 1): the policies that do not reorder them.
+inline std::vector<std::uint32_t> identity_order(std::uint32_t epochs) {
+  std::vector<std::uint32_t> v(epochs);
+  std::iota(v.begin(), v.end(), 0U);
+  return v;
+}
 
 // Walks the epochs in plan order. Access i of epoch position p has the global time
 // p·used + i; next_use() gives the time of the same sample's next access (kNever if none).
@@ -56,9 +73,7 @@ class EpochStream {
   // position that passes on(q); kNever if none there. Needs want_next_use.
   template <class On>
   std::uint64_t first_use(std::uint32_t x, On&& on) const {
-    for (std::uint32_t q = first_in_cur_[x]; q != kNone; q = next_in_cur_[q])
-      if (on(q)) return std::uint64_t{position_} * layout_.used() + q;
-    return use_in_next(x, on);
+    return use_from(x, 0, on);
   }
 
  private:

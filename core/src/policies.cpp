@@ -4,7 +4,6 @@
 #include "policies.h"
 
 #include <algorithm>
-#include <numeric>
 #include <queue>
 
 #include "plan_builder.h"
@@ -12,12 +11,6 @@
 
 namespace solar::detail {
 namespace {
-
-std::vector<std::uint32_t> identity_order(std::uint32_t epochs) {
-  std::vector<std::uint32_t> v(epochs);
-  std::iota(v.begin(), v.end(), 0U);
-  return v;
-}
 
 // The common loop of the policies whose assignment ignores the buffers (none, lru, nopfs; and
 // sampler, which runs the same loop with next uses: plan_sampler).
@@ -148,10 +141,7 @@ Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress) {
   // last epoch's leftovers is ever "never", and this is exactly Belady's MIN on the node's
   // stream of steps.
   //
-  // Keys as in policy_solar.cpp: kEvictLast - time, 0 (kEvictFirst) for never. Access times
-  // are below epochs × padded accesses per epoch ≤ kMaxAccesses (PlanConfig::validate), so a
-  // key never reaches kEvictFirst nor wraps.
-  static_assert(kMaxAccesses < kEvictLast, "access times must fit an eviction key");
+  // Keys: key_for_next_use (plan_builder.h).
   if (c.peer_fetch) return plan_sampler_peers(c, progress);
   const EpochLayout layout = EpochLayout::of(c);
   const auto order = identity_order(c.epochs);
@@ -159,9 +149,6 @@ Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress) {
   PlanRecorder recorder(c, order, progress);
   auto bufs = make_buffers(c, c.buffer_samples());
   const std::uint64_t W = layout.world, R = c.ranks_per_node;
-  auto key_of = [](std::uint64_t next) {
-    return next == kNever ? kEvictFirst : static_cast<EvictKey>(kEvictLast - next);
-  };
   StepRecord rec;
   Assignment a;
   std::vector<std::uint32_t> stale;
@@ -175,7 +162,7 @@ Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress) {
         bufs[m].for_each_resident([&](std::uint32_t x, EvictKey key) {
           if (key == kEvictFirst) stale.push_back(x);
         });
-        for (std::uint32_t x : stale) bufs[m].rekey(x, key_of(stream.first_use(x, on_m)));
+        for (std::uint32_t x : stale) bufs[m].rekey(x, key_for_next_use(stream.first_use(x, on_m)));
       }
     }
     for (std::uint32_t j = 0; j < layout.steps; ++j, ++t) {
@@ -185,7 +172,7 @@ Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress) {
       // A pure function of (node, position): safe for the parallel node simulation.
       simulate_step(c, batch, a, bufs, t + 1,
                     [&](std::uint32_t m, std::uint32_t k, std::uint32_t) {
-                      return key_of(stream.next_use_after_step(
+                      return key_for_next_use(stream.next_use_after_step(
                           j, k, [&](std::uint64_t q) { return (q % W) / R == m; }));
                     },
                     rec, /*parallel=*/true);

@@ -16,7 +16,6 @@
 // the source's own accesses). A node never pins more than its capacity: a peer read that would
 // push its source past that is a storage fetch instead.
 #include <algorithm>
-#include <numeric>
 
 #include "plan_builder.h"
 #include "policies.h"
@@ -24,10 +23,8 @@
 namespace solar::detail {
 
 Plan plan_sampler_peers(const PlanConfig& c, const ProgressFn& progress) {
-  static_assert(kMaxAccesses < kEvictLast, "access times must fit an eviction key");
   const EpochLayout layout = EpochLayout::of(c);
-  std::vector<std::uint32_t> order(c.epochs);
-  std::iota(order.begin(), order.end(), 0U);
+  const auto order = identity_order(c.epochs);
   EpochStream stream(c, layout, order, true);
   PlanRecorder recorder(c, order, progress);
   const std::uint64_t capacity = c.buffer_samples();
@@ -35,9 +32,6 @@ Plan plan_sampler_peers(const PlanConfig& c, const ProgressFn& progress) {
   const std::uint64_t R = c.ranks_per_node;
   const std::uint32_t M = c.nodes;
   constexpr std::uint32_t kNone = ~std::uint32_t{0};
-  auto key_of = [](std::uint64_t next) {
-    return next == kNever ? kEvictFirst : static_cast<EvictKey>(kEvictLast - next);
-  };
   auto anyone = [](std::uint64_t) { return true; };
 
   std::vector<std::uint32_t> primary(c.samples, kNone);  // the node holding the primary copy
@@ -75,7 +69,7 @@ Plan plan_sampler_peers(const PlanConfig& c, const ProgressFn& progress) {
         bufs[m].for_each_resident([&](std::uint32_t x, EvictKey key) {
           if (key == kEvictFirst && primary[x] == m) orphans.push_back(x);
         });
-        for (std::uint32_t x : orphans) bufs[m].rekey(x, key_of(stream.first_use(x, anyone)));
+        for (std::uint32_t x : orphans) bufs[m].rekey(x, key_for_next_use(stream.first_use(x, anyone)));
       }
     }
     for (std::uint32_t j = 0; j < layout.steps; ++j, ++t) {
@@ -179,7 +173,7 @@ Plan plan_sampler_peers(const PlanConfig& c, const ProgressFn& progress) {
             keep = m;
         }
         for (std::size_t u = i; u < e; ++u)
-          bufs[uses[u].node].rekey(x, uses[u].node == keep ? key_of(uses[i].next) : kEvictFirst);
+          bufs[uses[u].node].rekey(x, uses[u].node == keep ? key_for_next_use(uses[i].next) : kEvictFirst);
         if (old_holds && old != keep) bufs[old].rekey(x, kEvictFirst);
         primary[x] = keep;
         ++primaries[keep];
@@ -194,7 +188,7 @@ Plan plan_sampler_peers(const PlanConfig& c, const ProgressFn& progress) {
           if (bufs[m].contains(y)) {
             primary[y] = m;
             ++primaries[m];
-            bufs[m].rekey(y, key_of(stream.use_from(y, q_next, anyone)));
+            bufs[m].rekey(y, key_for_next_use(stream.use_from(y, q_next, anyone)));
             break;
           }
       }

@@ -13,7 +13,6 @@
 //    keeps a resident sample on its node, its next use there is its next global use, which the
 //    epoch stream knows.
 #include <algorithm>
-#include <numeric>
 #include <queue>
 
 #include "plan_builder.h"
@@ -28,7 +27,7 @@ class SolarPlanner {
   SolarPlanner(const PlanConfig& c, const ProgressFn& progress)
       : c_(c),
         layout_(EpochLayout::of(c)),
-        order_(identity(c.epochs)),
+        order_(identity_order(c.epochs)),
         stream_(c, layout_, order_, true),
         recorder_(c, order_, progress),
         bufs_(make_buffers(c, c.buffer_samples())),
@@ -55,12 +54,6 @@ class SolarPlanner {
  private:
   static constexpr std::int32_t kNowhere = -1;
   static constexpr std::uint32_t kNoSlot = ~std::uint32_t{0};
-
-  static std::vector<std::uint32_t> identity(std::uint32_t n) {
-    std::vector<std::uint32_t> v(n);
-    std::iota(v.begin(), v.end(), 0U);
-    return v;
-  }
 
   // Global step of a global access time.
   std::uint64_t step_of(std::uint64_t time) const {
@@ -207,8 +200,7 @@ class SolarPlanner {
     simulate_step(c_, batch, assignment_, bufs_, stamp,
                   [&](std::uint32_t, std::uint32_t k, std::uint32_t) {
                     // Farthest next use first: never-again and dead copies (key 0) lead.
-                    const std::uint64_t next = next_[k];
-                    return next == kNever ? kEvictFirst : static_cast<EvictKey>(kEvictLast - next);
+                    return key_for_next_use(next_[k]);
                   },
                   rec_, /*parallel=*/true);
     for (std::uint32_t m = 0; m < M_; ++m) {
