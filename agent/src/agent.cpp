@@ -87,7 +87,8 @@ void prepare_socket_path(const std::string& path) {
 Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   check_stats_out(o.stats_out);  // now, not at exit
   prepare_socket_path(o.socket);  // before anything is allocated
-  // Plan: the header and this node's section only.
+  // Plan: the header and this node's section (with --peer-dir, setup_peers reads what the
+  // other nodes read from this one in their sections too).
   PlanFile pf = [&] {
     try {
       return PlanFile::open(o.plan);
@@ -201,7 +202,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   ::chmod(o.socket.c_str(), 0600);
   acceptor_.listen();
   startup_.listening = Clock::now();
-  if (bo.peers) setup_peers();
+  if (bo.peers) setup_peers(pf);
   reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (start_ > 0)
     spdlog::info("node {}: starting at step {} (epoch {}, step {} of it): steps before it are "
@@ -296,10 +297,7 @@ void Agent::Impl::shutdown_io() {
     if (!fatal_.empty() && !last_words_sent_) {
       last_words_sent_ = true;
       const std::string why = "the agent stopped: " + fatal_;
-      std::vector<std::uint8_t> msg(sizeof(protocol::Header) +
-                                    std::min<std::size_t>(why.size(), 4096));
-      protocol::put_frame(msg.data(), protocol::Op::error, why.data(),
-                          msg.size() - sizeof(protocol::Header));
+      const auto msg = frame(protocol::Op::error, why.data(), std::min<std::size_t>(why.size(), 4096));
       bool queued = false;
       for (auto& rs : ranks_)
         if (rs.session && !rs.session->closed) {

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -47,6 +48,15 @@ inline double seconds_since(Clock::time_point t) {
 
 // --stats-out: the folder exists and a file can be created in it; throws AgentError.
 void check_stats_out(const std::string& path);
+// Writes `text` to `path` through a temporary file beside it (mode 0600, synced, renamed over
+// it): a reader sees all of it or nothing. nullptr when done, else the step that failed (errno
+// says why; the temporary file is removed). stats.cpp.
+const char* write_file_atomically(const std::string& path, const std::string& text);
+
+// One message of the protocol: header and body (control.cpp).
+std::vector<std::uint8_t> frame(protocol::Op op, const void* body, std::size_t n);
+// An error frame written at once, without waiting (the connection is closed next).
+void send_error_now(int fd, std::string_view why);
 
 // Limits of the control socket (agent/README.md, "Connections and limits"): what a flood of
 // connections from the agent's own user can make it hold.
@@ -237,13 +247,15 @@ class Agent::Impl {
   std::unique_ptr<PeerState, PeerStateDelete> peers_;
   std::deque<PeerJob> peer_jobs_;            // queued for the peer thread (mu_)
   std::vector<std::uint32_t> peer_pending_;  // per step: peer jobs not read or handed to storage
-  std::uint64_t peer_samples_ = 0, peer_bytes_ = 0, peer_fallbacks_ = 0, peer_torn_ = 0;
+  std::uint64_t peer_samples_ = 0, peer_fallbacks_ = 0, peer_torn_ = 0;
   std::uint64_t peer_pins_released_early_ = 0;  // samples a stalled reader lost (see peers.cpp)
   Clock::time_point slot_wait_since_{};       // the prefetch engine waits for a slot since then
   bool slot_waiting_ = false;
   std::thread peer_;
   std::condition_variable peer_wake_;  // peer jobs queued, or stopping
-  void setup_peers();  // constructor: endpoint, registrations, card, the others' cards
+  // Constructor: endpoint, registrations, card, the others' cards; `pf` is the plan the
+  // constructor opened (the other nodes' sections say what they read from this one).
+  void setup_peers(const PlanFile& pf);
   void peer_loop();
   void wake_peer_locked();  // peer jobs queued (or stopping): the peer thread looks now
   // At step t, before its evictions: pins the samples other nodes read from us in step t.

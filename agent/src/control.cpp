@@ -20,6 +20,17 @@ namespace solar::agent {
 
 // ---- control server ------------------------------------------------------------------------
 
+std::vector<std::uint8_t> frame(protocol::Op op, const void* body, std::size_t n) {
+  std::vector<std::uint8_t> out(sizeof(protocol::Header) + n);
+  protocol::put_frame(out.data(), op, body, n);
+  return out;
+}
+
+void send_error_now(int fd, std::string_view why) {
+  const auto out = frame(protocol::Op::error, why.data(), why.size());
+  [[maybe_unused]] const ssize_t n = ::send(fd, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 void ThrottledLog::warn(const std::string& what) {
   const auto now = Clock::now();
   if (lines == 0 || now - window >= every) {
@@ -163,10 +174,7 @@ std::string Agent::Impl::refuse_without_fd(int fd) {
       who = fmt::format("local rank {} (pid {})", hello.local_rank, cred.pid);
     }
   }
-  const std::string why = "the agent is out of file descriptors (see its log)";
-  std::vector<std::uint8_t> out(sizeof(protocol::Header) + why.size());
-  protocol::put_frame(out.data(), protocol::Op::error, why.data(), why.size());
-  [[maybe_unused]] const ssize_t n = ::send(fd, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  send_error_now(fd, "the agent is out of file descriptors (see its log)");
   return who;
 }
 
@@ -198,10 +206,7 @@ void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
                 "from one",
                 protocol::kVersion, SOLAR_PROJECT_VERSION, h.version);
             bad_request_log_.warn(fmt::format("refused a connection: {}", why));
-            std::vector<std::uint8_t> out(sizeof(protocol::Header) + why.size());
-            protocol::put_frame(out.data(), protocol::Op::error, why.data(), why.size());
-            [[maybe_unused]] const ssize_t sent = ::send(s->sock.native_handle(), out.data(),
-                                                         out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+            send_error_now(s->sock.native_handle(), why);
             return detach(s);
           }
           if (got == RequestReader::Next::malformed) {
@@ -221,14 +226,6 @@ void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
         read_more(s);
       });
 }
-
-namespace {
-std::vector<std::uint8_t> frame(protocol::Op op, const void* body, std::size_t n) {
-  std::vector<std::uint8_t> out(sizeof(protocol::Header) + n);
-  protocol::put_frame(out.data(), op, body, n);
-  return out;
-}
-}  // namespace
 
 
 // What a sample's bytes are, from the source (protocol version 2), for the hello reply.

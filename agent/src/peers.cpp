@@ -11,7 +11,6 @@
 // the sample is read from storage instead, into the same slot. When our peer reads of every
 // step before v are done, we write v into each source's counter for us; a source keeps the
 // samples we read at step t pinned (evicted or not) until our counter passes t.
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,10 +22,10 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
-#include <sstream>
 
 #include "agent_impl.h"
 #include "fabric.h"  // storage/src: the endpoint and registrations solar-stored uses
+#include "wire.h"    // storage/src: fabric addresses in hex, as solar-stored sends them
 
 namespace solar::agent {
 
@@ -36,20 +35,6 @@ namespace {
 
 constexpr std::size_t kInFlight = 32;  // peer reads in flight
 constexpr int kMaxTorn = 3;            // changed entries before a sample goes to storage
-
-std::string to_hex(const std::vector<std::uint8_t>& b) {
-  std::string s;
-  for (std::uint8_t c : b) s += fmt::format("{:02x}", c);
-  return s;
-}
-
-std::vector<std::uint8_t> from_hex(const std::string& s) {
-  if (s.size() % 2) throw std::invalid_argument("odd length");
-  std::vector<std::uint8_t> b(s.size() / 2);
-  for (std::size_t i = 0; i < b.size(); ++i)
-    b[i] = static_cast<std::uint8_t>(std::stoul(s.substr(2 * i, 2), nullptr, 16));
-  return b;
-}
 
 std::string card_name(std::uint32_t node) { return fmt::format("node{}.peer", node); }
 
@@ -105,7 +90,7 @@ struct Agent::Impl::PeerState {
 
 void Agent::Impl::PeerStateDelete::operator()(PeerState* p) const { delete p; }
 
-void Agent::Impl::setup_peers() {
+void Agent::Impl::setup_peers(const PlanFile& pf) {
   const std::uint32_t M = header_.config.nodes, me = opt_.node;
   struct stat st {};
   if (::stat(opt_.peer_dir.c_str(), &st) != 0)
@@ -139,7 +124,6 @@ void Agent::Impl::setup_peers() {
   // Who reads what from us (the other nodes' sections of the plan), and whom we read from.
   ps->served.resize(T_);
   try {
-    const PlanFile pf = PlanFile::open(opt_.plan);
     for (std::uint32_t n = 0; n < M; ++n) {
       if (n == me) continue;
       const NodePlan np = pf.node(n);
@@ -157,11 +141,11 @@ void Agent::Impl::setup_peers() {
     for (const PeerFetch& f : plan_.schedule.peers_at(t))
       if (f.from_node < M && f.from_node != me) ps->remote[f.from_node].needed = true;
 
-  // Our card, written atomically: a reader sees all of it or none.
+  // Our card, written atomically (mode 0600): a reader sees all of it or none.
   const nlohmann::json card = {{"node", me},
                                {"pid", ::getpid()},
                                {"provider", ps->ep->provider()},
-                               {"address", to_hex(ps->ep->address())},
+                               {"address", storage::wire::to_hex(ps->ep->address())},
                                {"buf_key", ps->buf_mr.key()},
                                {"buf_base", ps->buf_mr.base()},
                                {"prog_key", ps->prog_mr.key()},
@@ -170,16 +154,9 @@ void Agent::Impl::setup_peers() {
                                {"slot_bytes", buf_.slot_bytes},
                                {"samples", header_.config.samples}};
   const std::string path = (std::filesystem::path(opt_.peer_dir) / card_name(me)).string();
-  const std::string tmp = path + ".tmp";
-  {
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) throw AgentError(fmt::format("--peer-dir: {}: {}", tmp, std::strerror(errno)));
-    const std::string text = card.dump();
-    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-    ::close(fd);
-    if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0)
-      throw AgentError(fmt::format("--peer-dir: writing {}: {}", path, std::strerror(errno)));
-  }
+  if (const char* failed = write_file_atomically(path, card.dump()))
+    throw AgentError(fmt::format("--peer-dir: writing {}: {}: {}", path, failed,
+                                 std::strerror(errno)));
   ps->card_path = path;
 
   // The others' cards: they start at the same time; wait for them at most --peer-timeout.
@@ -202,7 +179,7 @@ void Agent::Impl::setup_peers() {
         if (c.at("samples").get<std::uint64_t>() != header_.config.samples ||
             c.at("node").get<std::uint32_t>() != n)
           throw std::invalid_argument("another plan's card");
-        r.addr = ps->ep->insert(from_hex(c.at("address").get<std::string>()));
+        r.addr = ps->ep->insert(storage::wire::from_hex(c.at("address").get<std::string>()));
         r.buf_key = c.at("buf_key");
         r.buf_base = c.at("buf_base");
         r.prog_key = c.at("prog_key");
@@ -267,7 +244,6 @@ void Agent::Impl::peer_done_locked(const PeerJob& j, bool ok) {
   if (ok) {
     table_.publish(j.sample, j.slot);
     ++peer_samples_;
-    peer_bytes_ += sample_bytes_;
     ++epochs_[epoch_of(j.step)].peer_samples;
     drop_use_locked(j.sample);  // the read pin (prefetch_loop)
     if (--outstanding_[j.step] == 0) complete_steps_locked();
@@ -551,7 +527,7 @@ nlohmann::json Agent::Impl::peers_json() const {
   if (!peers_) return nullptr;
   return {{"provider", opt_.peer_provider},
           {"samples", peer_samples_},
-          {"bytes", peer_bytes_},
+          {"bytes", peer_samples_ * sample_bytes_},
           {"fallbacks", peer_fallbacks_},
           {"torn", peer_torn_},
           {"released_early", peer_pins_released_early_},

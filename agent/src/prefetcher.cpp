@@ -335,7 +335,7 @@ void Agent::Impl::reader_loop() {
       const double secs = seconds_since(t0);
       std::lock_guard lk(mu_);
       for (const ReadJob& job : batch) {
-        if (xindex_ || peers_) {  // the bytes are in place: readers may copy them from now on
+        if (table_.indexed()) {  // the bytes are in place: readers may copy them from now on
           std::size_t k = 0;
           for (const auto& run : job.runs)
             for (std::uint64_t x = run.first; x < run.first + run.count; ++x, ++k)

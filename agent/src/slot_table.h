@@ -24,6 +24,7 @@ class SlotTable {
   // Transparent mode: the index's entries (one per sample of the dataset), written by
   // publish() and free_slot(). Without them, publish() and unpublish() do nothing.
   void attach_index(std::uint64_t* entries) { entries_ = entries; }
+  bool indexed() const { return entries_ != nullptr; }
 
   bool has_free() const { return !free_.empty(); }
   std::size_t free_slots() const { return free_.size(); }

@@ -61,6 +61,38 @@ int temp_beside(const fs::path& path, std::string& temp) {
 
 }  // namespace
 
+const char* write_file_atomically(const std::string& path, const std::string& text) {
+  std::string temp;
+  const int fd = temp_beside(path, temp);
+  if (fd < 0) return "cannot create a temporary file beside it";
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(temp.c_str());
+    errno = err;
+    return what;
+  };
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = ENOSPC;
+      return fail("writing");
+    }
+    done += static_cast<std::size_t>(w);
+  }
+  if (::fchmod(fd, 0600) != 0 || ::fsync(fd) != 0) return fail("writing");
+  ::close(fd);
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    errno = err;
+    return "renaming the temporary file over it";
+  }
+  return nullptr;
+}
+
 void check_stats_out(const std::string& path) {
   if (path.empty()) return;
   const fs::path p(path);
@@ -370,37 +402,9 @@ void Agent::Impl::write_stats_out(const nlohmann::json& doc) {
       {"startup", doc["startup"]},
       {"totals", doc["totals"]}};
   const std::string text = file.dump(1) + "\n";
-  const fs::path path(opt_.stats_out);
-  std::string temp;
-  const int fd = temp_beside(path, temp);
-  auto fail = [&](const char* what) {
-    spdlog::error("--stats-out {}: {}: {}", opt_.stats_out, what, std::strerror(errno));
+  if (const char* failed = write_file_atomically(opt_.stats_out, text)) {
+    spdlog::error("--stats-out {}: {}: {}", opt_.stats_out, failed, std::strerror(errno));
     if (exit_code_ == 0) exit_code_ = 1;
-  };
-  if (fd < 0) return fail("cannot create a temporary file beside it");
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      if (w == 0) errno = ENOSPC;
-      fail("writing");
-      ::close(fd);
-      ::unlink(temp.c_str());
-      return;
-    }
-    done += static_cast<std::size_t>(w);
-  }
-  if (::fchmod(fd, 0600) != 0 || ::fsync(fd) != 0) {
-    fail("writing");
-    ::close(fd);
-    ::unlink(temp.c_str());
-    return;
-  }
-  ::close(fd);
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    fail("renaming the temporary file over it");
-    ::unlink(temp.c_str());
     return;
   }
   spdlog::debug("statistics written to {}", opt_.stats_out);
