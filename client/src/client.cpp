@@ -180,6 +180,13 @@ const Cuda& cuda() {
 }
 #endif
 
+// What a rank says of a reply in another protocol version than its own.
+std::string other_version_text(const solar::protocol::Header& h) {
+  return fmt::format("the agent speaks protocol version {}, this libsolar ({}) version {}: the "
+                     "agent and libsolar come from different solar builds; install both from one",
+                     h.version, SOLAR_VERSION_STRING, solar::protocol::kVersion);
+}
+
 }  // namespace
 
 struct solar_loader;
@@ -362,13 +369,8 @@ struct solar_loader {
         std::vector<char> text(rh.length);
         if (read_all(fd, text.data(), text.size())) why = std::string(text.begin(), text.end());
       }
-      return refused(why.empty()
-                         ? fmt::format("the agent speaks protocol version {}, this libsolar ({}) "
-                                       "version {}: the agent and libsolar come from different "
-                                       "solar builds; install both from one",
-                                       rh.version, SOLAR_VERSION_STRING,
-                                       solar::protocol::kVersion)
-                         : "the agent refused this rank: " + why);
+      return refused(why.empty() ? other_version_text(rh)
+                                 : "the agent refused this rank: " + why);
     }
     std::vector<std::uint8_t> body(solar::protocol::acceptable(rh) ? rh.length : 0);
     if (!solar::protocol::acceptable(rh) || !read_all(fd, body.data(), body.size()))
@@ -467,12 +469,8 @@ struct solar_loader {
       if (have >= sizeof h) {
         std::memcpy(&h, rx.data() + rx_begin, sizeof h);
         if (!solar::protocol::acceptable(h)) {
-          bad = solar::protocol::other_version(h)
-                    ? fmt::format("the agent speaks protocol version {}, this libsolar ({}) "
-                                  "version {}: the agent and libsolar come from different solar "
-                                  "builds; install both from one",
-                                  h.version, SOLAR_VERSION_STRING, solar::protocol::kVersion)
-                    : std::string("unexpected reply from the agent");
+          bad = solar::protocol::other_version(h) ? other_version_text(h)
+                                                  : std::string("unexpected reply from the agent");
           errno = EPROTO;
           return false;
         }
