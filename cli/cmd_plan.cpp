@@ -146,8 +146,7 @@ nlohmann::json metrics_json(const Metrics& m) {
           {"hit_rate", m.hit_rate()},
           {"lower_bound_fetches", m.lower_bound_fetches},
           {"ratio_to_lower_bound", m.ratio_to_lower_bound()},
-          {"peer_share_of_accesses",
-           m.accesses ? double(m.peer_fetches) / double(m.accesses) : 0.0},
+          {"peer_share_of_accesses", m.peer_share()},
           {"per_epoch", epochs}};
 }
 
@@ -187,7 +186,7 @@ void print_table(const PlanConfig& c, const std::string& scenario,
       const Metrics& m = r.metrics;
       fmt::print("{:<12} {:>12} {:>8.3f}× {:>12} {:>10.1f}%\n", to_string(r.policy),
                  m.remote_fetches, m.ratio_to_lower_bound(), m.peer_fetches,
-                 m.accesses ? 100.0 * double(m.peer_fetches) / double(m.accesses) : 0.0);
+                 100.0 * m.peer_share());
     }
   }
   if (results.size() == 1) {

@@ -429,12 +429,9 @@ class RunDirWatch {
 PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer,
                         PlanConfig c, bool peers, bool rings) {
   const std::uint64_t label = info.has_labels ? info.label_bytes : 0;
-  PlanConfig out = config_for_agents(
-      c, info.samples, info.sample_bytes, label,
-      buffer.resolve(info.samples, agent_slot_bytes(info.sample_bytes, label)),
-      kAgentStagingSteps + (peers && rings ? kPeerHandoverSteps : 0));
-  out.peer_fetch = peers;
-  return out;
+  return config_for_agents(c, info.samples, info.sample_bytes, label,
+                           buffer.resolve(info.samples, agent_slot_bytes(info.sample_bytes, label)),
+                           peers, rings);
 }
 
 ScratchDir::ScratchDir(const std::string& prefix) {

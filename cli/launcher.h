@@ -91,8 +91,7 @@ struct LaunchResult {
 
 // The plan config for running c's job over a dataset with `buffer` of agent memory per node
 // (config_for_agents on the dataset's sizes). Throws ConfigError.
-// peers: the agents share their buffers; rings: they copy batches into rings (not zero copy
-// or transparent), so their handover slots come out of the budget (agent/src/buffer_layout.h).
+// peers, rings: as config_for_agents.
 PlanConfig plan_for_run(const storage::DatasetInfo& info, const BufferSpec& buffer, PlanConfig c,
                         bool peers = false, bool rings = true);
 

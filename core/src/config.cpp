@@ -206,14 +206,16 @@ void follow_the_script(PlanConfig& c, bool order_given) {
 }
 
 PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t sample_bytes,
-                             std::uint64_t label_bytes, std::uint64_t budget_bytes,
-                             std::uint32_t staging_steps) {
+                             std::uint64_t label_bytes, std::uint64_t budget_bytes, bool peers,
+                             bool rings) {
   c.samples = samples;
   c.sample_bytes = sample_bytes;
   c.policy = Policy::none;
   c.validate();
-  fit_plan_to_agent_budget(c, budget_bytes, label_bytes, staging_steps);
+  fit_plan_to_agent_budget(c, budget_bytes, label_bytes,
+                           kAgentStagingSteps + (peers && rings ? kPeerHandoverSteps : 0));
   c.policy = Policy::solar;
+  c.peer_fetch = peers;
   c.validate();
   return c;
 }

@@ -266,13 +266,9 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
         budget = cap;
       }
     }
-    // Peer sharing (on one node there is no one to share with: off) with rings keeps a step of
-    // slots for samples handed over to peers (as `solar run --peers`: plan_for_run).
-    const bool peers = o.is_peers() && nodes > 1;
-    const bool rings = !pc.zero_copy && !o.is_transparent();
+    // Peer sharing: on one node there is no one to share with (off).
     c = config_for_agents(c, info.samples, info.sample_bytes, label, budget,
-                          kAgentStagingSteps + (peers && rings ? kPeerHandoverSteps : 0));
-    c.peer_fetch = peers;
+                          o.is_peers() && nodes > 1, !pc.zero_copy && !o.is_transparent());
     if (o.is_transparent()) follow_the_script(c, o.value[JobOptions::order].has_value());
     return c;
   } catch (const ConfigError& e) {

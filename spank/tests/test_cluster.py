@@ -399,31 +399,43 @@ def test_job_epilog_sweeps_leftovers_and_kills_only_agents(cluster, dataset):
         bystander.wait()
 
 
+def ddp_plain_then_transparent(cluster, dataset, name, epochs, tasks_per_node, script_args,
+                               solar_args):
+    """The unmodified DDP script on 2 nodes under plain srun, then under srun
+    --solar-transparent (with `solar_args`); asserts both succeed and every rank got the same
+    batches, and returns the solar run's output."""
+    data = dataset.split(":")[0]
+    script = [sys.executable if sys.executable.startswith("/usr/bin/") else "/usr/bin/python3",
+              DDP_SCRIPT, data, "--epochs", str(epochs), "--batch", "4", "--seed", "3",
+              *script_args]
+    out_dir = os.path.join(cluster.root, name)
+    os.makedirs(out_dir, exist_ok=True)
+    tasks = f"--ntasks-per-node={tasks_per_node}"
+    plain = cluster.run("srun", "-N2", tasks, *script, "--digests",
+                        os.path.join(out_dir, "plain-%r.txt"), timeout=600)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    p = cluster.run("srun", "-N2", tasks, "--solar-dataset=" + dataset, *solar_args,
+                    f"--solar-epochs={epochs}", "--solar-batch=4", "--solar-seed=3",
+                    "--solar-transparent", "--solar-verbose", *script, "--digests",
+                    os.path.join(out_dir, "solar-%r.txt"), timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(2 * tasks_per_node):
+        with open(os.path.join(out_dir, f"plain-{r}.txt")) as a, \
+                open(os.path.join(out_dir, f"solar-{r}.txt")) as b:
+            want, got = a.read(), b.read()
+        assert want and got == want, f"rank {r}: batches differ"
+    return out
+
+
 @pytest.mark.parametrize("workers,lazy", [(0, False), (2, True)])
 def test_unmodified_ddp_script_transparent_same_bytes(cluster, dataset, workers, lazy):
     """srun --solar-transparent: an h5py + DistributedSampler + DataLoader script that knows
     nothing of solar gets the same batches and losses, bit for bit, as under plain srun, with
     its reads served from the agents' buffers."""
-    data = dataset.split(":")[0]
-    script = [sys.executable if sys.executable.startswith("/usr/bin/") else "/usr/bin/python3",
-              DDP_SCRIPT, data, "--epochs", "2", "--batch", "4", "--seed", "3", "--workers",
-              str(workers)] + (["--lazy"] if lazy else [])
-    out_dir = os.path.join(cluster.root, f"ddp-{workers}")
-    os.makedirs(out_dir, exist_ok=True)
-    plain = cluster.run("srun", "-N2", "--ntasks-per-node=2", *script, "--digests",
-                        os.path.join(out_dir, "plain-%r.txt"), timeout=600)
-    assert plain.returncode == 0, plain.stdout + plain.stderr
-    p = cluster.run("srun", "-N2", "--ntasks-per-node=2", "--solar-dataset=" + dataset,
-                    "--solar-buffer=64%", "--solar-epochs=2", "--solar-batch=4", "--solar-seed=3",
-                    "--solar-transparent", "--solar-verbose", *script, "--digests",
-                    os.path.join(out_dir, "solar-%r.txt"), timeout=600)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out
-    for r in range(4):
-        with open(os.path.join(out_dir, f"plain-{r}.txt")) as a, \
-                open(os.path.join(out_dir, f"solar-{r}.txt")) as b:
-            want, got = a.read(), b.read()
-        assert want and got == want, f"rank {r}: batches differ"
+    out = ddp_plain_then_transparent(cluster, dataset, f"ddp-{workers}", 2, 2,
+                                     ["--workers", str(workers)] + (["--lazy"] if lazy else []),
+                                     ["--solar-buffer=64%"])
     served = [int(n) for n in re.findall(r"file reads served from the buffer (\d+)", out)]
     assert len(served) == 2 and sum(served) > 0, out
     assert "consumed as planned (" not in out, out  # the script's order matched the plan
@@ -433,25 +445,8 @@ def test_peers_unmodified_script_same_bytes_and_nothing_left(cluster, dataset):
     """srun --solar-peers --solar-transparent on 2 nodes with a small buffer: the agents read
     from each other's buffers (their cards in a 0700 folder of plan_dir, removed at the end) and
     the unmodified script gets the plain run's batches."""
-    data = dataset.split(":")[0]
-    script = [sys.executable if sys.executable.startswith("/usr/bin/") else "/usr/bin/python3",
-              DDP_SCRIPT, data, "--epochs", "3", "--batch", "4", "--seed", "3"]
-    out_dir = os.path.join(cluster.root, "ddp-peers")
-    os.makedirs(out_dir, exist_ok=True)
-    plain = cluster.run("srun", "-N2", "--ntasks-per-node=1", *script, "--digests",
-                        os.path.join(out_dir, "plain-%r.txt"), timeout=600)
-    assert plain.returncode == 0, plain.stdout + plain.stderr
-    p = cluster.run("srun", "-N2", "--ntasks-per-node=1", "--solar-dataset=" + dataset,
-                    "--solar-buffer=40%", "--solar-epochs=3", "--solar-batch=4", "--solar-seed=3",
-                    "--solar-transparent", "--solar-peers", "--solar-verbose", *script,
-                    "--digests", os.path.join(out_dir, "solar-%r.txt"), timeout=600)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out
-    for r in range(2):
-        with open(os.path.join(out_dir, f"plain-{r}.txt")) as a, \
-                open(os.path.join(out_dir, f"solar-{r}.txt")) as b:
-            want, got = a.read(), b.read()
-        assert want and got == want, f"rank {r}: batches differ"
+    out = ddp_plain_then_transparent(cluster, dataset, "ddp-peers", 3, 1, [],
+                                     ["--solar-buffer=40%", "--solar-peers"])
     peers = [int(n) for n in re.findall(r"(\d+) samples read from peers' buffers", out)]
     assert len(peers) == 2 and sum(peers) > 0, out
     assert not [n for n in os.listdir(cluster.plans) if n.endswith(".peers")], \

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -34,6 +35,23 @@ PlanConfig random_config(Xoshiro256& g) {
   const std::uint64_t buf = min_buf + g.bounded(c.samples);
   c.buffer_bytes = buf * c.sample_bytes + g.bounded(c.sample_bytes);
   return c;
+}
+
+// A random sampler-policy config on 2 .. 1 + extra_nodes nodes, with at least one step per
+// rank and at least 3 epochs, without peer reads.
+PlanConfig random_sampler_config(Xoshiro256& g, std::uint64_t extra_nodes) {
+  PlanConfig c = random_config(g);
+  c.nodes = 2 + static_cast<std::uint32_t>(g.bounded(extra_nodes));
+  c.samples += std::uint64_t{c.nodes} * c.ranks_per_node * c.batch;
+  c.epochs = 2 + c.epochs;
+  c.policy = Policy::sampler;
+  c.peer_fetch = false;
+  return c;
+}
+
+std::string describe(const PlanConfig& c) {
+  return fmt::format("N={} E={} M={} R={} b={} C={} drop_last={}", c.samples, c.epochs, c.nodes,
+                     c.ranks_per_node, c.batch, c.buffer_samples(), c.drop_last);
 }
 
 TEST(Planner, EveryPolicyKeepsEveryInvariantOnRandomConfigs) {
@@ -274,15 +292,8 @@ TEST(Sampler, NeverFetchesMoreThanLruOrNone) {
   Xoshiro256 g(1312);
   int fewer = 0;
   for (int i = 0; i < 60; ++i) {
-    PlanConfig c = random_config(g);
-    c.nodes = 2 + static_cast<std::uint32_t>(g.bounded(4));
-    c.samples += std::uint64_t{c.nodes} * c.ranks_per_node * c.batch;
-    c.epochs = 2 + c.epochs;
-    c.policy = Policy::sampler;
-    c.peer_fetch = false;
-    SCOPED_TRACE(::testing::Message() << "N=" << c.samples << " E=" << c.epochs << " M="
-                                      << c.nodes << " R=" << c.ranks_per_node << " b="
-                                      << c.batch << " C=" << c.buffer_samples());
+    PlanConfig c = random_sampler_config(g, 4);
+    SCOPED_TRACE(describe(c));
     const Plan plan = make_plan(c);
     ASSERT_NO_THROW(replay_plan(plan));
     const auto ours = plan.metrics.remote_fetches;
@@ -400,18 +411,10 @@ TEST(SamplerPeers, RandomConfigsReplayAndFetchNoMoreThanWithoutPeers) {
   Xoshiro256 g(4242);
   int fewer = 0;
   for (int i = 0; i < 80; ++i) {
-    PlanConfig c = random_config(g);
-    c.nodes = 2 + static_cast<std::uint32_t>(g.bounded(5));
-    c.samples += std::uint64_t{c.nodes} * c.ranks_per_node * c.batch;
-    c.epochs = 2 + c.epochs;
+    PlanConfig c = random_sampler_config(g, 5);
     c.imbalance = 0;  // the script's equal batches
     c.order = OrderMode::torch;
-    c.policy = Policy::sampler;
-    c.peer_fetch = false;
-    SCOPED_TRACE(::testing::Message() << "N=" << c.samples << " E=" << c.epochs << " M="
-                                      << c.nodes << " R=" << c.ranks_per_node << " b="
-                                      << c.batch << " C=" << c.buffer_samples()
-                                      << " drop_last=" << c.drop_last);
+    SCOPED_TRACE(describe(c));
     const auto alone = make_plan(c).metrics.remote_fetches;
     c.peer_fetch = true;
     const Plan plan = make_plan(c);

@@ -132,12 +132,14 @@ void follow_the_script(PlanConfig& c, bool order_given);
 // seed and order, for a dataset of `samples` × `sample_bytes` (+ `label_bytes` per label), with
 // `budget_bytes` of agent memory per node. Checks everything but the buffer first (so a bad
 // batch is named as such), then fits the buffer; policy solar. Throws ConfigError.
-// staging_steps: the agent's slots beyond the resident set, in steps of its ranks (peer
-// sharing adds kPeerHandoverSteps for the samples handed over to peers: agent/README.md).
+// peers: the nodes' agents share their buffers (c.peer_fetch is set); with rings (neither zero
+// copy nor transparent) each agent then keeps kPeerHandoverSteps more steps of slots for the
+// samples handed over to peers, out of the budget (agent/README.md, "Peers"; the agent's
+// buffer_layout counts the same).
 inline constexpr std::uint32_t kPeerHandoverSteps = 1;
 PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t sample_bytes,
                              std::uint64_t label_bytes, std::uint64_t budget_bytes,
-                             std::uint32_t staging_steps = kAgentStagingSteps);
+                             bool peers = false, bool rings = true);
 
 // The presets of `solar plan --scenario` (README: "Scenarios").
 struct Scenario {

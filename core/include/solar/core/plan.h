@@ -69,6 +69,8 @@ struct Metrics {
   std::vector<EpochMetrics> per_epoch;  // by epoch position
 
   double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
+  // Accesses served by a peer read (the sample came from another node's buffer).
+  double peer_share() const { return accesses ? double(peer_fetches) / double(accesses) : 0.0; }
   double ratio_to_lower_bound() const {
     return lower_bound_fetches ? double(remote_fetches) / double(lower_bound_fetches) : 0.0;
   }
