@@ -271,6 +271,7 @@ void Agent::Impl::peer_loop() {
   void* sdesc = ps.scratch_mr.desc();
   std::vector<std::pair<PeerJob, bool>> done;  // finished jobs, handed over under the lock
   std::deque<PeerJob> queue;                   // taken from peer_jobs_, not yet started
+  std::vector<std::pair<void*, bool>> completed;  // one fi_cq_read's completions (reused)
   std::size_t active = 0;
   std::uint32_t writes_in_flight = 0;
   std::uint64_t torn = 0;  // changed entries seen, added to peer_torn_ under the lock
@@ -408,7 +409,7 @@ void Agent::Impl::peer_loop() {
       const ssize_t n = block_next ? fi_cq_sread(cq, entries, 16, nullptr, 1)
                                    : fi_cq_read(cq, entries, 16);
       block_next = false;
-      std::vector<std::pair<void*, bool>> completed;
+      completed.clear();
       if (n > 0) {
         for (ssize_t k = 0; k < n; ++k) completed.emplace_back(entries[k].op_context, true);
       } else if (n == -FI_EAVAIL) {
