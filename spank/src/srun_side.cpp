@@ -156,6 +156,28 @@ std::optional<nlohmann::json> node_final_stats(const State& s, std::uint32_t m, 
   }
 }
 
+// srun can be told that the tasks have ended while a node's slurmstepd is still stopping its
+// agent (task_exit), so the agent's final line may come a moment after srun gets here: wait
+// for it, polling, while some node's log exists without it, at most kFinalStatsWaitS (an agent
+// killed outright never writes it; such a step ends that much later).
+constexpr double kFinalStatsWaitS = 3;
+void wait_for_final_stats(const State& s) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(kFinalStatsWaitS));
+  for (;;) {
+    bool waiting = false;
+    for (std::uint32_t m = 0; m < s.nodes && !waiting; ++m) {
+      std::string why;
+      const std::string log = agent_log_path(s.plan_written, m);
+      std::error_code ec;
+      if (std::filesystem::exists(log, ec) && !node_final_stats(s, m, &why)) waiting = true;
+    }
+    if (!waiting || std::chrono::steady_clock::now() >= deadline) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 // Each node's final stats, from its agent's log.
 void print_node_summaries(const State& s) {
   for (std::uint32_t m = 0; m < s.nodes; ++m) {
@@ -376,6 +398,7 @@ int plan_step(spank_t sp, State& s) {
 
 int finish_step(spank_t, State& s) {
   if (s.plan_written.empty()) return 0;
+  if (s.options.is_verbose() || !s.options.stats_path().empty()) wait_for_final_stats(s);
   if (s.options.is_verbose()) print_node_summaries(s);
   if (!s.options.stats_path().empty()) write_step_stats(s);
   std::error_code ec;
