@@ -34,7 +34,7 @@ void Agent::Impl::prefetch_loop() {
       if (peers_) pin_served_locked(t);
       // The plan's evictions: free now, or once the ranks still using them release them.
       for (std::uint32_t y : plan_.schedule.evicts_at(t))
-        if (table_.evict(y)) slot_freed_.notify_all();
+        if (table_.evict(y)) slot_freed_locked();
       from.clear();
       auto want = [&](std::uint32_t x, std::uint32_t source) {
         if (table_.resurrect(x)) return;  // still here: resurrect instead of re-reading
@@ -65,18 +65,21 @@ void Agent::Impl::prefetch_loop() {
           ++unplanned_;
         }
       }
+      // The step's slots, all at once: its reads are queued only when it has all of them.
       slots.clear();
       const auto wait_from = Clock::now();
-      for (std::size_t i = 0; i < incoming.size(); ++i) {
-        if (!table_.has_free()) {  // peers.cpp releases a stalled reader's pins after a while
-          slot_waiting_ = true;
-          slot_wait_since_ = Clock::now();
-        }
-        slot_freed_.wait(lk, [&] { return stopping_ || !fatal_.empty() || table_.has_free(); });
+      if (table_.free_slots() < incoming.size()) {
+        slot_waiting_ = true;  // peers.cpp releases a stalled reader's pins after a while
+        slot_wait_since_ = wait_from;
+        slots_wanted_ = incoming.size();
+        slot_freed_.wait(lk, [&] {
+          return stopping_ || !fatal_.empty() || table_.free_slots() >= incoming.size();
+        });
         slot_waiting_ = false;
+        slots_wanted_ = 0;
         if (stopping_ || !fatal_.empty()) return;
-        slots.push_back(table_.take_free());
       }
+      for (std::size_t i = 0; i < incoming.size(); ++i) slots.push_back(table_.take_free());
       slot_wait_seconds_ += seconds_since(wait_from);
       // A sample being read is pinned like a use: were it evicted before its read lands (its
       // only user may be a rank that has left), its slot must not be handed to another sample
