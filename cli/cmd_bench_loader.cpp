@@ -383,7 +383,7 @@ void run_bench(const BenchOptions& o) {
 }
 
 struct ServeOptions {
-  std::string samples = "20000", ranks = "4", epochs = "4", batch = "16", preset = "tiny";  // one node
+  std::string samples = "20000", ranks = "4", epochs = "10", batch = "16", preset = "tiny";  // one node
   bool zero_copy = false;
 };
 
@@ -511,7 +511,7 @@ void add_bench_loader_command(CLI::App& app) {
       "dataset: after the first epoch, all hits), and how fast ranks copy samples out of it.");
   serve->add_option("--samples", so->samples, "Samples [20000]")->type_name(kUint);
   serve->add_option("-n,--ntasks", so->ranks, "Ranks, on one node [4]")->type_name(kUint);
-  serve->add_option("--epochs", so->epochs, "Epochs, the first fills the buffer [4]")
+  serve->add_option("--epochs", so->epochs, "Epochs, the first fills the buffer [10]")
       ->type_name(kUint);
   serve->add_option("--batch", so->batch, "Per-rank batch [16]")->type_name(kUint);
   serve->add_option("--preset", so->preset, "Sample size: tiny (4 KiB) or small (256 KiB) [tiny]")
