@@ -446,7 +446,7 @@ void run_serve(const ServeOptions& o) {
   fmt::print("solar bench serve: {} samples of {}, {} ranks, batch {}, {} epochs, buffer = the "
              "whole dataset\n",
              n, format_bytes(info.sample_bytes), c.ranks_per_node, c.batch, c.epochs);
-  fmt::print("descriptor path (epochs 2..{}, all hits): {:.0f} samples/s handed out across {} ranks\n",
+  fmt::print("descriptor path (epochs 2..{}, from the buffer): {:.0f} samples/s handed out across {} ranks\n",
              c.epochs, rate, c.ranks_per_node);
   fmt::print("hit path (epochs 2..): copying samples out of the shared buffer {:.2f} GB/s, the "
              "same copies from private memory {:.2f} GB/s: {:.0f}% of memcpy\n",
