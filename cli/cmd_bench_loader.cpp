@@ -507,8 +507,9 @@ void add_bench_loader_command(CLI::App& app) {
   loader->add_flag("--zero-copy", o->zero_copy, "Agents hand out cache slots (no per-rank rings)");
   auto so = std::make_shared<ServeOptions>();
   CLI::App* serve = bench->add_subcommand(
-      "serve", "How fast an agent hands out batches from its buffer (a buffer holding the whole\n"
-      "dataset: after the first epoch, all hits), and how fast ranks copy samples out of it.");
+      "serve", "How fast an agent hands out batches from its buffer (--buffer 100%: after the\n"
+      "first epoch nearly all hits, but for the rings' share of the buffer), and how fast ranks\n"
+      "copy samples out of it (against a private memcpy of the same samples, after the run).");
   serve->add_option("--samples", so->samples, "Samples [20000]")->type_name(kUint);
   serve->add_option("-n,--ntasks", so->ranks, "Ranks, on one node [4]")->type_name(kUint);
   serve->add_option("--epochs", so->epochs, "Epochs, the first fills the buffer [10]")
