@@ -737,6 +737,9 @@ void FabricSource::Impl::pump(Session& s, Request* mine) {
     if (!more()) return;
     // The timeout counts also when nothing could be issued.
     check_progress(s, ops, waiting, earliest, true, last_check, last_progress);
+    // An empty poll: let a caller that was just told its read is done (or the server, on a
+    // shared core) run before polling again.
+    if (n <= 0 && !retired) std::this_thread::yield();
   }
 }
 
