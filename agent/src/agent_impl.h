@@ -142,6 +142,7 @@ class Agent::Impl {
   // few and sleep again, having waited for the lock of the thread that woke it (the io thread:
   // a wake-up per batch served, a third of its time in all-hit epochs with four ranks).
   void slot_freed_locked() {
+    if (slots_wanted_ > 0) slot_wait_since_ = Clock::now();  // a stall is no slot for a while
     if (table_.free_slots() >= slots_wanted_) slot_freed_.notify_all();
   }
   void free_slot_locked(std::uint32_t sample) {
@@ -255,7 +256,7 @@ class Agent::Impl {
   std::vector<std::uint32_t> peer_pending_;  // per step: peer jobs not read or handed to storage
   std::uint64_t peer_samples_ = 0, peer_fallbacks_ = 0, peer_torn_ = 0;
   std::uint64_t peer_pins_released_early_ = 0;  // samples a stalled reader lost (see peers.cpp)
-  Clock::time_point slot_wait_since_{};       // the prefetch engine waits for a slot since then
+  Clock::time_point slot_wait_since_{};  // the prefetch engine waits, no slot freed since then
   bool slot_waiting_ = false;
   std::size_t slots_wanted_ = 0;  // the free slots the prefetch engine waits for (0: it doesn't)
   std::thread peer_;
