@@ -257,7 +257,6 @@ class Agent::Impl {
   std::uint64_t peer_samples_ = 0, peer_fallbacks_ = 0, peer_torn_ = 0;
   std::uint64_t peer_pins_released_early_ = 0;  // samples a stalled reader lost (see peers.cpp)
   Clock::time_point slot_wait_since_{};  // the prefetch engine waits, no slot freed since then
-  bool slot_waiting_ = false;
   std::size_t slots_wanted_ = 0;  // the free slots the prefetch engine waits for (0: it doesn't)
   std::thread peer_;
   std::condition_variable peer_wake_;  // peer jobs queued, or stopping

@@ -337,7 +337,7 @@ void Agent::Impl::peer_loop() {
         // A reader that has not moved for --peer-timeout while we wait for slots: it lost
         // its turn (dead, stopped, or far behind); what it reads from us from now on may be
         // gone, and it then reads storage.
-        if (!pins.empty() && slot_waiting_ && now - slot_wait_since_ > timeout &&
+        if (!pins.empty() && slots_wanted_ > 0 && now - slot_wait_since_ > timeout &&
             now - r.seen_at > timeout) {
           spdlog::warn("peer node {} has read nothing from this node's buffer for {} s while "
                        "this node waits for slots: {} samples kept for it are released (it "

@@ -69,13 +69,11 @@ void Agent::Impl::prefetch_loop() {
       slots.clear();
       const auto wait_from = Clock::now();
       if (table_.free_slots() < incoming.size()) {
-        slot_waiting_ = true;  // peers.cpp releases a stalled reader's pins after a while
-        slot_wait_since_ = wait_from;
+        slot_wait_since_ = wait_from;  // peers.cpp releases a stalled reader's pins after a while
         slots_wanted_ = incoming.size();
         slot_freed_.wait(lk, [&] {
           return stopping_ || !fatal_.empty() || table_.free_slots() >= incoming.size();
         });
-        slot_waiting_ = false;
         slots_wanted_ = 0;
         if (stopping_ || !fatal_.empty()) return;
       }
