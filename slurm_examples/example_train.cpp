@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -381,6 +382,8 @@ int main(int argc, char** argv) {
     device.reset();
     if (!touched_batch.empty()) {  // --touch: the same copies from the private mirror
       const std::uint64_t bytes = loader->sample_bytes();
+      // As large as the largest batch (the last one of an epoch may have been smaller).
+      tensor.resize(*std::max_element(touched_batch.begin(), touched_batch.end()) * bytes);
       const auto t0 = std::chrono::steady_clock::now();
       std::size_t k = 0;
       for (const std::size_t n : touched_batch)
