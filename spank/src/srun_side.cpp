@@ -156,38 +156,45 @@ std::optional<nlohmann::json> node_final_stats(const State& s, std::uint32_t m, 
   }
 }
 
-// srun can be told that the tasks have ended while a node's slurmstepd is still stopping its
-// agent (task_exit), so the agent's final line may come a moment after srun gets here: wait
-// for it, polling, while some node's log exists without it, at most kFinalStatsWaitS (an agent
-// killed outright never writes it; such a step ends that much later).
+// A node's final stats, or why there are none.
+struct NodeStats {
+  std::optional<nlohmann::json> stats;
+  std::string why;
+};
+
+// Every node's final stats, each log read until it has them. srun can be told that the tasks
+// have ended while a node's slurmstepd is still stopping its agent (task_exit), so the agent's
+// final line may come a moment after srun gets here: the logs that exist without it are read
+// again, polling, at most kFinalStatsWaitS (an agent killed outright never writes it; such a
+// step ends that much later).
 constexpr double kFinalStatsWaitS = 3;
-void wait_for_final_stats(const State& s) {
+std::vector<NodeStats> final_stats(const State& s) {
+  std::vector<NodeStats> out(s.nodes);
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(kFinalStatsWaitS));
   for (;;) {
     bool waiting = false;
-    for (std::uint32_t m = 0; m < s.nodes && !waiting; ++m) {
-      std::string why;
-      const std::string log = agent_log_path(s.plan_written, m);
+    for (std::uint32_t m = 0; m < s.nodes; ++m) {
+      if (out[m].stats) continue;
+      out[m].stats = node_final_stats(s, m, &out[m].why);
       std::error_code ec;
-      if (std::filesystem::exists(log, ec) && !node_final_stats(s, m, &why)) waiting = true;
+      if (!out[m].stats && std::filesystem::exists(agent_log_path(s.plan_written, m), ec))
+        waiting = true;
     }
-    if (!waiting || std::chrono::steady_clock::now() >= deadline) return;
+    if (!waiting || std::chrono::steady_clock::now() >= deadline) return out;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
 // Each node's final stats, from its agent's log.
-void print_node_summaries(const State& s) {
-  for (std::uint32_t m = 0; m < s.nodes; ++m) {
-    std::string why;
-    const auto stats = node_final_stats(s, m, &why);
-    if (!stats) {
-      info(fmt::format("node {}: {}", m, why));
+void print_node_summaries(const std::vector<NodeStats>& all) {
+  for (std::uint32_t m = 0; m < all.size(); ++m) {
+    if (!all[m].stats) {
+      info(fmt::format("node {}: {}", m, all[m].why));
       continue;
     }
-    const nlohmann::json& j = *stats;
+    const nlohmann::json& j = *all[m].stats;
     try {
       const double hits = j.value("hits", 0.0), fetched = j.value("fetched_samples", 0.0);
       const auto device = j.find("device_read_bytes");  // null where the kernel counts none
@@ -225,13 +232,12 @@ void print_node_summaries(const State& s) {
 
 // The step's statistics in one file, the format `solar run --stats-out` writes: one object per
 // node in the agents' --stats-out format (agent/README.md), "missing" where a node has none.
-void write_step_stats(const State& s) {
+void write_step_stats(const State& s, const std::vector<NodeStats>& all) {
   nlohmann::json nodes = nlohmann::json::array();
-  for (std::uint32_t m = 0; m < s.nodes; ++m) {
-    std::string why;
-    auto j = node_final_stats(s, m, &why);
+  for (std::uint32_t m = 0; m < all.size(); ++m) {
+    const auto& j = all[m].stats;
     if (!j) {
-      nodes.push_back({{"node", m}, {"missing", why}});
+      nodes.push_back({{"node", m}, {"missing", all[m].why}});
       continue;
     }
     // The log line's "epochs" is the planned count and "per_epoch" the records.
@@ -398,9 +404,11 @@ int plan_step(spank_t sp, State& s) {
 
 int finish_step(spank_t, State& s) {
   if (s.plan_written.empty()) return 0;
-  if (s.options.is_verbose() || !s.options.stats_path().empty()) wait_for_final_stats(s);
-  if (s.options.is_verbose()) print_node_summaries(s);
-  if (!s.options.stats_path().empty()) write_step_stats(s);
+  if (s.options.is_verbose() || !s.options.stats_path().empty()) {
+    const std::vector<NodeStats> stats = final_stats(s);
+    if (s.options.is_verbose()) print_node_summaries(stats);
+    if (!s.options.stats_path().empty()) write_step_stats(s, stats);
+  }
   std::error_code ec;
   std::filesystem::remove(s.plan_written, ec);
   if (s.peers) std::filesystem::remove_all(peer_dir_path(s.config, s.job, s.step), ec);
