@@ -19,6 +19,7 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
   // instead of spreading over the whole buffer, its batch is contiguous, and the cache slots
   // it used are free for the plan's evictions as soon as the copy is done.
   b.ring_batch = std::uint64_t{c.batch} + c.imbalance;
+  b.inline_copy = b.ring_batch * b.slot_bytes <= kInlineCopyBytes;
   if (o.zero_copy || o.transparent) {
     // No rings: ranks read the cache slots; the staging slots hold samples the plan evicted
     // while ranks still use them.
@@ -26,8 +27,7 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
     b.cache_slots = c.buffer_samples() + std::uint64_t{o.staging_steps} * R * b.ring_batch;
   } else {
     b.ring_depth = o.staging_steps;
-    if (b.ring_batch * b.slot_bytes <= kInlineCopyBytes)
-      b.ring_depth = std::max(b.ring_depth, kSmallBatchRingDepth);
+    if (b.inline_copy) b.ring_depth = std::max(b.ring_depth, kSmallBatchRingDepth);
     // A plan of policy `none` may hold less than a step; its samples still need slots.
     b.cache_slots = std::max(c.buffer_samples(), std::uint64_t{R} * b.ring_batch);
   }
@@ -36,7 +36,6 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
     b.cache_slots += b.handover_slots;
   }
   b.slots = b.cache_slots + std::uint64_t{R} * b.ring_depth * b.ring_batch;
-  b.inline_copy = b.ring_batch * b.slot_bytes <= kInlineCopyBytes;
   // Transparent mode: the sample index follows the slots, page-aligned.
   const std::uint64_t page = o.page_bytes;
   b.index_offset = (b.slots * b.slot_bytes + page - 1) / page * page;

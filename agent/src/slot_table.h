@@ -26,9 +26,8 @@ class SlotTable {
   void attach_index(std::uint64_t* entries) { entries_ = entries; }
   bool indexed() const { return entries_ != nullptr; }
 
-  bool has_free() const { return !free_.empty(); }
   std::size_t free_slots() const { return free_.size(); }
-  // A free slot, taken off the free list; there must be one (has_free()).
+  // A free slot, taken off the free list; there must be one (free_slots() > 0).
   std::uint32_t take_free();
 
   // `sample` is being read into `slot`: it is resident there, and its read pins it like a use
