@@ -92,8 +92,8 @@ struct Request {
   // (the exception's and its message's copy-on-write string), which TSan cannot see: two
   // reports (scripts/sanitize thread) before the error crossed threads as text.
   bool finished = false;
-  bool failed = false, storage_error = false;
-  std::string error;
+  std::optional<std::string> error;  // set: the read failed, with this message
+  bool storage_error = false;        // it was a StorageError
   std::uint32_t wake = 0;  // which of Impl::wakes its owner waits on (its thread's)
 };
 
@@ -501,7 +501,7 @@ void FabricSource::Impl::check_progress(Session& s, const std::vector<Op>& in_fl
 void FabricSource::Impl::finish(Request& r, std::exception_ptr error) {
   r.local = fabric::Region();
   bool storage = false;
-  std::string what;
+  std::optional<std::string> what;
   if (error) {
     what = "unknown error";
     try {
@@ -517,7 +517,6 @@ void FabricSource::Impl::finish(Request& r, std::exception_ptr error) {
   std::condition_variable& wake = wake_of(&r);
   {
     std::lock_guard g(mu);
-    r.failed = error != nullptr;
     r.storage_error = storage;
     r.error = std::move(what);
     r.finished = true;
@@ -616,9 +615,9 @@ void FabricSource::Impl::submit(Request& req) {
     lk.lock();
     release_locked();
   }
-  if (req.failed) {
-    if (req.storage_error) throw StorageError(req.error);
-    throw std::runtime_error(req.error);
+  if (req.error) {
+    if (req.storage_error) throw StorageError(*req.error);
+    throw std::runtime_error(*req.error);
   }
 }
 
