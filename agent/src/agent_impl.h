@@ -48,10 +48,6 @@ inline double seconds_since(Clock::time_point t) {
 
 // --stats-out: the folder exists and a file can be created in it; throws AgentError.
 void check_stats_out(const std::string& path);
-// Writes `text` to `path` through a temporary file beside it (mode 0600, synced, renamed over
-// it): a reader sees all of it or nothing. nullptr when done, else the step that failed (errno
-// says why; the temporary file is removed). stats.cpp.
-const char* write_file_atomically(const std::string& path, const std::string& text);
 
 // One message of the protocol: header and body (control.cpp).
 std::vector<std::uint8_t> frame(protocol::Op op, const void* body, std::size_t n);

@@ -154,7 +154,7 @@ void Agent::Impl::setup_peers(const PlanFile& pf) {
                                {"slot_bytes", buf_.slot_bytes},
                                {"samples", header_.config.samples}};
   const std::string path = (std::filesystem::path(opt_.peer_dir) / card_name(me)).string();
-  if (const char* failed = write_file_atomically(path, card.dump()))
+  if (const char* failed = write_file_atomically(path, card.dump(), 0600))
     throw AgentError(fmt::format("--peer-dir: writing {}: {}: {}", path, failed,
                                  std::strerror(errno)));
   ps->card_path = path;

@@ -61,38 +61,6 @@ int temp_beside(const fs::path& path, std::string& temp) {
 
 }  // namespace
 
-const char* write_file_atomically(const std::string& path, const std::string& text) {
-  std::string temp;
-  const int fd = temp_beside(path, temp);
-  if (fd < 0) return "cannot create a temporary file beside it";
-  auto fail = [&](const char* what) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(temp.c_str());
-    errno = err;
-    return what;
-  };
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      if (w == 0) errno = ENOSPC;
-      return fail("writing");
-    }
-    done += static_cast<std::size_t>(w);
-  }
-  if (::fchmod(fd, 0600) != 0 || ::fsync(fd) != 0) return fail("writing");
-  ::close(fd);
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    errno = err;
-    return "renaming the temporary file over it";
-  }
-  return nullptr;
-}
-
 void check_stats_out(const std::string& path) {
   if (path.empty()) return;
   const fs::path p(path);
@@ -402,7 +370,7 @@ void Agent::Impl::write_stats_out(const nlohmann::json& doc) {
       {"startup", doc["startup"]},
       {"totals", doc["totals"]}};
   const std::string text = file.dump(1) + "\n";
-  if (const char* failed = write_file_atomically(opt_.stats_out, text)) {
+  if (const char* failed = write_file_atomically(opt_.stats_out, text, 0600)) {
     spdlog::error("--stats-out {}: {}: {}", opt_.stats_out, failed, std::strerror(errno));
     if (exit_code_ == 0) exit_code_ = 1;
     return;

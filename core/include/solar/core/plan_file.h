@@ -18,6 +18,8 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <sys/types.h>
 #include <vector>
 
 #include "solar/core/plan.h"
@@ -58,8 +60,15 @@ struct NodePlan {
 
 // Serialises a plan (also used to compare plans byte for byte).
 std::vector<std::uint8_t> encode_plan(const Plan& plan);
-// Writes atomically: a temporary file beside `path`, fsync'ed, then renamed over it.
+// Writes atomically (write_file_atomically, mode 0644). Throws PlanFileError.
 void write_plan_file(const Plan& plan, const std::filesystem::path& path);
+
+// Writes `bytes` to `path` through a temporary file beside it (created with `mode` less the
+// umask), written whole, fsync'ed, then renamed over `path`: a reader sees all of it or none.
+// nullptr when done, else the step that failed (errno says why; the temporary file is
+// removed). Plans here; the agent's statistics (--stats-out) and peer cards (mode 0600).
+const char* write_file_atomically(const std::filesystem::path& path, std::string_view bytes,
+                                  mode_t mode);
 
 // Parses and checks a header (magic, version, sizes, checksum, config validity).
 // `name` is used in error messages.
