@@ -556,15 +556,20 @@ void run_bench_io(const BenchOptions& o) {
   try {
     for (auto& p : phases)
       for (unsigned rep = 0; rep < o.repeat; ++rep) {
+        auto reference = [&] {
+          if (!fabric) return;
+          p.reference = fabric->measure_fabric(p.reference_reads, window, p.reference_local,
+                                               remote_bytes);
+          p.reference_seconds.push_back(p.reference->seconds);
+        };
+        // Every other run measures the reference first: neither side always runs on what
+        // the other left behind (a warmed connection, the caches, the scheduler's state).
+        if (rep % 2) reference();
         if (o.cold) src->drop_cache();
         const auto t0 = Clock::now();
         p.run();
         p.seconds.push_back(since(t0));
-        if (fabric) {
-          p.reference = fabric->measure_fabric(p.reference_reads, window, p.reference_local,
-                                               remote_bytes);
-          p.reference_seconds.push_back(p.reference->seconds);
-        }
+        if (rep % 2 == 0) reference();
       }
   } catch (const StorageError& e) {
     std::fprintf(stderr, "solar bench io: %s\n", e.what());
@@ -573,10 +578,17 @@ void run_bench_io(const BenchOptions& o) {
   }
   const double seq = gbps(bytes, median(phases[2].seconds));
   auto fabric_gbps = [&](const Phase& p) { return gbps(bytes, median(p.reference_seconds)); };
-  auto vs_fabric = [&](const Phase& p) {
-    const double f = fabric_gbps(p);
-    return f > 0 ? gbps(bytes, median(p.seconds)) / f : 0;
+  // solar's reads as a share of the fabric's: per run, against the reference measured beside
+  // it (the same bytes, so reference seconds / solar seconds), then the median and the range of
+  // those ratios. Paired this way, what a shared machine's load does to both sides of one run
+  // cancels out, which a ratio of two medians taken from different runs does not do.
+  auto vs_fabric_runs = [&](const Phase& p) {
+    std::vector<double> r;
+    for (std::size_t i = 0; i < p.seconds.size() && i < p.reference_seconds.size(); ++i)
+      r.push_back(p.seconds[i] > 0 ? p.reference_seconds[i] / p.seconds[i] : 0);
+    return r;
   };
+  auto vs_fabric = [&](const Phase& p) { return median(vs_fabric_runs(p)); };
   if (o.json) {
     nlohmann::json j = {{"source", src->describe()},   {"layout", info.layout},
                         {"sample_bytes", sb},          {"samples_read", k},
@@ -593,6 +605,7 @@ void run_bench_io(const BenchOptions& o) {
       if (p.reference) {
         ph["fabric_gbps"] = fabric_gbps(p);
         ph["vs_fabric"] = vs_fabric(p);
+        ph["vs_fabric_runs"] = vs_fabric_runs(p);
         ph["fabric"] = {{"seconds", median(p.reference_seconds)},
                         {"reads", p.reference->reads},
                         {"bytes", p.reference->bytes},
@@ -621,6 +634,7 @@ void run_bench_io(const BenchOptions& o) {
   fmt::print("{:<28} {:>10} {:>9} {:>9} {:>14}", "phase", "requests", "seconds", "GB/s",
              "vs sequential");
   if (fabric) fmt::print(" {:>12} {:>10}", "fabric GB/s", "vs fabric");
+  if (fabric && o.repeat > 1) fmt::print(" {:>15}", "runs' range");
   fmt::print("\n");
   for (const auto& p : phases) {
     const double s = median(p.seconds);
@@ -628,6 +642,10 @@ void run_bench_io(const BenchOptions& o) {
     fmt::print("{:<28} {:>10} {:>9.2f} {:>9.2f} {:>13.1f}%", p.name, p.requests, s, g,
                seq > 0 ? 100 * g / seq : 0);
     if (fabric) fmt::print(" {:>12.2f} {:>9.1f}%", fabric_gbps(p), 100 * vs_fabric(p));
+    if (const auto r = vs_fabric_runs(p); fabric && o.repeat > 1 && !r.empty()) {
+      const auto [lo, hi] = std::minmax_element(r.begin(), r.end());
+      fmt::print(" {:>15}", fmt::format("{:.0f}-{:.0f}%", 100 * *lo, 100 * *hi));
+    }
     fmt::print("\n");
   }
   fmt::print("\ncoalesced vs random: {:.2f}x faster\n",
@@ -638,6 +656,9 @@ void run_bench_io(const BenchOptions& o) {
                "phase's sizes (runs in reads of at most {}), from {} of the server's plain "
                "memory: the page cache and solar's read path are not on it\n",
                r.provider, r.window, format_bytes(reference_op), format_bytes(r.remote_bytes));
+    if (o.repeat > 1)
+      fmt::print("vs fabric: the median over the runs of each run's ratio to the reference "
+                 "measured beside it (every other run measures the reference first)\n");
   }
 }
 
@@ -767,7 +788,8 @@ void add_storage_commands(CLI::App& app) {
                  "are read in pieces of this size [4M]")
       ->type_name(kBytes);
   io->add_option("--repeat", b->repeat,
-                 "Run each phase (and its reference) this many times and report the medians, "
+                 "Run each phase (and its reference, alternately before and after it) this many "
+                 "times and report the medians (vs fabric: of each run's ratio), "
                  "1..100 [1]")
       ->type_name(kUint)
       ->check(CLI::Range(1, 100).description(""));

@@ -62,6 +62,11 @@ TEST_P(Reference, BenchIoMeasuresTheFabricBesideEveryPhase) {
       EXPECT_GT(p.at("gbps").get<double>(), 0);
       EXPECT_GT(p.at("fabric_gbps").get<double>(), 0);
       EXPECT_GT(p.at("vs_fabric").get<double>(), 0);
+      // vs_fabric is the median of the runs' own ratios (each against its own reference).
+      const auto runs = p.at("vs_fabric_runs").get<std::vector<double>>();
+      ASSERT_EQ(runs.size(), 2u);
+      for (double r : runs) EXPECT_GT(r, 0);
+      EXPECT_DOUBLE_EQ(p.at("vs_fabric").get<double>(), (runs[0] + runs[1]) / 2);
       EXPECT_EQ(p.at("fabric").at("bytes").get<std::uint64_t>(), bytes);
       EXPECT_GT(p.at("fabric").at("seconds").get<double>(), 0);
       EXPECT_GE(p.at("fabric").at("reads").get<std::uint64_t>(), 1u);
