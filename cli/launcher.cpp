@@ -485,14 +485,9 @@ void write_run_stats(const std::string& out, const fs::path& dir, std::uint32_t 
     list.push_back(std::move(n));
   }
   const nlohmann::json doc = {{"format_version", 1}, {"source", "solar run"}, {"nodes", list}};
-  const std::string tmp = out + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << doc.dump(1) << '\n';
-    if (!f.flush())
-      throw std::runtime_error(fmt::format("--stats-out: cannot write {}", tmp));
-  }
-  fs::rename(tmp, out);
+  if (const char* failed = write_file_atomically(out, doc.dump(1) + '\n', 0666))
+    throw std::runtime_error(
+        fmt::format("--stats-out {}: {}: {}", out, failed, std::strerror(errno)));
 }
 
 }  // namespace

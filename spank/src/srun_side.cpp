@@ -263,18 +263,8 @@ void write_step_stats(const State& s, const std::vector<NodeStats>& all) {
       path += spec[i];
     }
   }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << out.dump(1) << '\n';
-    if (!f.flush()) {
-      error(fmt::format("--solar-stats: cannot write {}: {}", tmp, std::strerror(errno)));
-      return;
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) error(fmt::format("--solar-stats: cannot write {}: {}", path, ec.message()));
+  if (const char* failed = write_file_atomically(path, out.dump(1) + '\n', 0666))
+    error(fmt::format("--solar-stats: {}: {}: {}", path, failed, std::strerror(errno)));
 }
 
 }  // namespace

@@ -16,7 +16,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
-#include <fstream>
 #include <list>
 #include <mutex>
 #include <system_error>
@@ -25,6 +24,7 @@
 #include <utility>
 
 #include "fabric.h"
+#include "solar/core/plan_file.h"
 #include "solar/storage/hdf5_source.h"
 #include "wire.h"
 
@@ -750,14 +750,11 @@ void StorageServer::run() {
   if (im.opt.throttle_bandwidth || im.opt.throttle_latency_s)
     spdlog::info("emulating a contended file system: {} B/s per client, +{} s per request",
                  im.opt.throttle_bandwidth, im.opt.throttle_latency_s);
-  if (!im.opt.ready_file.empty()) {
-    const std::string tmp = im.opt.ready_file + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << im.opt.host << ":" << im.port << "\n";
-    }
-    std::filesystem::rename(tmp, im.opt.ready_file);
-  }
+  if (!im.opt.ready_file.empty())
+    if (const char* failed = write_file_atomically(
+            im.opt.ready_file, fmt::format("{}:{}\n", im.opt.host, im.port), 0666))
+      throw StorageError(fmt::format("--ready-file {}: {}: {}", im.opt.ready_file, failed,
+                                     std::strerror(errno)));
   im.io.run();
   im.reap(true);
 }

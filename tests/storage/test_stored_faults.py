@@ -291,3 +291,23 @@ def test_solar_stored_gone_for_good_fails_within_the_window_naming_it(tmp_path, 
     assert "its log ends:" in err or "its ranks read directly:" in err, err
     # The ranks' direct reads name the server too.
     assert server.addr in err, err
+
+
+def test_a_ready_file_that_cannot_be_written_stops_the_server_naming_it(tmp_path):
+    """A script waiting for --ready-file would wait for ever: the server says why and exits."""
+    data = dataset(tmp_path, samples=8)
+    ready = tmp_path / "no-such-dir" / "ready"
+    p = run(STORED, "--listen", "127.0.0.1:0", "--ready-file", ready, "--export", f"d={data}",
+            check=False, timeout=60)
+    assert p.returncode == 1, p.stdout + p.stderr
+    out = p.stdout + p.stderr
+    assert f"--ready-file {ready}" in out and "No such file or directory" in out, out
+    # A ready file that can be written holds HOST:PORT whole, with nothing left beside it.
+    with_dir = tmp_path / "ok"
+    with_dir.mkdir()
+    s = Stored(with_dir, "ok", "--export", f"d={data}")
+    try:
+        assert s.ready.read_text().startswith("127.0.0.1:") and s.port > 0
+        assert sorted(x.name for x in with_dir.iterdir()) == ["stored-ok.log", "stored-ok.ready"]
+    finally:
+        s.stop()

@@ -66,7 +66,9 @@ void write_plan_file(const Plan& plan, const std::filesystem::path& path);
 // Writes `bytes` to `path` through a temporary file beside it (created with `mode` less the
 // umask), written whole, fsync'ed, then renamed over `path`: a reader sees all of it or none.
 // nullptr when done, else the step that failed (errno says why; the temporary file is
-// removed). Plans here; the agent's statistics (--stats-out) and peer cards (mode 0600).
+// removed). Plans here; the agent's statistics (--stats-out) and peer cards (mode 0600);
+// `solar run --stats-out`, srun's --solar-stats, `solar report` and solar-stored's
+// --ready-file (0666: what a plain open would give).
 const char* write_file_atomically(const std::filesystem::path& path, std::string_view bytes,
                                   mode_t mode);
 
