@@ -146,16 +146,22 @@ def main():
     os.makedirs(data_dir, exist_ok=True)
     results, rows = [], []
     try:
+        paths = {}
         for size in sizes:
             sb = parse_size(size)
             samples = max(16, total // sb)
             shape, dtype = PRESET_SHAPES[size]
-            path = os.path.join(data_dir, f"stored-io-{size}.h5")
+            paths[size] = path = os.path.join(data_dir, f"stored-io-{size}.h5")
             if not os.path.exists(path) or os.path.getsize(path) < samples * sb:
                 print(f"== writing {samples} samples of {size} to {path}", file=sys.stderr)
                 subprocess.run([solar, "gen", path, "--samples", str(samples), "--shape", shape,
                                 "--dtype", dtype, "--force", "--no-progress"], check=True,
                                stdout=subprocess.DEVNULL)
+        # The kernel writes the new files back in the background for many seconds, on the
+        # cores the measurement needs: finish that first.
+        os.sync()
+        for size in sizes:
+            path = paths[size]
             for provider in providers:
                 apart = (a.placement == "apart" and provider not in SAME_HOST_PROVIDERS
                          and len(cpus) >= 2)

@@ -197,6 +197,10 @@ struct StorageServer::Impl {
   void log_refusal(const std::string& peer, const std::string& why);
   void serve(Connection& c, const std::string& peer, Exported* ex);
   void watch_exports();
+  bool any_client() {  // an authenticated connection still being served
+    std::lock_guard g(conns_mu);
+    return std::any_of(conns.begin(), conns.end(), [](const Connection& c) { return !c.finished; });
+  }
   json hello_reply(const json& hello, Exported*& ex);
   Grant grant(const Exported& ex, json& reply);
   std::shared_ptr<ReferenceBuffer> reference_buffer(std::uint64_t bytes);
@@ -271,7 +275,8 @@ StorageServer::StorageServer(ServerOptions options) : impl_(std::make_unique<Imp
                                  !im.opt.busy_poll);
   spdlog::info("fabric progress: {}", im.ep->waitable() ? "sleeping on the completion queue's "
                                                           "wait object until a read arrives"
-                                                        : "busy polling");
+                                                        : "polling (without pause while a client is "
+                                                          "connected, every 5 ms while none is)");
   // A bad export (missing, truncated, wrong rank) is reported and refused to clients that ask
   // for it; the others are served. With none usable the server does not start.
   std::string errors;
@@ -298,10 +303,22 @@ StorageServer::StorageServer(ServerOptions options) : impl_(std::make_unique<Imp
     fi_cq_entry entries[16];
     bool waiting = im.ep->waitable();
     auto next_watch = std::chrono::steady_clock::now();
+    // Without a wait object (shm) the provider is polled without pause, but only while a
+    // client is connected: idle, the server polls every few milliseconds instead of spinning
+    // a core of the node it shares with the job (it did, 100% of one, with no client at all).
+    // A client says hello over TCP before its first fi_read, and is counted before the reply.
+    bool clients = true;
+    auto next_clients = next_watch;
     while (!im.stopping.load(std::memory_order_relaxed)) {
       if (const auto now = std::chrono::steady_clock::now(); now >= next_watch) {
         im.watch_exports();
         next_watch = now + std::chrono::milliseconds(500);
+      }
+      if (!waiting) {
+        if (const auto now = std::chrono::steady_clock::now(); now >= next_clients) {
+          clients = im.any_client();
+          next_clients = now + std::chrono::milliseconds(5);
+        }
       }
       // Woken by the provider's sockets; at the latest after 10 ms, for watch_exports, stop
       // and any progress a provider does not signal (connection set-up).
@@ -312,7 +329,10 @@ StorageServer::StorageServer(ServerOptions options) : impl_(std::make_unique<Imp
       if (n == -FI_EAVAIL) fi_cq_readerr(im.ep->cq(), &err, 0);
       tsan_ignore_end();
       if (n == -FI_EAGAIN || n == -FI_ETIMEDOUT) {
-        if (!waiting) sched_yield();
+        if (!waiting && clients)
+          sched_yield();
+        else if (!waiting)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
       } else if (n == -FI_EAVAIL) {
         spdlog::warn("completion error: {}", fabric::error_text(err.err));
       } else if (n < 0 && waiting) {

@@ -64,8 +64,9 @@ int main(int argc, char** argv) {
   app.add_option("--ready-file", o.ready_file,
                  "Write HOST:PORT to this file once the server accepts connections");
   app.add_flag("--busy-poll", o.busy_poll,
-               "Drive the fabric by polling its completion queue without pause (one core busy "
-               "for good) instead of sleeping on its wait object until a read arrives");
+               "Drive the fabric by polling its completion queue without pause while a client "
+               "is connected (one core busy) instead of sleeping on its wait object until a "
+               "read arrives");
   bool quiet = false;
   app.add_flag("--quiet", quiet, "Log warnings and errors only");
   try {

@@ -311,3 +311,25 @@ def test_a_ready_file_that_cannot_be_written_stops_the_server_naming_it(tmp_path
         assert sorted(x.name for x in with_dir.iterdir()) == ["stored-ok.log", "stored-ok.ready"]
     finally:
         s.stop()
+
+
+def cpu_ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_an_idle_shm_server_does_not_spin_a_core(tmp_path, servers):
+    """shm has no wait object: the server polls without pause only while a client is connected
+    (it spun a whole core with none before). A client still reads every byte."""
+    data = dataset(tmp_path, samples=64)
+    s = Stored(tmp_path, "shm", "--provider", "shm", "--export", f"d={data}")
+    servers.append(s)
+    hz = os.sysconf("SC_CLK_TCK")
+    before, t0 = cpu_ticks(s.proc.pid), time.monotonic()
+    time.sleep(2)
+    used = (cpu_ticks(s.proc.pid) - before) / hz / (time.monotonic() - t0)
+    assert used < 0.25, f"an idle shm solar-stored used {used:.0%} of a core"
+    p = run(SOLAR, "verify", f"fabric://{s.addr}/d", "--seed", "7", "--no-progress",
+            check=False)
+    assert p.returncode == 0 and "all match" in p.stdout, p.stdout + p.stderr
