@@ -487,7 +487,7 @@ void run_bench_io(const BenchOptions& o) {
   // The raw fabric's reference: the same server, provider and bytes in plain fi_reads of the
   // phase's request sizes (one sample each; runs and the sequential range in reads of at most
   // --reference-op), --queue-depth in flight, from the server's plain memory (as large as the
-  // dataset, up to 256 MiB) into a local ring as large as the phase's destination.
+  // dataset, up to kMaxReferenceBytes) into a local ring as large as the phase's destination.
   const std::uint64_t remote_bytes =
       std::min<std::uint64_t>(info.samples * sb, storage::kMaxReferenceBytes);
   const unsigned window = o.flags.queue_depth;

@@ -140,10 +140,11 @@ struct StorageServer::Impl {
   std::uint64_t staging_bytes = 0;
   std::vector<StagingSlot> slots;
   std::mutex slots_mu;
-  // The reference buffer: one for all connections (those reading it keep it alive), replaced
-  // by a larger one when a client asks for more (at most kMaxReferenceBytes).
+  // The reference buffer: one for all connections (those reading it keep it alive, and it
+  // goes with the last of them), replaced by a larger one when a client asks for more (at
+  // most kMaxReferenceBytes).
   std::mutex reference_mu;
-  std::shared_ptr<ReferenceBuffer> reference;
+  std::weak_ptr<ReferenceBuffer> reference;
 
   std::atomic<bool> stopping{false};
   std::thread progress;
@@ -406,8 +407,9 @@ StagingSlot* StorageServer::Impl::acquire_slot(const void* who) {
 
 std::shared_ptr<ReferenceBuffer> StorageServer::Impl::reference_buffer(std::uint64_t bytes) {
   std::lock_guard g(reference_mu);
-  if (!reference || reference->len < bytes) reference = std::make_shared<ReferenceBuffer>(bytes);
-  return reference;
+  auto buf = reference.lock();
+  if (!buf || buf->len < bytes) reference = buf = std::make_shared<ReferenceBuffer>(bytes);
+  return buf;
 }
 
 void StorageServer::Impl::release_slot(StagingSlot* s) {

@@ -3,7 +3,11 @@
 // in the benchmarks, bench/README.md).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
 
 #include "solar/storage/fabric_source.h"
 #include "solar/storage/hdf5_writer.h"
@@ -108,6 +112,43 @@ TEST(FabricReference, ReadsLongerThanTheServersBufferAreRefused) {
   std::vector<std::byte> buf(src->info().sample_bytes);
   const SampleRun one{3, 1};
   src->read({&one, 1}, buf.data());
+}
+
+// The server's resident memory (VmRSS), bytes.
+std::uint64_t rss_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+TEST(FabricReference, TheBufferIsAsLargeAsAskedAndGoesWithTheLastReader) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous);
+  StoredProcess server(dir, {"--export", "c=" + dir.file("c.h5")});
+  ASSERT_TRUE(server.start()) << server.log();
+  const std::uint64_t idle = rss_of(server.pid());
+  constexpr std::uint64_t kBig = 512ULL << 20;  // above the old 256 MiB cap
+  {
+    auto src = FabricSource::connect(server.uri("c"));
+    const FabricRead far{kBig - (64 << 10), 64 << 10};  // its last 64 KiB: no wrap-around
+    const auto r = src->measure_fabric({&far, 1}, 1, 64 << 10, kBig);
+    EXPECT_EQ(r.remote_bytes, kBig);
+    EXPECT_EQ(r.bytes, 64u << 10);
+    // Lent while measured: filled, so resident (the server drops it only once no one reads it).
+    EXPECT_GE(rss_of(server.pid()), idle + kBig / 2);
+  }
+  // measure_fabric's connection closed with it: the server frees the buffer once it has seen
+  // that (it polls its connections), within seconds.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (rss_of(server.pid()) > idle + (64ULL << 20) && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_LE(rss_of(server.pid()), idle + (64ULL << 20));
+  // Beyond the cap, the server lends what it may, and says how much.
+  auto src = FabricSource::connect(server.uri("c"));
+  const FabricRead one{0, 64 << 10};
+  EXPECT_EQ(src->measure_fabric({&one, 1}, 1, 64 << 10, kMaxReferenceBytes + 1).remote_bytes,
+            kMaxReferenceBytes);
 }
 
 }  // namespace

@@ -37,6 +37,7 @@ class StoredProcess {
   bool start(std::uint16_t port = 0);
   void kill_now();  // SIGKILL and reap
   std::uint16_t port() const { return port_; }
+  pid_t pid() const { return pid_; }
   std::string uri(const std::string& name) const;
   std::string log() const;
   int wait_exit();  // reaps; returns the exit status
