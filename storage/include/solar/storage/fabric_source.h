@@ -45,9 +45,8 @@ struct FabricOptions {
 // serves every connection that asks, and it is freed when the last of them closes, so
 // authenticated clients can make the server hold this much at most, while they measure. As
 // large as a 1 GiB benchmark dataset: with 256 MiB the reference's reads wrapped into a
-// quarter of the memory solar's reads of the same dataset walk (fewer page tables to walk,
-// more of it cached), and shm 256 KiB reads measured 56% of it with one reader against 91-92%
-// with a 256 MiB dataset.
+// quarter of the memory solar's reads of the same dataset walk (one shm reader of 256 KiB
+// samples: 56% of it, 68-75% of a 1 GiB one, bench/README.md).
 inline constexpr std::uint64_t kMaxReferenceBytes = 1ULL << 30;
 
 // One read of the raw-fabric reference: `len` bytes at `offset` of the server's reference
