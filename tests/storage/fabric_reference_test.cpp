@@ -133,13 +133,12 @@ TEST(FabricReference, TheBufferIsAsLargeAsAskedAndGoesWithTheLastReader) {
     auto src = FabricSource::connect(server.uri("c"));
     const FabricRead far{kBig - (64 << 10), 64 << 10};  // its last 64 KiB: no wrap-around
     const auto r = src->measure_fabric({&far, 1}, 1, 64 << 10, kBig);
+    // Lent whole: its last bytes were read (a read past the registered region fails).
     EXPECT_EQ(r.remote_bytes, kBig);
     EXPECT_EQ(r.bytes, 64u << 10);
-    // Lent while measured: filled, so resident (the server drops it only once no one reads it).
-    EXPECT_GE(rss_of(server.pid()), idle + kBig / 2);
   }
-  // measure_fabric's connection closed with it: the server frees the buffer once it has seen
-  // that (it polls its connections), within seconds.
+  // measure_fabric's connection closed when it returned (so its RSS cannot be caught in
+  // between): the server frees the buffer once that connection's thread has ended.
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (rss_of(server.pid()) > idle + (64ULL << 20) && std::chrono::steady_clock::now() < end)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
