@@ -397,6 +397,9 @@ def main():
         median = {m: median_run(rs) for m, rs in runs.items()}
         best = min(workers, key=lambda w: sum(median[w]))
         base = median[best]
+
+        def walls(key):  # a mode's whole-run walls: the median and each rotation's
+            return {"wall_s": median_run(wall[key], float), "wall_runs_s": wall[key]}
         result = {"config": {k: getattr(a, k) for k in ("samples", "preset", "nodes", "ranks",
                                                           "batch", "epochs", "buffer", "seed",
                                                           "throttle", "workers", "repeat",
@@ -405,7 +408,7 @@ def main():
                   "modes": {"baseline": {"per_epoch_s": base, "total_s": sum(base),
                                          "num_workers": best,
                                          "disk_bytes": disk.get(("baseline", best)),
-                                         "wall_s": median_run(wall[("baseline", best)], float)}}}
+                                         **walls(("baseline", best))}}}
         print()
         if a.repeat > 1:
             print(f"(each mode run {a.repeat} times in rotation; the runs of median total shown)")
@@ -429,7 +432,7 @@ def main():
             entry = {"per_epoch_s": t, "total_s": sum(t), "speedup": speed,
                      "head_start": head_start if m == "solar" else None,
                      "disk_bytes": disk.get(m if m == "solar" else ("transparent", best_t)),
-                     "wall_s": median_run(wall[m if m == "solar" else ("transparent", best_t)], float)}
+                     **walls(m if m == "solar" else ("transparent", best_t))}
             if plans.get(m):
                 fetches, accesses = plans[m]
                 limit = accesses / max(fetches, 1)
@@ -451,16 +454,10 @@ def main():
         print(f"whole run, launch to exit (median): {walls}")
         # Each rotation's own walls too: on a small shared machine the ranks' start-up swings
         # by more than a short run's loading saves, and a rotation's modes ran back to back.
-        wall_key = {"baseline": ("baseline", best), "solar": "solar"}
-        if "transparent" in shown:
-            wall_key["transparent"] = ("transparent", best_t)
-        for m, key in wall_key.items():
-            if m in result["modes"]:
-                result["modes"][m]["wall_runs_s"] = wall[key]
         if a.repeat > 1:
-            base_walls = wall[wall_key["baseline"]]
+            base_walls = result["modes"]["baseline"]["wall_runs_s"]
             for m in shown:
-                mine = wall[wall_key[m]]
+                mine = result["modes"][m]["wall_runs_s"]
                 shorter = sum(x < b for x, b in zip(mine, base_walls))
                 print(f"  each rotation, {m} / baseline: "
                       + ", ".join(f"{x:.2f}/{b:.2f}" for x, b in zip(mine, base_walls))
