@@ -311,15 +311,14 @@ StorageServer::StorageServer(ServerOptions options) : impl_(std::make_unique<Imp
     bool clients = true;
     auto next_clients = next_watch;
     while (!im.stopping.load(std::memory_order_relaxed)) {
-      if (const auto now = std::chrono::steady_clock::now(); now >= next_watch) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= next_watch) {
         im.watch_exports();
         next_watch = now + std::chrono::milliseconds(500);
       }
-      if (!waiting) {
-        if (const auto now = std::chrono::steady_clock::now(); now >= next_clients) {
-          clients = im.any_client();
-          next_clients = now + std::chrono::milliseconds(5);
-        }
+      if (!waiting && now >= next_clients) {
+        clients = im.any_client();
+        next_clients = now + std::chrono::milliseconds(5);
       }
       // Woken by the provider's sockets; at the latest after 10 ms, for watch_exports, stop
       // and any progress a provider does not signal (connection set-up).
