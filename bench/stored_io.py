@@ -10,7 +10,9 @@ provider starts a solar-stored exporting it, runs `solar bench io fabric://... -
 --fraction 1 --repeat N --json` against it (random one-sample reads from 8 threads, sorted
 coalesced runs, a sequential read, each beside plain fi_reads of the same sizes on the same
 server: the raw-fabric reference), stops the server, and prints solar's reads as a share of
-the fabric's: the median of the runs' own ratios, and their range.
+the fabric's: the median of the runs' own ratios, and their range. The reference reads into
+the same memory solar's reads land in; --reference-memory export has it read the export's
+own mapping (the file's page cache) instead of plain memory the server lends.
 
 Placement (--placement): solar-stored serves from another machine in a deployment, over
 tcp;ofi_rxm or verbs; on one machine its thread and the reading threads share the cores, and
@@ -121,6 +123,10 @@ def main():
                     "shm; shared: anywhere [apart]")
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"),
                     help="build directory [../build]")
+    ap.add_argument("--reference-memory", choices=["plain", "export"], default="plain",
+                    help="what the reference reads on the server: plain memory it lends (the "
+                    "fabric's own limit) or the export's mapped file at solar's offsets (what "
+                    "solar's read path costs, the server's page cache on both sides) [plain]")
     ap.add_argument("--data-dir", help="keep the datasets here (reused when present)")
     ap.add_argument("--json", help="also write every bench io result to this file")
     a = ap.parse_args()
@@ -173,7 +179,8 @@ def main():
                 try:
                     p = subprocess.run([solar, "bench", "io", f"fabric://{server.addr}/s",
                                         "--warm", "--fraction", "1", "--repeat", str(a.repeat),
-                                        "--json"], capture_output=True, text=True,
+                                        "--reference-memory", a.reference_memory, "--json"],
+                                       capture_output=True, text=True,
                                        preexec_fn=pinned(bench_cpus), timeout=3600)
                 finally:
                     server.stop()
@@ -191,8 +198,9 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"solar-stored vs the raw fabric: warm page cache, {parse_size(a.bytes) >> 20} MiB "
-          f"a phase, median of {a.repeat} runs' own ratios (range)\n")
+    print(f"solar-stored vs the raw fabric ({'the export' if a.reference_memory == 'export' else 'plain'}"
+          f" memory): warm page cache, {parse_size(a.bytes) >> 20} MiB a phase, median of "
+          f"{a.repeat} runs' own ratios (range)\n")
     print(f"{'sample':>6}  {'provider':<12} {'cores':<7} {'phase':<28} {'GB/s':>6} "
           f"{'fabric':>7} {'vs fabric':>10} {'range':>10}")
     for size, prov, place, name, g, f, v, lo, hi in rows:

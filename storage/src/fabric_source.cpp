@@ -974,30 +974,46 @@ void FabricSource::drop_cache() {
 namespace solar::storage {
 
 FabricReference FabricSource::measure_fabric(std::span<const FabricRead> reads, unsigned window,
-                                             std::uint64_t local_bytes,
-                                             std::uint64_t remote_bytes) {
+                                             std::span<std::byte> local,
+                                             std::uint64_t remote_bytes,
+                                             ReferenceMemory memory) {
   Impl& im = *impl_;
   FabricReference r;
   window = std::max(1u, window);
   std::uint64_t longest = 1;
   for (const auto& x : reads) longest = std::max(longest, x.len);
-  local_bytes = std::max(local_bytes, longest);
+  if (local.size() < longest)
+    throw StorageError(fmt::format("{}: a {}-byte reference read does not fit its {}-byte "
+                                   "destination",
+                                   im.uri, longest, local.size()));
   // A session of its own: nothing it does shares a lock, an endpoint or a queue with reads.
   auto s = im.open_session(false, false);
-  const json reply = im.request(*s, {{"op", "reference"}, {"bytes", remote_bytes}});
-  if (!reply.value("ok", false))
-    throw StorageError(fmt::format("{}: the server lends no reference buffer: {}", im.uri,
-                                   reply.value("error", std::string("no reason given"))));
-  const std::string bad = im.uri + ": the server's reference reply is bad";
-  const std::uint64_t key = wire::count_field(reply.at("key"), bad);
-  const std::uint64_t base = wire::count_field(reply.at("base"), bad);
-  const std::uint64_t rbytes = wire::count_field(reply.at("bytes"), bad);
+  std::uint64_t key = 0, base = 0, rbytes = 0;
+  if (memory == ReferenceMemory::exported) {
+    if (!s->rma)
+      throw StorageError(fmt::format("{}: the export is read through the server's staging "
+                                     "buffer (chunked or compressed), so it has no memory of "
+                                     "its own to read the reference from; measure it against "
+                                     "plain memory",
+                                     im.uri));
+    key = s->data.key;
+    base = s->data.base;
+    rbytes = im.info.samples * im.info.sample_bytes;
+  } else {
+    const json reply = im.request(*s, {{"op", "reference"}, {"bytes", remote_bytes}});
+    if (!reply.value("ok", false))
+      throw StorageError(fmt::format("{}: the server lends no reference buffer: {}", im.uri,
+                                     reply.value("error", std::string("no reason given"))));
+    const std::string bad = im.uri + ": the server's reference reply is bad";
+    key = wire::count_field(reply.at("key"), bad);
+    base = wire::count_field(reply.at("base"), bad);
+    rbytes = wire::count_field(reply.at("bytes"), bad);
+  }
   if (longest > rbytes)
     throw StorageError(fmt::format("{}: a {}-byte reference read is longer than the server's "
                                    "{}-byte reference buffer",
                                    im.uri, longest, rbytes));
-  // The destination, touched before timing and registered once (FI_MR_LOCAL providers).
-  std::vector<std::byte> local(local_bytes, std::byte{1});
+  // The caller's destination, registered once (FI_MR_LOCAL providers).
   fabric::Region region;
   void* desc = nullptr;
   if (s->ep->local_mr()) {
@@ -1070,6 +1086,7 @@ FabricReference FabricSource::measure_fabric(std::span<const FabricRead> reads, 
   r.reads = reads.size();
   r.window = window;
   r.remote_bytes = rbytes;
+  r.from_export = memory == ReferenceMemory::exported;
   r.local_bytes = local.size();
   r.provider = s->ep->provider();
   return r;

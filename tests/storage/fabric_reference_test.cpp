@@ -96,22 +96,78 @@ TEST(FabricReference, ReadsLongerThanTheServersBufferAreRefused) {
   ASSERT_TRUE(server.start()) << server.log();
   auto src = FabricSource::connect(server.uri("c"));
   const FabricRead ok{5 << 20, 64 << 10};  // wraps around the 1 MiB (smallest) buffer
-  const auto r = src->measure_fabric({&ok, 1}, 2, 64 << 10, 1);
+  std::vector<std::byte> local(2 << 20);
+  const auto r = src->measure_fabric({&ok, 1}, 2, {local.data(), 64 << 10}, 1);
   EXPECT_EQ(r.bytes, 64u << 10);
+  EXPECT_EQ(r.local_bytes, 64u << 10);
+  // What landed is the server's reference buffer (its fill byte) in the caller's memory.
+  EXPECT_EQ(local[0], std::byte{0x5a});
+  EXPECT_EQ(local[(64 << 10) - 1], std::byte{0x5a});
   EXPECT_EQ(r.reads, 1u);
   EXPECT_EQ(r.remote_bytes, 1u << 20);
   const FabricRead big{0, 2 << 20};
   try {
-    src->measure_fabric({&big, 1}, 2, 2 << 20, 1);
+    src->measure_fabric({&big, 1}, 2, local, 1);
     FAIL() << "no error";
   } catch (const StorageError& e) {
     EXPECT_NE(std::string(e.what()).find("longer than the server's"), std::string::npos)
+        << e.what();
+  }
+  try {  // a destination smaller than a read
+    src->measure_fabric({&ok, 1}, 2, {local.data(), 4096}, 1);
+    FAIL() << "no error";
+  } catch (const StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit its 4096-byte destination"),
+              std::string::npos)
         << e.what();
   }
   // The source still reads after both.
   std::vector<std::byte> buf(src->info().sample_bytes);
   const SampleRun one{3, 1};
   src->read({&one, 1}, buf.data());
+}
+
+// --reference-memory export: the reference reads the export's own mapping (as many bytes as
+// the dataset, no buffer lent), and a staged export, which has none, is refused by name.
+TEST(FabricReference, ReadsTheExportsOwnMemoryWhenAsked) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous);
+  write(dir, "k.h5", Layout::chunked);
+  StoredProcess server(dir, {"--provider", "shm", "--export", "c=" + dir.file("c.h5"),
+                             "--export", "k=" + dir.file("k.h5")});
+  ASSERT_TRUE(server.start()) << server.log();
+  auto src = FabricSource::connect(server.uri("c"));
+  const std::uint64_t dataset = 64u * (32 << 10);
+  const FabricRead last{dataset - (32 << 10), 32 << 10};
+  std::vector<std::byte> local(32 << 10), sample(32 << 10);
+  const auto r = src->measure_fabric({&last, 1}, 1, local, 1, ReferenceMemory::exported);
+  EXPECT_TRUE(r.from_export);
+  EXPECT_EQ(r.remote_bytes, dataset);
+  EXPECT_EQ(r.bytes, 32u << 10);
+  // The bytes are the dataset's last sample, as solar reads it.
+  const SampleRun last_sample{63, 1};
+  src->read({&last_sample, 1}, sample.data());
+  EXPECT_EQ(local, sample);
+  EXPECT_FALSE(src->measure_fabric({&last, 1}, 1, local, 1).from_export);
+  EXPECT_EQ(local[0], std::byte{0x5a});
+  auto staged = FabricSource::connect(server.uri("k"));
+  try {
+    staged->measure_fabric({&last, 1}, 1, local, 1, ReferenceMemory::exported);
+    FAIL() << "no error";
+  } catch (const StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find("staging buffer"), std::string::npos) << e.what();
+  }
+  const json j = bench({server.uri("c"), "--json", "--fraction", "1", "--reference-memory",
+                        "export"});
+  EXPECT_EQ(j.at("fabric_reference").at("memory"), "export");
+  EXPECT_EQ(j.at("fabric_reference").at("remote_bytes"), dataset);
+  for (const auto& p : j.at("phases")) EXPECT_GT(p.at("vs_fabric").get<double>(), 0);
+  std::string out;
+  EXPECT_EQ(test::run({SOLAR_CLI, "bench", "io", server.uri("c"), "--reference-memory", "file"},
+                      &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("--reference-memory"), std::string::npos) << out;
 }
 
 // The server's resident memory (VmRSS), bytes.
@@ -129,10 +185,11 @@ TEST(FabricReference, TheBufferIsAsLargeAsAskedAndGoesWithTheLastReader) {
   ASSERT_TRUE(server.start()) << server.log();
   const std::uint64_t idle = rss_of(server.pid());
   constexpr std::uint64_t kBig = 512ULL << 20;  // above the old 256 MiB cap
+  std::vector<std::byte> local(64 << 10);
   {
     auto src = FabricSource::connect(server.uri("c"));
     const FabricRead far{kBig - (64 << 10), 64 << 10};  // its last 64 KiB: no wrap-around
-    const auto r = src->measure_fabric({&far, 1}, 1, 64 << 10, kBig);
+    const auto r = src->measure_fabric({&far, 1}, 1, local, kBig);
     // Lent whole: its last bytes were read (a read past the registered region fails).
     EXPECT_EQ(r.remote_bytes, kBig);
     EXPECT_EQ(r.bytes, 64u << 10);
@@ -146,7 +203,7 @@ TEST(FabricReference, TheBufferIsAsLargeAsAskedAndGoesWithTheLastReader) {
   // Beyond the cap, the server lends what it may, and says how much.
   auto src = FabricSource::connect(server.uri("c"));
   const FabricRead one{0, 64 << 10};
-  EXPECT_EQ(src->measure_fabric({&one, 1}, 1, 64 << 10, kMaxReferenceBytes + 1).remote_bytes,
+  EXPECT_EQ(src->measure_fabric({&one, 1}, 1, local, kMaxReferenceBytes + 1).remote_bytes,
             kMaxReferenceBytes);
 }
 

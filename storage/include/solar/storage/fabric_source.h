@@ -55,9 +55,17 @@ struct FabricRead {
   std::uint64_t offset = 0, len = 0;
 };
 
+// What the raw-fabric reference reads on the server: `plain`, a buffer of anonymous memory
+// lent for it (the fabric's own limit: no file, no page cache); `exported`, the export's own
+// memory, the mapped file solar's reads come from, at the same offsets (the fabric's limit
+// from that memory: solar's share of it is what its read path costs, whatever the page cache
+// of the server's file does to both). Contiguous (one-sided) exports only.
+enum class ReferenceMemory { plain, exported };
+
 // What FabricSource::measure_fabric measured.
 struct FabricReference {
   double seconds = 0;  // first read issued to last completion
+  bool from_export = false;         // read the export's own memory (ReferenceMemory::exported)
   std::uint64_t bytes = 0, reads = 0;
   unsigned window = 0;              // reads in flight
   std::uint64_t remote_bytes = 0;   // the server's reference buffer
@@ -86,12 +94,19 @@ class FabricSource : public SampleSource {
   // The raw fabric under this source, measured as fabtests' fi_rma_bw does: on a connection
   // and endpoint of its own (same provider, same server), `reads` are issued as plain
   // fi_reads, `window` in flight, from a registered buffer of plain memory the server lends
-  // for this (`remote_bytes`, at most kMaxReferenceBytes: no file and no page cache behind it) into a
-  // local ring of `local_bytes` registered once. Nothing of solar's read path is on this
-  // path, so solar's reads of the same sizes, divided by it, are solar's share of the fabric.
+  // for this (`remote_bytes`, at most kMaxReferenceBytes: no file and no page cache behind
+  // it) into `local`, used as a ring and registered once. Nothing of solar's read path is on
+  // this path, so solar's reads of the same sizes, divided by it, are solar's share of the
+  // fabric. Pass the very memory solar's reads land in: on this VM, writing into a buffer
+  // allocated for the measure was 1.5x as fast as writing into one allocated earlier and
+  // used since (shm, 256 KiB reads: 5.2-5.6 against 3.4-3.6 GB/s, the same source, alternating
+  // runs), which made a reference with a fresh ring of its own look 35% faster than solar.
+  // With ReferenceMemory::exported the reads come from the export's own registered memory
+  // instead (offsets within the dataset; `remote_bytes` is not used).
   // Throws StorageError when a read fails or the server does not lend the buffer.
   FabricReference measure_fabric(std::span<const FabricRead> reads, unsigned window,
-                                 std::uint64_t local_bytes, std::uint64_t remote_bytes);
+                                 std::span<std::byte> local, std::uint64_t remote_bytes,
+                                 ReferenceMemory memory = ReferenceMemory::plain);
   std::uint64_t bytes_read() const;    // completed payload bytes since connect (all threads)
   std::uint64_t reconnects() const;
   // The most fi_reads of read() calls in flight at once so far (all threads): up to
