@@ -509,9 +509,9 @@ void run_bench_io(const BenchOptions& o) {
   // The destinations, allocated and touched before anything is timed: for one-sample requests
   // a ring of max(--queue-depth, --workers) samples (not one cache-hot sample per worker), and
   // two batch buffers for the coalesced and sequential phases. The reference's reads land in
-  // the same memory (the ring, the first batch buffer): on this VM a buffer allocated for the
-  // reference alone took shm's 256 KiB reads at 5.2-5.6 GB/s while the ring solar's reads
-  // landed in took the same reads at 3.4-3.6 (measure_fabric in fabric_source.h).
+  // the same memory (the ring, the first batch buffer): on this VM solar's shm 256 KiB reads
+  // into a buffer allocated for the run took 4.7-5.6 GB/s, into this ring 3.4-3.6
+  // (measure_fabric in fabric_source.h).
   const std::uint64_t ring_slots = std::max<std::uint64_t>(window, o.workers);
   std::vector<std::byte> ring(ring_slots * sb, std::byte{1});
   std::vector<std::byte> batch_bufs[2];

@@ -45,8 +45,7 @@ struct FabricOptions {
 // serves every connection that asks, and it is freed when the last of them closes, so
 // authenticated clients can make the server hold this much at most, while they measure. As
 // large as a 1 GiB benchmark dataset: with 256 MiB the reference's reads wrapped into a
-// quarter of the memory solar's reads of the same dataset walk (one shm reader of 256 KiB
-// samples: 56% of it, 68-75% of a 1 GiB one, bench/README.md).
+// quarter of the memory solar's reads of the same dataset walk.
 inline constexpr std::uint64_t kMaxReferenceBytes = 1ULL << 30;
 
 // One read of the raw-fabric reference: `len` bytes at `offset` of the server's reference
@@ -97,10 +96,12 @@ class FabricSource : public SampleSource {
   // for this (`remote_bytes`, at most kMaxReferenceBytes: no file and no page cache behind
   // it) into `local`, used as a ring and registered once. Nothing of solar's read path is on
   // this path, so solar's reads of the same sizes, divided by it, are solar's share of the
-  // fabric. Pass the very memory solar's reads land in: on this VM, writing into a buffer
-  // allocated for the measure was 1.5x as fast as writing into one allocated earlier and
-  // used since (shm, 256 KiB reads: 5.2-5.6 against 3.4-3.6 GB/s, the same source, alternating
-  // runs), which made a reference with a fresh ring of its own look 35% faster than solar.
+  // fabric. Pass the very memory solar's reads land in: in `solar bench io` on this VM,
+  // solar's reads into a buffer allocated for the run were up to 1.5x as fast as into the
+  // ring allocated before the phases (shm, 256 KiB reads: 4.7-5.6 against 3.4-3.6 GB/s, the
+  // same source, alternating runs), which made a reference with a fresh ring of its own look
+  // up to 35% faster than solar. Why is not known: a standalone process_vm_readv loop into
+  // an old and a fresh ring showed no such difference.
   // With ReferenceMemory::exported the reads come from the export's own registered memory
   // instead (offsets within the dataset; `remote_bytes` is not used).
   // Throws StorageError when a read fails or the server does not lend the buffer.
