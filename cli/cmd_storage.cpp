@@ -8,12 +8,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -252,15 +255,38 @@ std::vector<std::vector<SampleRun>> batches(const std::vector<SampleRun>& runs,
   return out;
 }
 
+// Memory a benchmark's reads land in: page-aligned, as the agent's buffer is (its slots are
+// 64-byte aligned), and touched when made, so that page faults of fresh memory are not
+// counted as reads. Not a std::vector: its data sits 16 bytes into a page, and copies into
+// memory so placed ran slower here (process_vm_readv of 256 KiB pieces, shm's path: 4.5
+// against 5.4 GB/s into page-aligned memory, and 5.3-5.7 at offsets 64 and 2048).
+class Destination {
+ public:
+  explicit Destination(std::uint64_t bytes) : bytes_(bytes) {
+    void* p = nullptr;
+    if (::posix_memalign(&p, 4096, std::max<std::uint64_t>(bytes, 1)) != 0) throw std::bad_alloc();
+    p_.reset(static_cast<std::byte*>(p));
+    std::memset(p, 1, bytes);
+  }
+  std::byte* data() const { return p_.get(); }
+  std::span<std::byte> span() const { return {p_.get(), bytes_}; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> p_;
+  std::uint64_t bytes_;
+};
+
 // Reads every batch, two at a time (double buffering: one batch is being issued while the
-// other completes, as the agent does), into scratch memory: `bufs`, two buffers of at least a
-// batch each, allocated and touched by the caller (page faults of fresh memory are not reads).
+// other completes, as the agent does), into `bufs`, two buffers of at least a batch each.
 void read_all(storage::SampleSource& src, const std::vector<std::vector<SampleRun>>& parts,
-              std::vector<std::byte> (&bufs)[2]) {
+              const Destination (&bufs)[2]) {
   std::atomic<std::size_t> next{0};
   std::exception_ptr err;
   std::mutex mu;
-  auto reader = [&](std::vector<std::byte>& buf) {
+  auto reader = [&](const Destination& buf) {
     try {
       for (std::size_t i; (i = next.fetch_add(1)) < parts.size();) src.read(parts[i], buf.data());
     } catch (...) {
@@ -269,7 +295,7 @@ void read_all(storage::SampleSource& src, const std::vector<std::vector<SampleRu
       next = parts.size();
     }
   };
-  std::thread other(reader, std::ref(bufs[1]));
+  std::thread other(reader, std::cref(bufs[1]));
   reader(bufs[0]);
   other.join();
   if (err) std::rethrow_exception(err);
@@ -508,14 +534,14 @@ void run_bench_io(const BenchOptions& o) {
   std::vector<Phase> phases(3);
   // The destinations, allocated and touched before anything is timed: for one-sample requests
   // a ring of max(--queue-depth, --workers) samples (not one cache-hot sample per worker), and
-  // two batch buffers for the coalesced and sequential phases. The reference's reads land in
-  // the same memory (the ring, the first batch buffer): on this VM solar's shm 256 KiB reads
-  // into a buffer allocated for the run took 4.7-5.6 GB/s, into this ring 3.4-3.6
-  // (measure_fabric in fabric_source.h).
+  // two batch buffers for the coalesced and sequential phases, page-aligned (Destination). The
+  // reference's reads land in the same memory (the ring, the first batch buffer): on this VM
+  // solar's shm 256 KiB reads into a buffer allocated for the run took 4.7-5.6 GB/s, into the
+  // ring (then a std::vector, 16 bytes into a page) 3.4-3.6 (measure_fabric in
+  // fabric_source.h).
   const std::uint64_t ring_slots = std::max<std::uint64_t>(window, o.workers);
-  std::vector<std::byte> ring(ring_slots * sb, std::byte{1});
-  std::vector<std::byte> batch_bufs[2];
-  for (auto& b : batch_bufs) b.assign(per_batch + sb, std::byte{1});
+  const Destination ring(ring_slots * sb);
+  const Destination batch_bufs[2] = {Destination(per_batch + sb), Destination(per_batch + sb)};
   // 1. One sample per request, random order, from `workers` threads (a PyTorch Dataset's
   //    __getitem__ under a DataLoader with that many workers).
   phases[0].name = "random, 1 sample/request";
@@ -542,7 +568,7 @@ void run_bench_io(const BenchOptions& o) {
     if (err) std::rethrow_exception(err);
   };
   for (std::uint64_t id : ids) phases[0].reference_reads.push_back({id * sb, sb});
-  phases[0].reference_local = ring;
+  phases[0].reference_local = ring.span();
   // 2. The same samples, sorted and coalesced into runs, read batch by batch.
   const auto coalesced_parts = batches(sorted_runs, sb, batch_bytes);
   phases[1].name = "sorted, coalesced runs";
@@ -550,14 +576,14 @@ void run_bench_io(const BenchOptions& o) {
   phases[1].run = [&] { read_all(*src, coalesced_parts, batch_bufs); };
   for (const auto& r : sorted_runs)
     add_reads(phases[1].reference_reads, r.first * sb, r.count * sb, reference_op);
-  phases[1].reference_local = batch_bufs[0];
+  phases[1].reference_local = batch_bufs[0].span();
   // 3. Device limit: the same number of bytes, read sequentially from sample 0.
   const auto seq_parts = batches({{0, k}}, sb, batch_bytes);
   phases[2].name = "sequential (device limit)";
   phases[2].requests = seq_parts.size();
   phases[2].run = [&] { read_all(*src, seq_parts, batch_bufs); };
   add_reads(phases[2].reference_reads, 0, bytes, reference_op);
-  phases[2].reference_local = batch_bufs[0];
+  phases[2].reference_local = batch_bufs[0].span();
 
   try {
     for (auto& p : phases)

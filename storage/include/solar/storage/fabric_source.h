@@ -100,8 +100,8 @@ class FabricSource : public SampleSource {
   // solar's reads into a buffer allocated for the run were up to 1.5x as fast as into the
   // ring allocated before the phases (shm, 256 KiB reads: 4.7-5.6 against 3.4-3.6 GB/s, the
   // same source, alternating runs), which made a reference with a fresh ring of its own look
-  // up to 35% faster than solar. Why is not known: a standalone process_vm_readv loop into
-  // an old and a fresh ring showed no such difference.
+  // up to 35% faster than solar (the ring was a std::vector, 16 bytes into a page; memory
+  // so placed takes such copies ~17% slower here, which is most likely the cause).
   // With ReferenceMemory::exported the reads come from the export's own registered memory
   // instead (offsets within the dataset; `remote_bytes` is not used).
   // Throws StorageError when a read fails or the server does not lend the buffer.
