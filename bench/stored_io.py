@@ -198,9 +198,10 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"solar-stored vs the raw fabric ({'the export' if a.reference_memory == 'export' else 'plain'}"
-          f" memory): warm page cache, {parse_size(a.bytes) >> 20} MiB a phase, median of "
-          f"{a.repeat} runs' own ratios (range)\n")
+    memory = "the export's" if a.reference_memory == "export" else "plain"
+    print(f"solar-stored vs the raw fabric ({memory} memory): warm page cache, "
+          f"{parse_size(a.bytes) >> 20} MiB a phase, median of {a.repeat} runs' own ratios "
+          f"(range)\n")
     print(f"{'sample':>6}  {'provider':<12} {'cores':<7} {'phase':<28} {'GB/s':>6} "
           f"{'fabric':>7} {'vs fabric':>10} {'range':>10}")
     for size, prov, place, name, g, f, v, lo, hi in rows:

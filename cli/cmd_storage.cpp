@@ -651,7 +651,7 @@ void run_bench_io(const BenchOptions& o) {
       j["fabric_reference"] = {{"provider", r.provider},
                                {"window", r.window},
                                {"remote_bytes", r.remote_bytes},
-                               {"memory", r.from_export ? "export" : "plain"},
+                               {"memory", o.reference_memory},
                                {"max_read_bytes", reference_op}};
     } else {
       j["fabric_reference"] = nullptr;
@@ -685,14 +685,15 @@ void run_bench_io(const BenchOptions& o) {
              median(phases[0].seconds) / median(phases[1].seconds));
   if (fabric) {
     const auto& r = *phases[0].reference;
+    const bool from_export = reference_memory == storage::ReferenceMemory::exported;
     fmt::print("fabric: plain fi_reads on an endpoint of their own ({}), {} in flight, of each "
                "phase's sizes (runs in reads of at most {}), from {}: {}\n",
                r.provider, r.window, format_bytes(reference_op),
-               r.from_export
+               from_export
                    ? "the export's own memory (the mapped file, at the offsets solar reads)"
                    : fmt::format("{} of the server's plain memory", format_bytes(r.remote_bytes)),
-               r.from_export ? "solar's read path is not on it, the server's page cache is"
-                             : "the page cache and solar's read path are not on it");
+               from_export ? "solar's read path is not on it, the server's page cache is"
+                           : "the page cache and solar's read path are not on it");
     if (o.repeat > 1)
       fmt::print("vs fabric: the median over the runs of each run's ratio to the reference "
                  "measured beside it (every other run measures the reference first)\n");

@@ -986,16 +986,16 @@ FabricReference FabricSource::measure_fabric(std::span<const FabricRead> reads, 
     throw StorageError(fmt::format("{}: a {}-byte reference read does not fit its {}-byte "
                                    "destination",
                                    im.uri, longest, local.size()));
+  if (memory == ReferenceMemory::exported && !im.rma)
+    throw StorageError(fmt::format("{}: the export is read through the server's staging "
+                                   "buffer (chunked or compressed), so it has no memory of its "
+                                   "own to read the reference from; measure it against plain "
+                                   "memory",
+                                   im.uri));
   // A session of its own: nothing it does shares a lock, an endpoint or a queue with reads.
   auto s = im.open_session(false, false);
   std::uint64_t key = 0, base = 0, rbytes = 0;
   if (memory == ReferenceMemory::exported) {
-    if (!s->rma)
-      throw StorageError(fmt::format("{}: the export is read through the server's staging "
-                                     "buffer (chunked or compressed), so it has no memory of "
-                                     "its own to read the reference from; measure it against "
-                                     "plain memory",
-                                     im.uri));
     key = s->data.key;
     base = s->data.base;
     rbytes = im.info.samples * im.info.sample_bytes;
@@ -1086,7 +1086,6 @@ FabricReference FabricSource::measure_fabric(std::span<const FabricRead> reads, 
   r.reads = reads.size();
   r.window = window;
   r.remote_bytes = rbytes;
-  r.from_export = memory == ReferenceMemory::exported;
   r.local_bytes = local.size();
   r.provider = s->ep->provider();
   return r;

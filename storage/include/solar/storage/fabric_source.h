@@ -64,10 +64,9 @@ enum class ReferenceMemory { plain, exported };
 // What FabricSource::measure_fabric measured.
 struct FabricReference {
   double seconds = 0;  // first read issued to last completion
-  bool from_export = false;         // read the export's own memory (ReferenceMemory::exported)
   std::uint64_t bytes = 0, reads = 0;
   unsigned window = 0;              // reads in flight
-  std::uint64_t remote_bytes = 0;   // the server's reference buffer
+  std::uint64_t remote_bytes = 0;   // the server's reference buffer (or the export's bytes)
   std::uint64_t local_bytes = 0;    // the destination ring
   std::string provider;
 };
