@@ -72,7 +72,7 @@ def pinned(cpus):
 class Server:
     """A solar-stored exporting one file; stopped however the caller ends."""
 
-    def __init__(self, stored, provider, path, workdir, cpus):
+    def __init__(self, stored, provider, path, workdir, cpus, in_memory=False):
         self.ready = os.path.join(workdir, "stored.ready")
         self.log_path = os.path.join(workdir, "stored.log")
         if os.path.exists(self.ready):
@@ -80,7 +80,8 @@ class Server:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [stored, "--provider", provider, "--export", f"s={path}", "--listen",
-             "127.0.0.1:0", "--ready-file", self.ready, "--quiet"],
+             "127.0.0.1:0", "--ready-file", self.ready, "--quiet"]
+            + (["--in-memory"] if in_memory else []),
             stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=pinned(cpus))
         end = time.monotonic() + 60
         while time.monotonic() < end:
@@ -127,6 +128,10 @@ def main():
                     help="what the reference reads on the server: plain memory it lends (the "
                     "fabric's own limit) or the export's mapped file at solar's offsets (what "
                     "solar's read path costs, the server's page cache on both sides) [plain]")
+    ap.add_argument("--server-memory", default="file",
+                    help="what solar-stored serves from, comma-separated to measure both side "
+                    "by side: file (the mapped file's page cache, its default) or memory (its "
+                    "own copy, solar-stored --in-memory) [file]")
     ap.add_argument("--data-dir", help="keep the datasets here (reused when present)")
     ap.add_argument("--json", help="also write every bench io result to this file")
     a = ap.parse_args()
@@ -139,6 +144,9 @@ def main():
             raise SystemExit(f"stored_io.py: --sizes: '{s}' is not one of "
                              + ", ".join(PRESET_SHAPES))
     providers = [p.strip() for p in a.providers.split(",") if p.strip()]
+    served = [m.strip() for m in a.server_memory.split(",") if m.strip()]
+    if not served or any(m not in ("file", "memory") for m in served):
+        raise SystemExit("stored_io.py: --server-memory: give file, memory or file,memory")
     if not 1 <= a.repeat <= 100:
         raise SystemExit("stored_io.py: --repeat must be in 1..100")
     total = parse_size(a.bytes)
@@ -168,14 +176,15 @@ def main():
         os.sync()
         for size in sizes:
             path = paths[size]
-            for provider in providers:
+            for provider, served_from in [(p, m) for p in providers for m in served]:
                 apart = (a.placement == "apart" and provider not in SAME_HOST_PROVIDERS
                          and len(cpus) >= 2)
                 server_cpus = {cpus[0]} if apart else None
                 bench_cpus = set(cpus[1:]) if apart else None
-                print(f"== {size} {provider} ({'apart' if apart else 'shared cores'})",
+                print(f"== {size} {provider} from {served_from} "
+                      f"({'apart' if apart else 'shared cores'})",
                       file=sys.stderr)
-                server = Server(stored, provider, path, tmp, server_cpus)
+                server = Server(stored, provider, path, tmp, server_cpus, served_from == "memory")
                 try:
                     p = subprocess.run([solar, "bench", "io", f"fabric://{server.addr}/s",
                                         "--warm", "--fraction", "1", "--repeat", str(a.repeat),
@@ -190,10 +199,15 @@ def main():
                                      + open(server.log_path).read())
                 j = json.loads(p.stdout)
                 j["placement"] = "apart" if apart else "shared"
+                if j.get("server_memory") != served_from:
+                    raise SystemExit(f"stored_io.py: asked solar-stored to serve from "
+                                     f"{served_from}, and it served from "
+                                     f"{j.get('server_memory')}")
                 results.append(j)
                 for ph in j["phases"]:
                     runs = ph["vs_fabric_runs"]
-                    rows.append((size, provider, j["placement"], ph["name"], ph["gbps"],
+                    rows.append((size, provider, served_from, j["placement"], ph["name"],
+                                 ph["gbps"],
                                  ph["fabric_gbps"], ph["vs_fabric"], min(runs), max(runs)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -202,11 +216,11 @@ def main():
     print(f"solar-stored vs the raw fabric ({memory} memory): warm page cache, "
           f"{parse_size(a.bytes) >> 20} MiB a phase, median of {a.repeat} runs' own ratios "
           f"(range)\n")
-    print(f"{'sample':>6}  {'provider':<12} {'cores':<7} {'phase':<28} {'GB/s':>6} "
-          f"{'fabric':>7} {'vs fabric':>10} {'range':>10}")
-    for size, prov, place, name, g, f, v, lo, hi in rows:
-        print(f"{size:>6}  {prov:<12} {place:<7} {name:<28} {g:>6.2f} {f:>7.2f} "
-              f"{100 * v:>9.1f}% {f'{100 * lo:.0f}-{100 * hi:.0f}%':>10}")
+    print(f"{'sample':>6}  {'provider':<12} {'server':<7} {'cores':<7} {'phase':<28} "
+          f"{'GB/s':>6} {'fabric':>7} {'vs fabric':>10} {'range':>10}")
+    for size, prov, served_from, place, name, g, f, v, lo, hi in rows:
+        print(f"{size:>6}  {prov:<12} {served_from:<7} {place:<7} {name:<28} {g:>6.2f} "
+              f"{f:>7.2f} {100 * v:>9.1f}% {f'{100 * lo:.0f}-{100 * hi:.0f}%':>10}")
     if a.json:
         with open(a.json, "w") as out:
             json.dump(results, out, indent=1)

@@ -510,7 +510,8 @@ void run_bench_io(const BenchOptions& o) {
   const auto sorted_runs = storage::coalesce(ids);
   const std::uint64_t bytes = k * sb;
   const std::uint64_t per_batch = std::min(batch_bytes, bytes);
-  auto* fabric = o.reference ? dynamic_cast<storage::FabricSource*>(src.get()) : nullptr;
+  auto* served = dynamic_cast<storage::FabricSource*>(src.get());
+  auto* fabric = o.reference ? served : nullptr;
   // The raw fabric's reference: the same server, provider and bytes in plain fi_reads of the
   // phase's request sizes (one sample each; runs and the sequential range in reads of at most
   // --reference-op), --queue-depth in flight, from the server's plain memory (as large as the
@@ -656,13 +657,19 @@ void run_bench_io(const BenchOptions& o) {
     } else {
       j["fabric_reference"] = nullptr;
     }
+    if (served) j["server_memory"] = served->served_from();
     fmt::print("{}\n", j.dump(2));
     return;
   }
-  fmt::print("{}: {} samples of {} ({} layout); reading a random {:.0f}% = {} samples, {} per "
+  fmt::print("{}: {} samples of {} ({} layout{}); reading a random {:.0f}% = {} samples, {} per "
              "phase, {} cache{}\n\n",
-             src->describe(), info.samples, format_bytes(sb), info.layout, 100 * o.fraction, k,
-             format_bytes(bytes), o.cold ? "cold (dropped before each phase)" : "warm",
+             src->describe(), info.samples, format_bytes(sb), info.layout,
+             !served                               ? ""
+             : served->served_from() == "memory"   ? ", served from the server's own copy"
+             : served->served_from() == "staged"   ? ", staged by the server"
+                                                   : ", served from the server's mapped file",
+             100 * o.fraction, k, format_bytes(bytes),
+             o.cold ? "cold (dropped before each phase)" : "warm",
              o.repeat > 1 ? fmt::format(", median of {} runs", o.repeat) : "");
   fmt::print("{:<28} {:>10} {:>9} {:>9} {:>14}", "phase", "requests", "seconds", "GB/s",
              "vs sequential");
@@ -690,9 +697,10 @@ void run_bench_io(const BenchOptions& o) {
                "phase's sizes (runs in reads of at most {}), from {}: {}\n",
                r.provider, r.window, format_bytes(reference_op),
                from_export
-                   ? "the export's own memory (the mapped file, at the offsets solar reads)"
+                   ? "the export's own memory (the mapped file, or the server's copy under "
+                     "--in-memory, at the offsets solar reads)"
                    : fmt::format("{} of the server's plain memory", format_bytes(r.remote_bytes)),
-               from_export ? "solar's read path is not on it, the server's page cache is"
+               from_export ? "solar's read path is not on it, the server's memory is"
                            : "the page cache and solar's read path are not on it");
     if (o.repeat > 1)
       fmt::print("vs fabric: the median over the runs of each run's ratio to the reference "
@@ -823,9 +831,10 @@ void add_storage_commands(CLI::App& app) {
                         "own, and solar's reads are given as a share of them)");
   io->add_option("--reference-memory", b->reference_memory,
                  "fabric://: what the reference reads on the server: plain (anonymous memory "
-                 "it lends, the fabric's own limit) or export (the exported file's mapping, at "
-                 "the offsets solar reads: what solar's read path costs, the server's page "
-                 "cache being on both sides) [plain]")
+                 "it lends, the fabric's own limit) or export (the export's own memory at the "
+                 "offsets solar reads: the mapped file, or the server's copy under "
+                 "solar-stored --in-memory; what solar's read path costs, the same memory being "
+                 "on both sides) [plain]")
       ->type_name("MEMORY")
       ->check(CLI::IsMember({"plain", "export"}));
   io->add_option("--reference-op", b->reference_op,

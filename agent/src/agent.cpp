@@ -15,23 +15,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
-#include <fstream>
 
 #include "agent_impl.h"
 
 namespace solar::agent {
 
 namespace {
-
-std::uint64_t mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  std::uint64_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return ~std::uint64_t{0};
-}
 
 const char* what_is(mode_t m) {
   if (S_ISREG(m)) return "a regular file";

@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <cstdlib>
 #include <fmt/format.h>
+#include <fstream>
 
 namespace solar {
 
@@ -247,6 +248,15 @@ std::string format_bytes(std::uint64_t bytes) {
   }
   if (u == 0) return fmt::format("{} B", bytes);
   return fmt::format("{:.{}f} {}", v, v < 10 ? 2 : (v < 100 ? 1 : 0), units[u]);
+}
+
+std::uint64_t mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  std::uint64_t kb = 0;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return ~std::uint64_t{0};
 }
 
 void check_output_file(const std::string& path, const std::string& flag) {

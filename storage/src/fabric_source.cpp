@@ -126,6 +126,7 @@ struct FabricSource::Impl {
   double bandwidth = 0, latency = 0;  // emulated contention, from the server
   double bucket = 0;                  // when the emulated link is next free (seconds)
   bool rma = false;  // the export is read one-sided (contiguous): reads share the session
+  std::string served_from;  // what the server reads from: file, memory (--in-memory), staged
   std::atomic<std::uint64_t> bytes{0}, reconnects{0};
   std::atomic<std::uint64_t> peak_in_flight{0};  // most fi_reads of read() in flight at once
 
@@ -277,7 +278,10 @@ std::unique_ptr<Session> FabricSource::Impl::open_session(bool first, bool wait)
     }
     const json& d = reply.at("data");
     s->rma = d.at("mode") == "rma";
-    if (first) rma = s->rma;
+    if (first) {
+      rma = s->rma;
+      served_from = !s->rma ? "staged" : d.value("memory", std::string("file"));
+    }
     if (s->rma)
       s->data = {wire::count_field(d.at("key"), bad_hello),
                  wire::count_field(d.at("base"), bad_hello)};
@@ -820,6 +824,7 @@ const DatasetInfo& FabricSource::info() const { return impl_->info; }
 std::string FabricSource::describe() const { return impl_->uri; }
 const std::string& FabricSource::identity() const { return impl_->identity; }
 std::string FabricSource::provider() const { return impl_->provider; }
+const std::string& FabricSource::served_from() const { return impl_->served_from; }
 std::uint64_t FabricSource::bytes_read() const { return impl_->bytes.load(); }
 std::uint64_t FabricSource::reconnects() const { return impl_->reconnects.load(); }
 std::uint64_t FabricSource::peak_in_flight() const { return impl_->peak_in_flight.load(); }

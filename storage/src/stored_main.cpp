@@ -11,7 +11,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "solar-stored: export HDF5 datasets read-only to solar clients over libfabric RMA.\n"
       "Clients read fabric://HOST:PORT/NAME; contiguous datasets are read with one-sided RDMA\n"
-      "from the mapped file, chunked/compressed ones through a registered staging buffer.",
+      "from the mapped file (or the server's own copy, --in-memory), chunked/compressed ones\n"
+      "through a registered staging buffer.",
       "solar-stored"};
   app.set_version_flag("--version", "solar-stored " SOLAR_PROJECT_VERSION);
   solar::storage::ServerOptions o;
@@ -67,6 +68,13 @@ int main(int argc, char** argv) {
                "Drive the fabric by polling its completion queue without pause while a client "
                "is connected (one core busy) instead of sleeping on its wait object until a "
                "read arrives");
+  app.add_flag("--in-memory", o.in_memory,
+               "Read each contiguous export into the server's own memory at start (O_DIRECT where "
+               "the file system allows it, huge pages where the kernel gives them) and serve it "
+               "from there: clients copy anonymous memory faster than the file's page cache. "
+               "Needs the exports' size in available memory (an export that does not fit is "
+               "refused, naming the sizes); a file changed afterwards is still withdrawn. "
+               "Chunked/compressed exports stay staged");
   bool quiet = false;
   app.add_flag("--quiet", quiet, "Log warnings and errors only");
   try {

@@ -1,7 +1,9 @@
 // The bootstrap protocol between FabricSource and solar-stored: JSON messages over TCP, each
 // framed by a 4-byte little-endian length. Version 2:
 //   hello  {op, version, token, dataset}   -> {ok, provider, address (hex), virt_addr, info,
-//                                              identity, data {mode: rma|staged, key, base},
+//                                              identity, data {mode: rma|staged, key, base,
+//                                              memory: file|memory (rma: the mapped file or the
+//                                              server's copy, --in-memory)},
 //                                              labels {key, base}?, staging {key, base, bytes}?,
 //                                              throttle {bandwidth, latency_s}}
 //   stage  {op, runs: [[first, count], ...]} -> {ok, bytes}: samples copied into the staging

@@ -50,10 +50,27 @@ def test_every_provider_and_phase_is_measured_and_nothing_is_left(tmp_path):
     assert not any(n.startswith("stored-io") for n in os.listdir(tmp_path)), os.listdir(tmp_path)
 
 
+def test_both_server_memories_side_by_side(tmp_path):
+    """--server-memory file,memory: one solar-stored serving from its mapped file, one from its
+    own copy (--in-memory), each as the server itself reports it (bench io's server_memory)."""
+    out = tmp_path / "r.json"
+    p = subprocess.run(["/usr/bin/python3", SCRIPT, "--build", BUILD, "--sizes", "256K",
+                        "--bytes", "4M", "--repeat", "1", "--providers", "shm",
+                        "--server-memory", "file,memory", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(out.read_text())
+    assert [x["server_memory"] for x in r] == ["file", "memory"]
+    rows = [ln.split() for ln in p.stdout.splitlines() if ln.strip().startswith("256K")]
+    assert [row[2] for row in rows] == ["file"] * 3 + ["memory"] * 3, p.stdout
+    assert not stored_running()
+
+
 def test_bad_input_gets_one_line(tmp_path):
     for args, words in [(["--sizes", "3M"], "'3M' is not one of"),
                         (["--bytes", "lots"], "'lots' is not a size"),
                         (["--repeat", "0"], "--repeat must be in 1..100"),
+                        (["--server-memory", "disk"], "give file, memory or file,memory"),
                         (["--build", str(tmp_path)], "build first")]:
         p = subprocess.run(["/usr/bin/python3", SCRIPT, "--build", BUILD, *args],
                            capture_output=True, text=True, timeout=60)

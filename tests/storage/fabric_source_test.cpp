@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "solar/core/config.h"
 #include "solar/storage/content.h"
 #include "solar/storage/fabric_source.h"
 #include "solar/storage/hdf5_writer.h"
@@ -79,6 +80,7 @@ TEST_P(Providers, EveryLayoutVerifiesThroughTheServer) {
     EXPECT_EQ(src->info().samples, 48u);
     EXPECT_EQ(src->info().sample_bytes, 4u * 16 * 16 * 16 * 2);
     EXPECT_EQ(*src->info().seed, 5u);
+    EXPECT_EQ(src->served_from(), name == std::string("c") ? "file" : "staged");
     expect_all(*src, {{0, 48}});
     expect_all(*src, {{47, 1}, {3, 9}, {20, 2}});
     EXPECT_EQ(src->reconnects(), 0u);
@@ -149,6 +151,34 @@ TEST_P(Providers, ReadsFromSeveralThreadsAreInFlightTogetherWithTheirOwnBytes) {
   // a machine that starts the threads more than 150 ms apart).
   EXPECT_GE(s2->peak_in_flight(), 2u);
   EXPECT_EQ(bad.load(), 0);
+}
+
+// --in-memory: clients read the server's own copy of the data. Every byte verifies through it,
+// with samples of 1170 bytes (the copy is loaded with O_DIRECT, whose reads must be aligned,
+// so these go through its bounce buffer), before and after a client's drop_cache: dropping the
+// copy as if it were page cache (MADV_DONTNEED) would zero it. A staged export beside it still
+// serves.
+TEST_P(Providers, AnInMemoryExportServesEveryByteAndKeepsThemThroughDropCache) {
+  TempDir dir;
+  write(dir, "c.h5", Layout::contiguous, 96, {5, 9, 13});
+  write(dir, "k.h5", Layout::chunked);
+  StoredProcess server(dir, {"--provider", GetParam(), "--in-memory", "--export",
+                             "c=" + dir.file("c.h5"), "--export", "k=" + dir.file("k.h5")});
+  ASSERT_TRUE(server.start()) << server.log();
+  EXPECT_NE(server.log().find("export c: " + format_bytes(96 * 5 * 9 * 13 * 2) +
+                              " loaded into memory"),
+            std::string::npos)
+      << server.log();
+  EXPECT_NE(server.log().find("one-sided RMA from the server's memory"), std::string::npos);
+  EXPECT_NE(server.log().find("staged reads"), std::string::npos);
+  auto src = FabricSource::connect(server.uri("c"));
+  EXPECT_EQ(src->served_from(), "memory");
+  expect_all(*src, {{0, 96}});
+  src->drop_cache();
+  expect_all(*src, {{95, 1}, {0, 40}, {50, 3}});
+  auto staged = FabricSource::connect(server.uri("k"));
+  EXPECT_EQ(staged->served_from(), "staged");
+  expect_all(*staged, {{0, 48}});
 }
 
 INSTANTIATE_TEST_SUITE_P(Storage, Providers, ::testing::Values("tcp;ofi_rxm", "shm"),
@@ -300,27 +330,69 @@ TEST(SolarStored, KeysAreUnguessableAndOnlyGrantedToTokenHolders) {
 }
 
 TEST(SolarStored, AFileChangedInPlaceIsWithdrawn) {
+  // Served from the mapped file, or from the server's own copy (--in-memory), which still
+  // stands for the file and is withdrawn with it.
+  for (const bool in_memory : {false, true}) {
+    SCOPED_TRACE(in_memory ? "--in-memory" : "mapped file");
+    TempDir dir;
+    const std::string path = write(dir, "c.h5", Layout::contiguous, 16, {32, 64});
+    std::vector<std::string> args{"--export", "d=" + path};
+    if (in_memory) args.push_back("--in-memory");
+    StoredProcess server(dir, args);
+    ASSERT_TRUE(server.start()) << server.log();
+    auto src = FabricSource::connect(server.uri("d"));
+    expect_all(*src, {{0, 16}});
+    // Clients read the mapped file without the server's CPU: the server notices the change
+    // (here the mtime of a rewrite) within its watch period, refuses new clients and hangs up on
+    // the ones reading it, whose next read then fails instead of returning new bytes.
+    std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) +
+                                               std::chrono::seconds(1));
+    std::string err;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (err.find("withdrawn") == std::string::npos && std::chrono::steady_clock::now() < until)
+      err = error_of([&] { FabricSource::connect(server.uri("d")); });
+    EXPECT_NE(err.find("dataset 'd' is withdrawn"), std::string::npos) << err;
+    EXPECT_NE(err.find("changed while solar was reading it"), std::string::npos) << err;
+    std::vector<std::byte> buf(16 * 4096);
+    const SampleRun all{0, 16};
+    EXPECT_NE(error_of([&] { src->read({&all, 1}, buf.data()); }).find("withdrawn"),
+              std::string::npos);
+  }
+}
+
+// An export that does not fit in the node's available memory is refused by name, with the
+// sizes and what to do; the server serves the others. The large one is a sparse file (4 KiB
+// on disk), so the test costs neither disk nor memory.
+TEST(SolarStored, AnInMemoryExportLargerThanAvailableMemoryIsRefusedNamingTheSizes) {
+  if (!test::have_h5py()) GTEST_SKIP() << "/usr/bin/python3 with h5py and numpy is not installed";
   TempDir dir;
-  const std::string path = write(dir, "c.h5", Layout::contiguous, 16, {32, 64});
-  StoredProcess server(dir, {"--export", "d=" + path});
+  const std::string big = dir.file("big.h5");
+  const std::uint64_t mib = mem_available_bytes() / (1 << 20) + 2048;
+  std::string out;
+  ASSERT_EQ(test::run({"/usr/bin/python3", "-c",
+                       "import h5py, sys\n"
+                       "f = h5py.File(sys.argv[1], 'w')\n"
+                       "p = h5py.h5p.create(h5py.h5p.DATASET_CREATE)\n"
+                       "p.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)\n"
+                       "p.set_fill_time(h5py.h5d.FILL_TIME_NEVER)\n"
+                       "h5py.h5d.create(f.id, b'data', h5py.h5t.NATIVE_UINT8,\n"
+                       "                h5py.h5s.create_simple((int(sys.argv[2]), 1 << 20)), p)\n",
+                       big, std::to_string(mib)},
+                      &out),
+            0)
+      << out;
+  write(dir, "c.h5", Layout::contiguous, 16);
+  StoredProcess server(dir, {"--in-memory", "--export", "big=" + big, "--export",
+                             "c=" + dir.file("c.h5")});
   ASSERT_TRUE(server.start()) << server.log();
-  auto src = FabricSource::connect(server.uri("d"));
+  const std::string err = error_of([&] { FabricSource::connect(server.uri("big")); });
+  EXPECT_NE(err.find("dataset 'big' is unavailable on this server: --in-memory: export big "
+                     "needs " + format_bytes(mib << 20) + " of memory"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("without --in-memory"), std::string::npos) << err;
+  auto src = FabricSource::connect(server.uri("c"));
   expect_all(*src, {{0, 16}});
-  // Clients read the mapped file without the server's CPU: the server notices the change
-  // (here the mtime of a rewrite) within its watch period, refuses new clients and hangs up on
-  // the ones reading it, whose next read then fails instead of returning new bytes.
-  std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) +
-                                             std::chrono::seconds(1));
-  std::string err;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (err.find("withdrawn") == std::string::npos && std::chrono::steady_clock::now() < until)
-    err = error_of([&] { FabricSource::connect(server.uri("d")); });
-  EXPECT_NE(err.find("dataset 'd' is withdrawn"), std::string::npos) << err;
-  EXPECT_NE(err.find("changed while solar was reading it"), std::string::npos) << err;
-  std::vector<std::byte> buf(16 * 4096);
-  const SampleRun all{0, 16};
-  EXPECT_NE(error_of([&] { src->read({&all, 1}, buf.data()); }).find("withdrawn"),
-            std::string::npos);
 }
 
 TEST(SolarStored, MoreClientsThanStagingBuffersAllReadAStagedExport) {
@@ -546,7 +618,8 @@ TEST(SolarStored, HelpExplainsEveryFlag) {
   EXPECT_EQ(test::run({SOLAR_STORED, "--help"}, &out), 0);
   for (const char* flag : {"--listen", "--export", "--provider", "--token",
                            "--throttle-bandwidth", "--throttle-latency", "--ready-file",
-                           "--max-pending", "--max-clients", "--hello-timeout", "--busy-poll"})
+                           "--max-pending", "--max-clients", "--hello-timeout", "--busy-poll",
+                           "--in-memory"})
     EXPECT_NE(out.find(flag), std::string::npos) << flag;
   EXPECT_EQ(test::run({SOLAR_STORED, "--export", "bad"}, &out), 2);
   EXPECT_NE(out.find("NAME=FILE.h5:/dataset"), std::string::npos) << out;

@@ -154,6 +154,10 @@ const Scenario* find_scenario(std::string_view name);
 
 std::string format_bytes(std::uint64_t bytes);
 
+// MemAvailable of /proc/meminfo in bytes: what the node can still give a new allocation
+// without swapping. ~0 where it cannot be read (no limit known).
+std::uint64_t mem_available_bytes();
+
 // Throws ConfigError (flag) unless a file can be written at `path`: its folder exists and is
 // writable, and it is not a folder itself. For output options checked before a job starts.
 void check_output_file(const std::string& path, const std::string& flag);

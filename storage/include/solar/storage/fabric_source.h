@@ -56,9 +56,9 @@ struct FabricRead {
 
 // What the raw-fabric reference reads on the server: `plain`, a buffer of anonymous memory
 // lent for it (the fabric's own limit: no file, no page cache); `exported`, the export's own
-// memory, the mapped file solar's reads come from, at the same offsets (the fabric's limit
-// from that memory: solar's share of it is what its read path costs, whatever the page cache
-// of the server's file does to both). Contiguous (one-sided) exports only.
+// memory, the mapped file (or the server's copy, solar-stored --in-memory) solar's reads come
+// from, at the same offsets (the fabric's limit from that memory: solar's share of it is what
+// its read path costs, whatever that memory does to both). Contiguous (one-sided) exports only.
 enum class ReferenceMemory { plain, exported };
 
 // What FabricSource::measure_fabric measured.
@@ -89,6 +89,9 @@ class FabricSource : public SampleSource {
   const std::string& identity() const override;
 
   std::string provider() const;
+  // What the server serves this export from: "file" (its mapped file), "memory" (its own copy,
+  // solar-stored --in-memory) or "staged" (read into a staging buffer per request).
+  const std::string& served_from() const;
   // The raw fabric under this source, measured as fabtests' fi_rma_bw does: on a connection
   // and endpoint of its own (same provider, same server), `reads` are issued as plain
   // fi_reads, `window` in flight, from a registered buffer of plain memory the server lends

@@ -47,6 +47,10 @@ struct ServerOptions {
   // takes no CPU and a busy one does not spin against its clients for the cores; providers
   // without a wait object are polled. busy_poll: poll always (sched_yield between polls).
   bool busy_poll = false;
+  // Contiguous exports are read at start into the server's own memory and served from there
+  // (a storage server's DRAM tier) instead of from the mapped file's page cache. An export
+  // that does not fit in available memory is refused by name; staged exports are unaffected.
+  bool in_memory = false;
 };
 
 class StorageServer {
