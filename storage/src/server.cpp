@@ -268,8 +268,8 @@ void StorageServer::Impl::open_export(const Export& e) {
 
 // --in-memory: the data is read once, at start, into anonymous memory of the server's own (on
 // huge pages where the kernel gives them), and clients read that copy. Page-cache pages cost
-// clients more to copy out than anonymous ones: shm's 256 KiB one-sample reads of the mapped
-// file ran at 82-95% of what the same reads of plain memory did (bench/README.md). The copy is
+// clients more to copy out than anonymous ones: shm reads of the copy ran 1.3-1.4x those of
+// the mapped file, 256 KiB to 16 MiB samples (bench/README.md). The copy is
 // read with O_DIRECT where the file system allows it, so the node does not hold it twice, and
 // from a second handle whose identity must match the export's: a file replaced between the
 // two opens is refused rather than served as the export's.
