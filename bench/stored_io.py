@@ -4,6 +4,7 @@
     /usr/bin/python3 bench/stored_io.py                       # 256K, 2M, 16M x tcp;ofi_rxm, shm
     /usr/bin/python3 bench/stored_io.py --sizes 256K --providers 'tcp;ofi_rxm' --repeat 15
     /usr/bin/python3 bench/stored_io.py --placement shared --json out.json
+    /usr/bin/python3 bench/stored_io.py --server-memory file,memory   # solar-stored --in-memory too
 
 For each sample size it writes a dataset of --bytes (solar gen, contiguous), and for each
 provider starts a solar-stored exporting it, runs `solar bench io fabric://... --warm
