@@ -165,9 +165,11 @@ struct NodeStats {
 // Every node's final stats, each log read until it has them. srun can be told that the tasks
 // have ended while a node's slurmstepd is still stopping its agent (task_exit), so the agent's
 // final line may come a moment after srun gets here: the logs that exist without it are read
-// again, polling, at most kFinalStatsWaitS (an agent killed outright never writes it; such a
-// step ends that much later).
-constexpr double kFinalStatsWaitS = 3;
+// again, polling, for as long as the agent may take to stop before slurmstepd kills it, and
+// a little more (an agent killed outright never writes it; such a step ends that much later).
+// 3 s was too short: on 2 loaded cores (the CI clone's ctest -j2) an agent's line came later,
+// and --solar-stats named the node "missing".
+constexpr double kFinalStatsWaitS = kAgentStopGraceS + 2;
 std::vector<NodeStats> final_stats(const State& s) {
   std::vector<NodeStats> out(s.nodes);
   const auto deadline = std::chrono::steady_clock::now() +

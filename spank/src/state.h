@@ -16,6 +16,10 @@ extern "C" {
 
 namespace solar::spank {
 
+// How long a node's slurmstepd lets its agent stop (SIGTERM) before it kills it (task_exit):
+// within it the agent logs its final stats line, which srun then waits for.
+constexpr double kAgentStopGraceS = 10;
+
 struct State {
   PluginConfig config;
   JobOptions options;

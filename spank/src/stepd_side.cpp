@@ -21,7 +21,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::uint32_t kFirstSpecialStep = 0xfffffff0;  // batch, extern, interactive steps
-constexpr double kStopGraceS = 10;
 
 std::optional<std::string> job_env(spank_t sp, const char* name) {
   char buf[4096];
@@ -178,7 +177,7 @@ int prepare_task(spank_t sp, State& s) {
 
 int task_exited(spank_t, State& s) {
   if (!s.step_active) return 0;
-  if (++s.tasks_exited >= s.local_tasks) s.agent.stop(kStopGraceS);
+  if (++s.tasks_exited >= s.local_tasks) s.agent.stop(kAgentStopGraceS);
   return 0;
 }
 
