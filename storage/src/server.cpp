@@ -93,6 +93,13 @@ struct Exported {
   ~Exported() {
     if (map) ::munmap(map, map_len);
   }
+  // A client's drop_cache: the mapped file's pages and the file's page cache; the server's
+  // own copy is no cache, and is left alone.
+  void drop_cache() {
+    if (in_memory) return;
+    if (map) ::madvise(map, map_len, MADV_DONTNEED);
+    source->drop_cache();
+  }
 };
 
 // What one authenticated connection may read: the export's data and labels, registered for it
@@ -586,10 +593,7 @@ void StorageServer::Impl::serve(Connection& c, const std::string& peer, Exported
           wire::send(s, {{"ok", false}, {"error", e.what()}});
         }
       } else if (op == "drop_cache") {
-        if (!ex->in_memory) {  // the server's own copy is no cache: nothing to drop
-          if (ex->map) ::madvise(ex->map, ex->map_len, MADV_DONTNEED);
-          ex->source->drop_cache();
-        }
+        ex->drop_cache();
         wire::send(s, {{"ok", true}});
       } else if (op == "stage") {
         try {
