@@ -633,6 +633,7 @@ void run_bench_io(const BenchOptions& o) {
       nlohmann::json ph = {{"name", p.name},
                            {"requests", p.requests},
                            {"seconds", s},
+                           {"seconds_runs", p.seconds},
                            {"gbps", gbps(bytes, s)},
                            {"vs_sequential", seq > 0 ? gbps(bytes, s) / seq : 0}};
       if (p.reference) {
@@ -642,7 +643,8 @@ void run_bench_io(const BenchOptions& o) {
         ph["fabric"] = {{"seconds", median(p.reference_seconds)},
                         {"reads", p.reference->reads},
                         {"bytes", p.reference->bytes},
-                        {"local_bytes", p.reference->local_bytes}};
+                        {"local_bytes", p.reference->local_bytes},
+                        {"seconds_runs", p.reference_seconds}};
       }
       j["phases"].push_back(ph);
     }
