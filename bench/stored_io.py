@@ -109,6 +109,26 @@ class Server:
         self.log.close()
 
 
+def pages_read_in():
+    """Bytes the kernel has read from block devices so far, every device (/proc/vmstat pgpgin,
+    KiB): a warm phase that reads the disk did not find the file in the page cache."""
+    with open("/proc/vmstat") as f:
+        for line in f:
+            key, value = line.split()
+            if key == "pgpgin":
+                return int(value) * 1024
+    return 0
+
+
+def warm(path):
+    """Reads `path` through the page cache, so that a --warm bench finds it there."""
+    with open(path, "rb", buffering=0) as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        buf = bytearray(16 << 20)
+        while f.readinto(buf):
+            pass
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1],
@@ -187,6 +207,11 @@ def main():
                       file=sys.stderr)
                 server = Server(stored, provider, path, tmp, server_cpus, served_from == "memory")
                 try:
+                    # Idle since an earlier cell, the file's pages may have left the page
+                    # cache (here DAMON pages out memory left alone for a minute or so).
+                    if served_from == "file":
+                        warm(path)
+                    disk_before = pages_read_in()
                     p = subprocess.run([solar, "bench", "io", f"fabric://{server.addr}/s",
                                         "--warm", "--fraction", "1", "--repeat", str(a.repeat),
                                         "--reference-memory", a.reference_memory, "--json"],
@@ -200,6 +225,7 @@ def main():
                                      + open(server.log_path).read())
                 j = json.loads(p.stdout)
                 j["placement"] = "apart" if apart else "shared"
+                j["disk_read_bytes"] = disk = pages_read_in() - disk_before
                 if j.get("server_memory") != served_from:
                     raise SystemExit(f"stored_io.py: asked solar-stored to serve from "
                                      f"{served_from}, and it served from "
@@ -209,7 +235,8 @@ def main():
                     runs = ph["vs_fabric_runs"]
                     rows.append((size, provider, served_from, j["placement"], ph["name"],
                                  ph["gbps"],
-                                 ph["fabric_gbps"], ph["vs_fabric"], min(runs), max(runs)))
+                                 ph["fabric_gbps"], ph["vs_fabric"], min(runs), max(runs),
+                                 disk))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -218,10 +245,21 @@ def main():
           f"{parse_size(a.bytes) >> 20} MiB a phase, median of {a.repeat} runs' own ratios "
           f"(range)\n")
     print(f"{'sample':>6}  {'provider':<12} {'server':<7} {'cores':<7} {'phase':<28} "
-          f"{'GB/s':>6} {'fabric':>7} {'vs fabric':>10} {'range':>10}")
-    for size, prov, served_from, place, name, g, f, v, lo, hi in rows:
+          f"{'GB/s':>6} {'fabric':>7} {'vs fabric':>10} {'range':>10} {'disk MiB':>9}")
+    disk_read = False
+    for size, prov, served_from, place, name, g, f, v, lo, hi, disk in rows:
+        # Above 1% of one phase's bytes: more than the bench's own odds and ends.
+        mark = "*" if disk > parse_size(a.bytes) // 100 else ""
+        disk_read = disk_read or bool(mark)
         print(f"{size:>6}  {prov:<12} {served_from:<7} {place:<7} {name:<28} {g:>6.2f} "
-              f"{f:>7.2f} {100 * v:>9.1f}% {f'{100 * lo:.0f}-{100 * hi:.0f}%':>10}")
+              f"{f:>7.2f} {100 * v:>9.1f}% {f'{100 * lo:.0f}-{100 * hi:.0f}%':>10} "
+              f"{f'{disk >> 20}{mark}':>9}")
+    print("\ndisk MiB: read from any disk while the cell's bench ran (/proc/vmstat pgpgin), all "
+          "three phases")
+    if disk_read:
+        print("*: the warm page cache did not hold the file for the whole cell, so its file "
+              "rows measured the disk as well as the fabric (the reference reads plain memory): "
+              "run it again, or compare --server-memory memory")
     if a.json:
         with open(a.json, "w") as out:
             json.dump(results, out, indent=1)

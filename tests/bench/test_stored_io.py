@@ -43,9 +43,17 @@ def test_every_provider_and_phase_is_measured_and_nothing_is_left(tmp_path):
         assert x["sample_bytes"] == 256 << 10 and x["samples_read"] == 16 and x["repeat"] == 2
         for ph in x["phases"]:
             assert len(ph["vs_fabric_runs"]) == 2 and ph["vs_fabric"] > 0, ph
-    # The table has a row per provider and phase.
-    rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("256K")]
+            assert len(ph["seconds_runs"]) == len(ph["fabric"]["seconds_runs"]) == 2, ph
+        # What the disks read while the cell ran (the whole machine's: not asserted to be 0,
+        # other tests may be reading), a count of bytes.
+        assert isinstance(x["disk_read_bytes"], int) and x["disk_read_bytes"] >= 0, x
+    # The table has a row per provider and phase, its last column the disk's MiB (marked * when
+    # above 1% of a phase's bytes), explained below it.
+    rows = [ln.split() for ln in p.stdout.splitlines() if ln.strip().startswith("256K")]
     assert len(rows) == 6, p.stdout
+    for row in rows:
+        assert row[-1].rstrip("*").isdigit(), row
+    assert "disk MiB: read from any disk while the cell's bench ran" in p.stdout, p.stdout
     assert not stored_running()
     assert not any(n.startswith("stored-io") for n in os.listdir(tmp_path)), os.listdir(tmp_path)
 
