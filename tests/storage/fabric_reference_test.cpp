@@ -200,13 +200,19 @@ TEST(FabricReference, TheBufferIsAsLargeAsAskedKeptForTheNextMeasureAndGoesWithT
       // Lent whole: its last bytes were read (a read past the registered region fails).
       EXPECT_EQ(r.remote_bytes, kBig);
       EXPECT_EQ(r.bytes, 64u << 10);
-      // Kept between measures (the server fills it once, and frees it once), not lent anew
-      // for each: resident once, not three times.
+      // Kept between measures, not lent anew for each: resident once, not three times.
       const std::uint64_t rss = rss_of(server.pid());
       EXPECT_GE(rss, idle + kBig - (64ULL << 20)) << "measure " << i;
       EXPECT_LT(rss, idle + 2 * kBig) << "measure " << i;
     }
   }
+  // Filled once for the three (the server says so each time it lends one anew).
+  const std::string log = server.log();
+  std::size_t lent = 0;
+  for (auto at = log.find("-byte reference buffer"); at != std::string::npos;
+       at = log.find("-byte reference buffer", at + 1))
+    ++lent;
+  EXPECT_EQ(lent, 1u) << log;
   // The source's reference session closed with it: the server frees the buffer once that
   // connection's thread has ended.
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
