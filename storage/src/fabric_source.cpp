@@ -1010,8 +1010,9 @@ FabricReference FabricSource::measure_fabric(std::span<const FabricRead> reads, 
   // for as long as a session holds it, and fills it when it lends it (1 GiB: a memset, and a
   // munmap when the session goes). With a session a measure, that work ran on the server's
   // core between each reference and the solar reads measured beside it: solar's reads
-  // measured right after a reference came out at 0.65-0.7 of it, and those measured before
-  // one at 0.8-1.1 (tcp;ofi_rxm, 256 KiB one-sample reads from 8 threads); kept, both at 0.94.
+  // measured right after a reference came out at 0.66-0.83 of it, and those measured before
+  // one at 0.81-1.20 (medians of four invocations; tcp;ofi_rxm, 256 KiB one-sample reads from
+  // 8 threads); kept, both orders at 0.94-1.00.
   if (!im.reference || im.reference->memory != memory || im.reference->asked != remote_bytes) {
     im.reference.reset();  // the old session (and the server memory it holds) first
     Impl::Reference ref;
