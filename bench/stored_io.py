@@ -257,9 +257,10 @@ def main():
     print("\ndisk MiB: read from any disk while the cell's bench ran (/proc/vmstat pgpgin), all "
           "three phases")
     if disk_read:
-        print("*: the warm page cache did not hold the file for the whole cell, so its file "
-              "rows measured the disk as well as the fabric (the reference reads plain memory): "
-              "run it again, or compare --server-memory memory")
+        print("*: the disks read more than 1% of a phase's bytes during the cell (something "
+              "else on the machine, or, in a file row, the page cache not holding the whole "
+              "file, so that row measured the disk as well as the fabric, whose reference reads "
+              "plain memory): run it again, or compare --server-memory memory")
     if a.json:
         with open(a.json, "w") as out:
             json.dump(results, out, indent=1)
