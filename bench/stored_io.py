@@ -242,21 +242,20 @@ def main():
 
     memory = "the export's" if a.reference_memory == "export" else "plain"
     print(f"solar-stored vs the raw fabric ({memory} memory): warm page cache, "
-          f"{parse_size(a.bytes) >> 20} MiB a phase, median of {a.repeat} runs' own ratios "
+          f"{total >> 20} MiB a phase, median of {a.repeat} runs' own ratios "
           f"(range)\n")
     print(f"{'sample':>6}  {'provider':<12} {'server':<7} {'cores':<7} {'phase':<28} "
           f"{'GB/s':>6} {'fabric':>7} {'vs fabric':>10} {'range':>10} {'disk MiB':>9}")
-    disk_read = False
+    # Above 1% of one phase's bytes: more than the bench's own odds and ends.
+    marked = total // 100
     for size, prov, served_from, place, name, g, f, v, lo, hi, disk in rows:
-        # Above 1% of one phase's bytes: more than the bench's own odds and ends.
-        mark = "*" if disk > parse_size(a.bytes) // 100 else ""
-        disk_read = disk_read or bool(mark)
+        mark = "*" if disk > marked else ""
         print(f"{size:>6}  {prov:<12} {served_from:<7} {place:<7} {name:<28} {g:>6.2f} "
               f"{f:>7.2f} {100 * v:>9.1f}% {f'{100 * lo:.0f}-{100 * hi:.0f}%':>10} "
               f"{f'{disk >> 20}{mark}':>9}")
     print("\ndisk MiB: read from any disk while the cell's bench ran (/proc/vmstat pgpgin), all "
           "three phases")
-    if disk_read:
+    if any(row[-1] > marked for row in rows):
         print("*: the disks read more than 1% of a phase's bytes during the cell (something "
               "else on the machine, or, in a file row, the page cache not holding the whole "
               "file, so that row measured the disk as well as the fabric, whose reference reads "
