@@ -178,12 +178,13 @@ class Agent::Impl {
   std::uint64_t paced_steps_ = 0;     // steps every rank has consumed
   std::thread pace_;
   void serve_waiting_locked();
-  void send_batch_locked(RankState& rs, std::uint32_t r);
+  void put_batch_locked(RankState& rs, std::uint32_t r, std::vector<std::uint8_t>& msg);
   void detach(const std::shared_ptr<Session>& s);
   // Rank r will not be served (it left, or was refused): its admitted uses are dropped so that
   // its cache slots can be reused.
   void drop_rank_locked(std::uint32_t r);
   void read_more(const std::shared_ptr<Session>& s);
+  bool assembly_due_ = false;  // a release was read: copies to the rings after the read (io)
   // Queues a message; writes go out in order, one at a time. A connection with more than
   // kMaxQueuedBytes queued is closed instead.
   void send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg);

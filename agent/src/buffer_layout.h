@@ -15,10 +15,14 @@ namespace solar::agent {
 // Batches up to this size are copied into a ring by whichever thread makes them ready.
 inline constexpr std::uint64_t kInlineCopyBytes = 512 * 1024;
 // Rings of such small batches are at least this deep, beyond the budget's staging steps if
-// need be (at most 2 × 512 KiB more per rank): a rank asks for its next steps ahead
-// (protocol::HelloOk::ask_ahead) and finds them copied when it comes back, instead of waiting
-// for a round trip to the agent per batch (the cost that bounds small batches).
-inline constexpr std::uint64_t kSmallBatchRingDepth = 4;
+// need be (at most 6 × 512 KiB more per rank with the default 2): a rank asks for its next
+// steps ahead (protocol::HelloOk::ask_ahead, 3) and finds them copied when it comes back,
+// instead of waiting for a round trip to the agent per batch (the cost that bounds small
+// batches). libsolar writes to the agent only when at most one reply is left to take, with
+// the releases owed since its last write (about ask_ahead of them): with 8 entries, the step
+// a rank holds and the 3 it asked for leave 4 that the agent fills with the steps after them
+// while the rank takes the ones it was sent together, so that its next write finds them ready.
+inline constexpr std::uint64_t kSmallBatchRingDepth = 8;
 
 struct BufferLayout {
   std::uint32_t ranks = 0;         // R: the node's ranks

@@ -222,6 +222,11 @@ void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
           }
           on_message(s, static_cast<protocol::Op>(h.op), s->payload);
         }
+        if (assembly_due_) {  // after the replies the requests read here could have at once
+          assembly_due_ = false;
+          std::lock_guard lk(mu_);
+          schedule_assembly_locked(true);
+        }
         if (s->closed) return;
         read_more(s);
       });
@@ -302,7 +307,9 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
         rs.wait_since = now;
         note_request_locked(rs.released, now);
       }
-      schedule_assembly_locked(true);
+      // Its ring entry is copied once every request read with it is handled (read_more): the
+      // steps asked with it that are ready go out first.
+      assembly_due_ = true;
       return;
     }
     case protocol::Op::stats: {
@@ -362,6 +369,7 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
   ok.ask_ahead = buf_.ring_depth >= 2 ? static_cast<std::uint32_t>(std::min<std::uint64_t>(
                                             buf_.ring_depth - 1, protocol::kMaxStepsAsked - 1))
                                       : 1;
+  ok.defer_releases = buf_.ring_depth >= 2 * (std::uint64_t{ok.ask_ahead} + 1) ? 1 : 0;
   put_layout(ok);
   if (!send_with_buffer_fd(s, frame(protocol::Op::hello_ok, &ok, sizeof ok))) {
     spdlog::warn("rank {}: could not send the hello reply", h.local_rank);

@@ -13,28 +13,30 @@ void Agent::Impl::post_serve() {
   });
 }
 
-void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
+// Appends the reply for rank r's step rs.cursor to `msg` (sent by the caller).
+void Agent::Impl::put_batch_locked(RankState& rs, std::uint32_t r,
+                                   std::vector<std::uint8_t>& msg) {
   const std::uint64_t t = rs.cursor;
   const auto acc = accesses(t, r);
   // The reply: header, BatchHead, then one BatchEntry per sample, built in place in the
   // session's scratch buffer (no allocation per reply once it has grown).
   constexpr std::size_t kHead = sizeof(protocol::Header) + sizeof(protocol::BatchHead);
-  std::vector<std::uint8_t>& msg = rs.session->scratch;
-  msg.resize(kHead + acc.size() * sizeof(protocol::BatchEntry));
+  const std::size_t from = msg.size();
+  msg.resize(from + kHead + acc.size() * sizeof(protocol::BatchEntry));
+  std::uint8_t* m = msg.data() + from;
   protocol::BatchHead bh;
   bh.step = t;
   bh.count = static_cast<std::uint32_t>(acc.size());
   const std::size_t at =
-      protocol::put_header(msg.data(), protocol::Op::batch, msg.size() - sizeof(protocol::Header));
-  std::memcpy(msg.data() + at, &bh, sizeof bh);
+      protocol::put_header(m, protocol::Op::batch, msg.size() - from - sizeof(protocol::Header));
+  std::memcpy(m + at, &bh, sizeof bh);
   std::uint64_t hits = 0;  // the hit bits say what the agent did (see prefetch_loop)
   for (std::size_t i = 0; i < acc.size(); ++i) {
     const std::uint32_t x = acc[i] & kSampleMask;
     hits += acc[i] >> 31;
     const protocol::BatchEntry e{x, buf_.ring_depth ? ring_slot(r, t, i) : table_.slot_of(x)};
-    std::memcpy(msg.data() + kHead + i * sizeof e, &e, sizeof e);
+    std::memcpy(m + kHead + i * sizeof e, &e, sizeof e);
   }
-  send(rs.session, std::span<const std::uint8_t>(msg));
   // Waited for only when every earlier step is released: one handed out ahead was not.
   const double wait = rs.released == t ? seconds_since(rs.wait_since) : 0.0;
   rs.stall_seconds += wait;
@@ -42,13 +44,19 @@ void Agent::Impl::send_batch_locked(RankState& rs, std::uint32_t r) {
   ++rs.cursor;
 }
 
-// Every step asked for whose batch is ready, in order; then `end` when it is owed.
+// Every step asked for whose batch is ready, in order, in one send per rank (one wake-up of a
+// rank that waits); then `end` when it is owed.
 void Agent::Impl::serve_waiting_locked() {
   for (std::uint32_t r = 0; r < R_; ++r) {
     RankState& rs = ranks_[r];
     if (!rs.session) continue;
     const std::uint64_t ready = buf_.ring_depth ? rs.assembled : ready_;
-    while (rs.session && rs.cursor < rs.asked && rs.cursor < ready) send_batch_locked(rs, r);
+    if (rs.cursor < rs.asked && rs.cursor < ready) {
+      std::vector<std::uint8_t>& msg = rs.session->scratch;
+      msg.clear();
+      while (rs.cursor < rs.asked && rs.cursor < ready) put_batch_locked(rs, r, msg);
+      send(rs.session, std::span<const std::uint8_t>(msg));
+    }
     if (rs.end_owed && rs.session && rs.cursor >= rs.asked) {
       rs.end_owed = false;
       std::uint8_t end[sizeof(protocol::Header)];

@@ -228,13 +228,21 @@ struct solar_loader {
   std::uint64_t first = 0;  // the step the loader started at
   bool holding = false;
   bool holding_from_agent = false;
-  // A release is sent with the next request (one write instead of two); close() flushes it.
-  bool release_pending = false;
+  // Releases are sent with the next write to the agent (steps release_step ..
+  // release_step + releases_pending - 1, in order); close() flushes them.
+  std::uint64_t releases_pending = 0;
   std::uint64_t release_step = 0;
-  // Asking ahead (protocol version 3): steps < asked were asked of the agent. Each call asks
-  // for the steps after the one it takes, as many as the agent's hello says (its ring depth
-  // minus one; 1 from an agent that does not say), so that their replies are there by the
-  // next calls: one send and one receive per batch, and no wait when the agent keeps up.
+  void note_release(std::uint64_t step) {
+    if (releases_pending++ == 0) release_step = step;
+  }
+  // Asking ahead (protocol version 3): steps < asked were asked of the agent. Each write asks
+  // for the steps after the one the rank takes, as many as the agent's hello says (its ring
+  // depth minus one; 1 from an agent that does not say), so that their replies are there by
+  // the next calls, with the releases owed. With the hello's defer_releases (small batches),
+  // only a call that finds at most one reply left to take (the one it takes now) writes: the
+  // replies come back together while the rank uses this batch, one write, one receive and one
+  // wake-up per ask_ahead + 1 batches instead of per batch, and no wait when the agent keeps
+  // up. Otherwise every call writes.
   static constexpr std::uint64_t kMaxAskAhead = solar::protocol::kMaxStepsAsked - 1;
   std::uint64_t ask_ahead = 1;
   std::uint64_t asked = 0;
@@ -426,8 +434,7 @@ struct solar_loader {
   void skip_with_agent(std::uint64_t step) {
     while (cursor < step && sock >= 0) {
       if (!next_from_agent()) break;
-      release_pending = true;
-      release_step = cursor;
+      note_release(cursor);
       ++cursor;
     }
     cursor = std::max(cursor, step);
@@ -497,25 +504,40 @@ struct solar_loader {
     }
   }
 
+  // Whole frames received and not yet taken (each a reply to one step asked, or `end`).
+  std::size_t replies_received() const {
+    std::size_t n = 0;
+    solar::protocol::Header h;
+    for (std::size_t at = rx_begin; rx_end - at >= sizeof h; ++n) {
+      std::memcpy(&h, rx.data() + at, sizeof h);
+      if (rx_end - at - sizeof h < h.length) break;
+      at += sizeof h + h.length;
+    }
+    return n;
+  }
+
   // The agent path: true with the batch filled, false if the agent is gone (fall back). One
-  // write: the pending release, and the requests for this step (unless asked already) and for
-  // ask_ahead steps after it within the plan; then this step's reply, usually already
-  // received.
+  // write (see asked above for when): the releases owed, and the requests for this step
+  // (unless asked already) and for ask_ahead steps after it within the plan; then this step's
+  // reply, usually already received.
   bool next_from_agent() {
     if (sock < 0) return false;
     constexpr std::size_t kFrame = sizeof(solar::protocol::Header) + 8;
-    char out[(2 + kMaxAskAhead) * kFrame];
-    std::size_t len = 0;
-    if (release_pending) len = put_release(out);
-    asked = std::max(asked, cursor);
-    for (const std::uint64_t upto = std::min(T, cursor + 1 + ask_ahead); asked < upto; ++asked) {
-      const solar::protocol::Next nx{asked};
-      len += solar::protocol::put_frame(out + len, solar::protocol::Op::next, &nx, sizeof nx);
-    }
-    if (len && !write_all(sock, out, len)) {
-      const int err = errno;
-      drop_agent(last_words().value_or(agent_gone(err)));
-      return false;
+    char out[(2 + 2 * kMaxAskAhead) * kFrame];
+    if (asked <= cursor || !hello.defer_releases || releases_pending > ask_ahead ||
+        replies_received() <= 1) {
+      std::size_t len = put_releases(out);
+      asked = std::max(asked, cursor);
+      for (const std::uint64_t upto = std::min(T, cursor + 1 + ask_ahead); asked < upto;
+           ++asked) {
+        const solar::protocol::Next nx{asked};
+        len += solar::protocol::put_frame(out + len, solar::protocol::Op::next, &nx, sizeof nx);
+      }
+      if (len && !write_all(sock, out, len)) {
+        const int err = errno;
+        drop_agent(last_words().value_or(agent_gone(err)));
+        return false;
+      }
     }
     solar::protocol::Header rh;
     std::span<const std::uint8_t> payload;
@@ -580,10 +602,14 @@ struct solar_loader {
     }
   }
 
-  std::size_t put_release(char* out) {
-    release_pending = false;
-    const solar::protocol::Release rl{release_step};
-    return solar::protocol::put_frame(out, solar::protocol::Op::release, &rl, sizeof rl);
+  // The releases owed, as frames at `out` (room for ask_ahead + 1 of them); their length.
+  std::size_t put_releases(char* out) {
+    std::size_t len = 0;
+    for (; releases_pending > 0; --releases_pending, ++release_step) {
+      const solar::protocol::Release rl{release_step};
+      len += solar::protocol::put_frame(out + len, solar::protocol::Op::release, &rl, sizeof rl);
+    }
+    return len;
   }
 
   bool pinned = false;           // the shared buffer is registered with CUDA
@@ -593,9 +619,9 @@ struct solar_loader {
 #ifdef SOLAR_WITH_CUDA
     if (pinned) cuda().HostUnregister(base);
 #endif
-    if (sock >= 0 && release_pending) {
-      char out[sizeof(solar::protocol::Header) + 8];
-      write_all(sock, out, put_release(out));
+    if (sock >= 0 && releases_pending) {
+      char out[(kMaxAskAhead + 1) * (sizeof(solar::protocol::Header) + 8)];
+      write_all(sock, out, put_releases(out));
     }
     if (sock >= 0) ::close(sock);
     if (base) ::munmap(base, map_bytes);
@@ -817,10 +843,7 @@ int solar_release(solar_loader* l, solar_batch* b) {
     return -1;
   }
   l->holding = false;
-  if (l->holding_from_agent && l->sock >= 0) {
-    l->release_pending = true;
-    l->release_step = b->step;
-  }
+  if (l->holding_from_agent && l->sock >= 0) l->note_release(b->step);
   return 0;
 }
 

@@ -349,10 +349,11 @@ TEST(BufferLayout, RingsFillTheBudgetCoreFittedThePlanTo) {
   }
 }
 
-// Small batches (18 slots of 1 KiB) get rings of kSmallBatchRingDepth, beyond the budget's
-// staging steps by at most 2 × 512 KiB per rank; deeper staging is kept as it is.
-TEST(BufferLayout, SmallBatchRingsAreAtLeastFourDeepBeyondTheBudget) {
-  for (const std::uint32_t staging : {1U, 2U, 3U, 4U, 6U}) {
+// Small batches (18 slots of 1 KiB) get rings of kSmallBatchRingDepth (8), beyond the budget's
+// staging steps by at most (8 − staging) × 512 KiB per rank; deeper staging is kept as it is.
+TEST(BufferLayout, SmallBatchRingsAreAtLeastEightDeepBeyondTheBudget) {
+  EXPECT_EQ(kSmallBatchRingDepth, 8U);
+  for (const std::uint32_t staging : {1U, 2U, 3U, 4U, 6U, 8U, 10U}) {
     PlanConfig c = small_config();
     const std::uint64_t budget = 8ULL << 20;
     fit_plan_to_agent_budget(c, budget, 0, staging);
@@ -364,7 +365,8 @@ TEST(BufferLayout, SmallBatchRingsAreAtLeastFourDeepBeyondTheBudget) {
     EXPECT_EQ(b.ring_depth, depth);
     EXPECT_EQ(b.cache_slots, c.buffer_samples());
     EXPECT_EQ(b.slots, budget / b.slot_bytes + 4U * (depth - staging) * 18U);
-    EXPECT_LE((b.slots - budget / b.slot_bytes) * b.slot_bytes, 4U * 2U * kInlineCopyBytes);
+    EXPECT_LE((b.slots - budget / b.slot_bytes) * b.slot_bytes,
+              4U * (depth - staging) * kInlineCopyBytes);
   }
 }
 

@@ -332,8 +332,8 @@ def read_frame(s):
 
 def test_rank_may_ask_for_steps_ahead(agent):
     """Protocol version 3: up to 4 `next` requests may be unanswered; the agent answers them in
-    order, each once its batch is in the rank's ring (4 steps deep for these small batches: a
-    step needs the release of the one four before it; the hello says to ask 3 ahead), and
+    order, each once its batch is in the rank's ring (8 steps deep for these small batches: a
+    step needs the release of the one eight before it; the hello says to ask 3 ahead), and
     refuses a fifth."""
     proc, sock, _ = agent
     OP_RELEASE, OP_ERROR = 6, 10
@@ -346,6 +346,7 @@ def test_rank_may_ask_for_steps_ahead(agent):
             os.close(fd)
         assert struct.unpack_from("<IHHII", msg)[2] == OP_HELLO_OK
         assert struct.unpack_from("<I", msg, 16 + 60)[0] == 3  # HelloOk::ask_ahead
+        assert struct.unpack_from("<I", msg, 16 + 108)[0] == 1  # HelloOk::defer_releases
         nxt = lambda t: frame(OP_NEXT, struct.pack("<Q", t))  # noqa: E731
         rel = lambda t: frame(OP_RELEASE, struct.pack("<Q", t))  # noqa: E731
 
@@ -358,24 +359,24 @@ def test_rank_may_ask_for_steps_ahead(agent):
 
         s.sendall(nxt(0) + nxt(1))  # both asked before either is read
         assert [batch_step(), batch_step()] == [0, 1]
-        # Steps 2..5 asked while holding 1: steps 2 and 3 fit the ring, and step 4 once the
-        # agent has seen step 0's release (it fills the ring on its own time: 6..8 are asked
-        # only after 4 is out, else 4..8 would be five unanswered, refused as below) ...
-        s.sendall(rel(0) + nxt(2) + nxt(3) + nxt(4) + nxt(5))
-        assert [batch_step(), batch_step(), batch_step()] == [2, 3, 4]
-        # ... 5 waits for step 1's release, and 6..8 with it: four unanswered, a fifth refused.
+        # Steps 2..7 fit the ring without a release, four asked at a time at most ...
+        s.sendall(nxt(2) + nxt(3) + nxt(4) + nxt(5))
+        assert [batch_step(), batch_step(), batch_step(), batch_step()] == [2, 3, 4, 5]
         s.sendall(nxt(6) + nxt(7) + nxt(8))
-        s.sendall(nxt(9))
+        assert [batch_step(), batch_step()] == [6, 7]
+        # ... 8 waits for step 0's release, and 9..11 with it: four unanswered, a fifth refused.
+        s.sendall(nxt(9) + nxt(10) + nxt(11))
+        s.sendall(nxt(12))
         op, why = read_frame(s)
         assert op == OP_ERROR and b"more than 4 steps asked for" in why, why
-        s.sendall(nxt(8))  # out of order: the next step to ask for is 9
+        s.sendall(nxt(11))  # out of order: the next step to ask for is 12
         op, why = read_frame(s)
-        assert op == OP_ERROR and b"next step to ask for is 9" in why, why
-        # Releases let the waiting steps through, in order.
-        s.sendall(rel(1) + rel(2))
-        assert [batch_step(), batch_step()] == [5, 6]
-        s.sendall(rel(3))
-        assert batch_step() == 7
+        assert op == OP_ERROR and b"next step to ask for is 12" in why, why
+        # Releases let the waiting steps through, in order, several in one go.
+        s.sendall(rel(0) + rel(1))
+        assert [batch_step(), batch_step()] == [8, 9]
+        s.sendall(rel(2))
+        assert batch_step() == 10
     assert proc.poll() is None
 
 

@@ -126,7 +126,11 @@ struct HelloOk {
   char dtype[16] = {};
   char label_dtype[16] = {};
   std::uint32_t shape_dims = kShapeUnknown;
-  std::uint32_t reserved2 = 0;
+  // 1: the rank may take up to ask_ahead + 1 batches between writes, its releases held until
+  // the next write, which it sends when at most one reply is left to take (rings deep enough
+  // that the agent still copies ahead meanwhile: small batches). 0 (as before this field):
+  // a write per batch.
+  std::uint32_t defer_releases = 0;
   std::uint64_t shape[kMaxShapeDims] = {};
 };
 static_assert(sizeof(HelloOk) == 72 + 32 + 8 + 64);  // version 1 was the first 72 bytes
