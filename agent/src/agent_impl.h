@@ -129,6 +129,10 @@ class Agent::Impl {
   void assemble(std::uint64_t t, std::uint32_t r);
   std::vector<std::uint32_t> batch_slots_locked(std::uint64_t t, std::uint32_t r) const;
   void copy_batch(std::uint64_t t, std::uint32_t r, const std::vector<std::uint32_t>& from);
+  void copy_slots(std::span<std::byte* const> dst, std::span<std::byte* const> src) const;
+  // Small batches copied inline (schedule_assembly_locked): scratch, with mu_ held.
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> inline_jobs_;  // (step, rank)
+  std::vector<std::byte*> inline_dst_, inline_src_;
   void finish_assembly_locked(std::uint64_t t, std::uint32_t r);
   void complete_steps_locked();
   void post_serve();

@@ -178,37 +178,53 @@ void Agent::Impl::complete_steps_locked() {
 }
 
 // A rank's next batch is copied into its ring once its step is read and the ring entry it
-// reuses (step − depth) has been released; one copy per rank in flight, by the reader pool.
+// reuses (step − depth) has been released: small batches at once by the calling thread, the
+// others by the reader pool, one copy per rank in flight.
 void Agent::Impl::schedule_assembly_locked(bool on_io) {
   if (buf_.ring_depth == 0) {  // zero copy: a ready step is servable as it is
     if (!on_io) post_serve();
     return;
   }
-  bool queued = false, copied = false;
-  for (bool again = true; again;) {
-    again = false;
+  if (buf_.inline_copy) {  // small batches: a thread hop would cost more than the copy
+    // Every batch that can be copied now, in one pass (copy_slots touches the pages ahead
+    // across batches), then done in step order.
+    inline_jobs_.clear();
+    inline_dst_.clear();
+    inline_src_.clear();
     for (std::uint32_t r = 0; r < R_; ++r) {
-      RankState& rs = ranks_[r];
-      if (rs.gone || rs.assembling || rs.assembled >= T_ || rs.assembled >= ready_ ||
-          rs.assembled >= rs.released + buf_.ring_depth)
-        continue;
-      if (buf_.inline_copy) {  // small batches: a thread hop would cost more than the copy
-        copy_batch(rs.assembled, r, batch_slots_locked(rs.assembled, r));
-        finish_assembly_locked(rs.assembled, r);
-        copied = again = true;
-        continue;
+      const RankState& rs = ranks_[r];
+      if (rs.gone || rs.assembling) continue;
+      const std::uint64_t upto = std::min({T_, ready_, rs.released + buf_.ring_depth});
+      for (std::uint64_t t = rs.assembled; t < upto; ++t) {
+        inline_jobs_.emplace_back(t, r);
+        const auto acc = accesses(t, r);
+        for (std::size_t i = 0; i < acc.size(); ++i) {
+          inline_src_.push_back(slot_ptr(table_.slot_of(acc[i] & kSampleMask)));
+          inline_dst_.push_back(slot_ptr(ring_slot(r, t, i)));
+        }
       }
-      rs.assembling = true;
-      ReadJob job;
-      job.step = rs.assembled;
-      job.assemble_rank = static_cast<int>(r);
-      jobs_.push_front(std::move(job));  // before reads of later steps: ranks wait on it
-      queued = true;
     }
+    if (inline_jobs_.empty()) return;
+    copy_slots(inline_dst_, inline_src_);
+    for (const auto& [t, r] : inline_jobs_) finish_assembly_locked(t, r);
+    if (on_io) serve_waiting_locked();
+    else post_serve();
+    return;
+  }
+  bool queued = false;
+  for (std::uint32_t r = 0; r < R_; ++r) {
+    RankState& rs = ranks_[r];
+    if (rs.gone || rs.assembling || rs.assembled >= T_ || rs.assembled >= ready_ ||
+        rs.assembled >= rs.released + buf_.ring_depth)
+      continue;
+    rs.assembling = true;
+    ReadJob job;
+    job.step = rs.assembled;
+    job.assemble_rank = static_cast<int>(r);
+    jobs_.push_front(std::move(job));  // before reads of later steps: ranks wait on it
+    queued = true;
   }
   if (queued) job_ready_.notify_all();
-  if (copied && on_io) serve_waiting_locked();
-  else if (copied) post_serve();
 }
 
 // Where rank r's batch of step t is in the cache (the step's uses pin those slots).
@@ -222,8 +238,37 @@ std::vector<std::uint32_t> Agent::Impl::batch_slots_locked(std::uint64_t t,
 
 void Agent::Impl::copy_batch(std::uint64_t t, std::uint32_t r,
                              const std::vector<std::uint32_t>& from) {
-  for (std::size_t i = 0; i < from.size(); ++i)
-    std::memcpy(slot_ptr(ring_slot(r, t, i)), slot_ptr(from[i]), buf_.slot_bytes);
+  std::vector<std::byte*> dst(from.size()), src(from.size());
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    dst[i] = slot_ptr(ring_slot(r, t, i));
+    src[i] = slot_ptr(from[i]);
+  }
+  copy_slots(dst, src);
+}
+
+// Slot-sized copies src[k] → dst[k]. Samples lie at random places in the buffer, each on
+// pages of its own (4 KiB pages: shared memory gets no huge pages by default), so each copy
+// begins with address translations and memory reads the hardware cannot see coming; the
+// pages of the copy kCopyAhead further on are touched (prefetched) first, so those overlap
+// with this copy. 4 KiB samples with a label (4160-byte slots, two pages each), one pass:
+// 4.7-5.4 GB/s plain, 6.3-8.2 GB/s so (a test program over a 20000-slot memfd, 3 runs each);
+// large samples are no slower.
+void Agent::Impl::copy_slots(std::span<std::byte* const> dst,
+                             std::span<std::byte* const> src) const {
+  constexpr std::size_t kCopyAhead = 8;
+  constexpr std::uintptr_t kPage = 4096;
+  const std::size_t n = src.size(), bytes = buf_.slot_bytes;
+  auto touch = [bytes](const std::byte* p) {
+    __builtin_prefetch(p);
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    for (std::uintptr_t q = (a & ~(kPage - 1)) + kPage; q < a + bytes; q += kPage)
+      __builtin_prefetch(reinterpret_cast<const void*>(q));
+  };
+  for (std::size_t k = 0; k < std::min(n, kCopyAhead); ++k) touch(src[k]);
+  for (std::size_t k = 0; k < n; ++k) {
+    if (k + kCopyAhead < n) touch(src[k + kCopyAhead]);
+    std::memcpy(dst[k], src[k], bytes);
+  }
 }
 
 void Agent::Impl::finish_assembly_locked(std::uint64_t t, std::uint32_t r) {
