@@ -188,7 +188,8 @@ class Agent::Impl {
   // its cache slots can be reused.
   void drop_rank_locked(std::uint32_t r);
   void read_more(const std::shared_ptr<Session>& s);
-  bool assembly_due_ = false;  // a release was read: copies to the rings after the read (io)
+  // Io thread: a `next` or a release was read; served or copied once the whole read is handled.
+  bool serve_due_ = false, assembly_due_ = false;
   // Queues a message; writes go out in order, one at a time. A connection with more than
   // kMaxQueuedBytes queued is closed instead.
   void send(const std::shared_ptr<Session>& s, std::vector<std::uint8_t> msg);

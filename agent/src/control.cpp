@@ -222,10 +222,13 @@ void Agent::Impl::read_more(const std::shared_ptr<Session>& s) {
           }
           on_message(s, static_cast<protocol::Op>(h.op), s->payload);
         }
-        if (assembly_due_) {  // after the replies the requests read here could have at once
-          assembly_due_ = false;
+        // The replies to every request read here, together (one send per rank), then the
+        // copies into the rings that its releases allow.
+        if (serve_due_ || assembly_due_) {
           std::lock_guard lk(mu_);
-          schedule_assembly_locked(true);
+          if (serve_due_) serve_waiting_locked();
+          if (assembly_due_) schedule_assembly_locked(true);
+          serve_due_ = assembly_due_ = false;
         }
         if (s->closed) return;
         read_more(s);
@@ -274,7 +277,7 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
                                   rs.asked));
       if (rs.asked >= T_) {  // past the last step: `end`, after the batches still owed
         rs.end_owed = true;
-        serve_waiting_locked();
+        serve_due_ = true;
         return;
       }
       if (rs.asked - rs.cursor >= protocol::kMaxStepsAsked)
@@ -284,7 +287,7 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
         rs.wait_since = Clock::now();
         note_request_locked(n.step, rs.wait_since);
       }
-      serve_waiting_locked();
+      serve_due_ = true;  // once every request read with it is handled (read_more)
       return;
     }
     case protocol::Op::release: {
@@ -307,8 +310,8 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
         rs.wait_since = now;
         note_request_locked(rs.released, now);
       }
-      // Its ring entry is copied once every request read with it is handled (read_more): the
-      // steps asked with it that are ready go out first.
+      // Its ring entry is copied once every request read with it is handled (read_more),
+      // after the replies.
       assembly_due_ = true;
       return;
     }
