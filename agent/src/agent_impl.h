@@ -112,6 +112,20 @@ class Agent::Impl {
     return buf_.ring_slot(r, t, i);
   }
   std::byte* slot_ptr(std::uint64_t slot) const { return base_ + buf_.slot_offset(slot); }
+  // What the hello tells ranks (protocol::HelloOk): steps to ask ahead, and whether they hold
+  // their releases back until their next write (rings deep enough for both).
+  std::uint32_t ask_ahead() const {
+    return buf_.ring_depth >= 2 ? static_cast<std::uint32_t>(std::min<std::uint64_t>(
+                                      buf_.ring_depth - 1, protocol::kMaxStepsAsked - 1))
+                                : 1;
+  }
+  bool defer_releases() const { return buf_.ring_depth >= 2 * (std::uint64_t{ask_ahead()} + 1); }
+  // The step rank rs waits for once it asks for it: the one after those it released, or with
+  // deferred releases, after the one it holds (released, if handed out: its release comes
+  // with its next write, which it sends only when it has no other reply left).
+  std::uint64_t waits_for(const RankState& rs) const {
+    return rs.released + (defer_releases() && rs.cursor > rs.released ? 1 : 0);
+  }
 
   // Plan access.
   std::span<const std::uint32_t> accesses(std::uint64_t t, std::uint32_t r) const {

@@ -18,10 +18,11 @@ inline constexpr std::uint64_t kInlineCopyBytes = 512 * 1024;
 // need be (at most 6 × 512 KiB more per rank with the default 2): a rank asks for its next
 // steps ahead (protocol::HelloOk::ask_ahead, 3) and finds them copied when it comes back,
 // instead of waiting for a round trip to the agent per batch (the cost that bounds small
-// batches). libsolar writes to the agent only when at most one reply is left to take, with
-// the releases owed since its last write (about ask_ahead of them): with 8 entries, the step
-// a rank holds and the 3 it asked for leave 4 that the agent fills with the steps after them
-// while the rank takes the ones it was sent together, so that its next write finds them ready.
+// batches). libsolar asks for more only when the reply it takes is the last one received, with
+// the releases owed since its last write (protocol::HelloOk::defer_releases): with 8 entries,
+// the step a rank holds and the 3 it asked for leave 4 that the agent fills with the steps
+// after them while the rank takes the ones it was sent together, so that its next request
+// finds them ready.
 inline constexpr std::uint64_t kSmallBatchRingDepth = 8;
 
 struct BufferLayout {

@@ -283,7 +283,7 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
       if (rs.asked - rs.cursor >= protocol::kMaxStepsAsked)
         return refuse(fmt::format("more than {} steps asked for and not yet served",
                                   protocol::kMaxStepsAsked));
-      if (rs.asked++ == rs.released) {  // it holds nothing older: it waits for this one now
+      if (rs.asked++ == waits_for(rs)) {  // it holds nothing older: it waits for this one now
         rs.wait_since = Clock::now();
         note_request_locked(n.step, rs.wait_since);
       }
@@ -306,9 +306,9 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
       ++rs.released;  // its ring entry can take a later batch
       const auto now = Clock::now();
       note_released_locked(rl.step, now);
-      if (rs.released < rs.asked && rs.released < T_) {  // asked ahead: it waits for it now
-        rs.wait_since = now;
-        note_request_locked(rs.released, now);
+      if (const std::uint64_t w = waits_for(rs); w < rs.asked && w < T_) {  // asked ahead
+        rs.wait_since = now;  // it waits for it now
+        note_request_locked(w, now);
       }
       // Its ring entry is copied once every request read with it is handled (read_more),
       // after the replies.
@@ -369,10 +369,8 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
   ok.start_step = start_;
   // Rings: as deep as the ring goes (a step asked beyond it would wait for a release anyway).
   // Zero copy: one step, as before the field (a ready step is handed out at once).
-  ok.ask_ahead = buf_.ring_depth >= 2 ? static_cast<std::uint32_t>(std::min<std::uint64_t>(
-                                            buf_.ring_depth - 1, protocol::kMaxStepsAsked - 1))
-                                      : 1;
-  ok.defer_releases = buf_.ring_depth >= 2 * (std::uint64_t{ok.ask_ahead} + 1) ? 1 : 0;
+  ok.ask_ahead = ask_ahead();
+  ok.defer_releases = defer_releases() ? 1 : 0;
   put_layout(ok);
   if (!send_with_buffer_fd(s, frame(protocol::Op::hello_ok, &ok, sizeof ok))) {
     spdlog::warn("rank {}: could not send the hello reply", h.local_rank);

@@ -37,8 +37,9 @@ void Agent::Impl::put_batch_locked(RankState& rs, std::uint32_t r,
     const protocol::BatchEntry e{x, buf_.ring_depth ? ring_slot(r, t, i) : table_.slot_of(x)};
     std::memcpy(m + kHead + i * sizeof e, &e, sizeof e);
   }
-  // Waited for only when every earlier step is released: one handed out ahead was not.
-  const double wait = rs.released == t ? seconds_since(rs.wait_since) : 0.0;
+  // Waited for only when every earlier step is released (or held, waits_for): one handed out
+  // ahead was not.
+  const double wait = waits_for(rs) == t ? seconds_since(rs.wait_since) : 0.0;
   rs.stall_seconds += wait;
   note_served_locked(t, r, acc.size(), hits, wait);
   ++rs.cursor;

@@ -239,12 +239,11 @@ struct solar_loader {
   // for the steps after the one the rank takes, as many as the agent's hello says (its ring
   // depth minus one; 1 from an agent that does not say), so that their replies are there by
   // the next calls, with the releases owed. With the hello's defer_releases (small batches),
-  // only a call that finds exactly one reply left to take (the one it takes now) writes: the
+  // only a call that finds exactly one reply left to take (the one it takes now) asks: the
   // replies come back together while the rank uses this batch, one write, one receive and one
   // wake-up per ask_ahead + 1 batches instead of per batch, and no wait when the agent keeps
-  // up. A call that finds none waits for the reply it asked for without writing again: the
-  // agent's rings are deep enough (2 × (ask_ahead + 1)) that the releases it holds back do not
-  // keep that step from being copied. Otherwise every call writes.
+  // up. A call that finds none sends only the releases it holds (the agent counts the rank's
+  // wait from there) and waits for the reply it asked for. Otherwise every call writes.
   static constexpr std::uint64_t kMaxAskAhead = solar::protocol::kMaxStepsAsked - 1;
   std::uint64_t ask_ahead = 1;
   std::uint64_t asked = 0;
@@ -526,11 +525,16 @@ struct solar_loader {
     if (sock < 0) return false;
     constexpr std::size_t kFrame = sizeof(solar::protocol::Header) + 8;
     char out[(2 + 2 * kMaxAskAhead) * kFrame];
-    if (asked <= cursor || !hello.defer_releases || releases_pending > ask_ahead ||
-        replies_received() == 1) {
+    const std::size_t here = hello.defer_releases ? replies_received() : 0;
+    const bool ask = asked <= cursor || !hello.defer_releases || releases_pending > ask_ahead ||
+                     here == 1;
+    // Nothing here to take: the releases it holds say that it waits now (the agent measures
+    // the ranks' waits from there), without asking for more.
+    const bool waits = here == 0 && releases_pending > 0;
+    if (ask || waits) {
       std::size_t len = put_releases(out);
       asked = std::max(asked, cursor);
-      for (const std::uint64_t upto = std::min(T, cursor + 1 + ask_ahead); asked < upto;
+      for (const std::uint64_t upto = std::min(T, cursor + 1 + ask_ahead); ask && asked < upto;
            ++asked) {
         const solar::protocol::Next nx{asked};
         len += solar::protocol::put_frame(out + len, solar::protocol::Op::next, &nx, sizeof nx);

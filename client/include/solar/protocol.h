@@ -126,10 +126,10 @@ struct HelloOk {
   char dtype[16] = {};
   char label_dtype[16] = {};
   std::uint32_t shape_dims = kShapeUnknown;
-  // 1: the rank may take up to ask_ahead + 1 batches between writes, its releases held until
-  // the next write, which it sends when at most one reply is left to take (rings deep enough
-  // that the agent still copies ahead meanwhile: small batches). 0 (as before this field):
-  // a write per batch.
+  // 1: the rank may take up to ask_ahead + 1 batches between writes, its releases held back:
+  // it asks for more when the reply it takes is the last one received, and sends only its
+  // releases when it finds none (it waits from then on). The rings are deep enough for the
+  // agent to copy ahead meanwhile (small batches). 0 (as before this field): a write per batch.
   std::uint32_t defer_releases = 0;
   std::uint64_t shape[kMaxShapeDims] = {};
 };
