@@ -95,7 +95,7 @@ class Agent::Impl {
     bool attached = false;
     bool gone = false;        // disconnected: its uses are no longer counted
     bool end_owed = false;    // asked for the step after the last: `end` once all are served
-    bool assembling = false;  // a job is copying its step `assembled` into its ring
+    bool assembling = false;  // a reader-pool job is copying its step `assembled` into its ring
     std::uint64_t assembled = 0;  // steps < assembled are in its ring (its uses dropped)
     std::uint64_t cursor = 0;    // next step to hand out
     std::uint64_t asked = 0;     // steps < asked were asked for (next); cursor..asked-1 wait
@@ -141,8 +141,8 @@ class Agent::Impl {
   // on_io: called on the io thread (serve at once instead of posting).
   void schedule_assembly_locked(bool on_io = false);
   void assemble(std::uint64_t t, std::uint32_t r);
-  std::vector<std::uint32_t> batch_slots_locked(std::uint64_t t, std::uint32_t r) const;
-  void copy_batch(std::uint64_t t, std::uint32_t r, const std::vector<std::uint32_t>& from);
+  void add_copies_locked(std::uint64_t t, std::uint32_t r, std::vector<std::byte*>& dst,
+                         std::vector<std::byte*>& src) const;
   void copy_slots(std::span<std::byte* const> dst, std::span<std::byte* const> src) const;
   // Small batches copied inline (schedule_assembly_locked): scratch, with mu_ held.
   std::vector<std::pair<std::uint64_t, std::uint32_t>> inline_jobs_;  // (step, rank)

@@ -193,15 +193,11 @@ void Agent::Impl::schedule_assembly_locked(bool on_io) {
     inline_src_.clear();
     for (std::uint32_t r = 0; r < R_; ++r) {
       const RankState& rs = ranks_[r];
-      if (rs.gone || rs.assembling) continue;
+      if (rs.gone) continue;
       const std::uint64_t upto = std::min({T_, ready_, rs.released + buf_.ring_depth});
       for (std::uint64_t t = rs.assembled; t < upto; ++t) {
         inline_jobs_.emplace_back(t, r);
-        const auto acc = accesses(t, r);
-        for (std::size_t i = 0; i < acc.size(); ++i) {
-          inline_src_.push_back(slot_ptr(table_.slot_of(acc[i] & kSampleMask)));
-          inline_dst_.push_back(slot_ptr(ring_slot(r, t, i)));
-        }
+        add_copies_locked(t, r, inline_dst_, inline_src_);
       }
     }
     if (inline_jobs_.empty()) return;
@@ -227,23 +223,15 @@ void Agent::Impl::schedule_assembly_locked(bool on_io) {
   if (queued) job_ready_.notify_all();
 }
 
-// Where rank r's batch of step t is in the cache (the step's uses pin those slots).
-std::vector<std::uint32_t> Agent::Impl::batch_slots_locked(std::uint64_t t,
-                                                            std::uint32_t r) const {
+// The copies of rank r's batch of step t into its ring, appended to dst and src (the step's
+// uses pin those cache slots).
+void Agent::Impl::add_copies_locked(std::uint64_t t, std::uint32_t r, std::vector<std::byte*>& dst,
+                                    std::vector<std::byte*>& src) const {
   const auto acc = accesses(t, r);
-  std::vector<std::uint32_t> from(acc.size());
-  for (std::size_t i = 0; i < acc.size(); ++i) from[i] = table_.slot_of(acc[i] & kSampleMask);
-  return from;
-}
-
-void Agent::Impl::copy_batch(std::uint64_t t, std::uint32_t r,
-                             const std::vector<std::uint32_t>& from) {
-  std::vector<std::byte*> dst(from.size()), src(from.size());
-  for (std::size_t i = 0; i < from.size(); ++i) {
-    dst[i] = slot_ptr(ring_slot(r, t, i));
-    src[i] = slot_ptr(from[i]);
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    src.push_back(slot_ptr(table_.slot_of(acc[i] & kSampleMask)));
+    dst.push_back(slot_ptr(ring_slot(r, t, i)));
   }
-  copy_slots(dst, src);
 }
 
 // Slot-sized copies src[k] → dst[k]. Samples lie at random places in the buffer, each on
@@ -279,12 +267,12 @@ void Agent::Impl::finish_assembly_locked(std::uint64_t t, std::uint32_t r) {
 }
 
 void Agent::Impl::assemble(std::uint64_t t, std::uint32_t r) {
-  std::vector<std::uint32_t> from;
+  std::vector<std::byte*> dst, src;
   {
     std::lock_guard lk(mu_);
-    from = batch_slots_locked(t, r);
+    add_copies_locked(t, r, dst, src);
   }
-  copy_batch(t, r, from);  // unlocked: neither the cache slots nor the ring entry can change
+  copy_slots(dst, src);  // unlocked: neither the cache slots nor the ring entry can change
   std::lock_guard lk(mu_);
   finish_assembly_locked(t, r);
   schedule_assembly_locked();

@@ -18,8 +18,8 @@ void Agent::Impl::put_batch_locked(RankState& rs, std::uint32_t r,
                                    std::vector<std::uint8_t>& msg) {
   const std::uint64_t t = rs.cursor;
   const auto acc = accesses(t, r);
-  // The reply: header, BatchHead, then one BatchEntry per sample, built in place in the
-  // session's scratch buffer (no allocation per reply once it has grown).
+  // The reply: header, BatchHead, then one BatchEntry per sample, built in place at the end
+  // of `msg` (the session's scratch buffer: no allocation once it has grown).
   constexpr std::size_t kHead = sizeof(protocol::Header) + sizeof(protocol::BatchHead);
   const std::size_t from = msg.size();
   msg.resize(from + kHead + acc.size() * sizeof(protocol::BatchEntry));
