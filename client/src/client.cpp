@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -496,12 +497,33 @@ struct solar_loader {
         rx_end = have;
       }
       if (rx.size() < std::max<std::size_t>(need, 16384)) rx.resize(std::max<std::size_t>(need, 16384));
-      ssize_t r;
-      do r = ::recv(sock, rx.data() + rx_end, rx.size() - rx_end, 0);
-      while (r < 0 && errno == EINTR);
+      const ssize_t r = receive_some();
       if (r == 0) errno = 0;
       if (r <= 0) return false;
       rx_end += static_cast<std::size_t>(r);
+    }
+  }
+
+  // One recv into rx, waiting at most SOLAR_AGENT_TIMEOUT (errno EAGAIN past it). It waits in
+  // poll for POLLIN, not in a blocking recv: a task blocked in recv on a Unix socket sleeps on
+  // the queue that the agent's reading of this rank's requests wakes for write space
+  // (unix_write_space), so each request the agent took would wake the rank for nothing, an
+  // interrupt and two context switches; poll's wait is woken only for the events it asked for.
+  ssize_t receive_some() {
+    for (;;) {
+      const ssize_t r = ::recv(sock, rx.data() + rx_end, rx.size() - rx_end, MSG_DONTWAIT);
+      if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return r;
+      if (errno == EINTR) continue;
+      pollfd p{sock, POLLIN, 0};
+      const int ms = agent_timeout > 0
+                         ? static_cast<int>(std::min(std::ceil(agent_timeout * 1000), 2e9))
+                         : -1;
+      const int n = ::poll(&p, 1, ms);
+      if (n == 0) {
+        errno = EAGAIN;
+        return -1;
+      }
+      if (n < 0 && errno != EINTR) return -1;
     }
   }
 
