@@ -112,6 +112,7 @@ class Agent::Impl {
     return buf_.ring_slot(r, t, i);
   }
   std::byte* slot_ptr(std::uint64_t slot) const { return base_ + buf_.slot_offset(slot); }
+  std::byte* label_ptr(std::uint64_t slot) const { return base_ + buf_.label_offset(slot); }
   // What the hello tells ranks (protocol::HelloOk): steps to ask ahead, and whether they hold
   // their releases back until their next write (rings deep enough for both).
   std::uint32_t ask_ahead() const {
@@ -137,16 +138,17 @@ class Agent::Impl {
   // Prefetch engine (its own thread).
   void prefetch_loop();
   void reader_loop();
-  void write_slot(std::uint32_t slot, struct iovec* iov, int n);
+  // The sample's bytes into `slot` (through the memfd), and its label (if any) into the labels.
+  void write_slot(std::uint32_t slot, const std::byte* sample, const std::byte* label);
   // on_io: called on the io thread (serve at once instead of posting).
   void schedule_assembly_locked(bool on_io = false);
   void assemble(std::uint64_t t, std::uint32_t r);
-  void add_copies_locked(std::uint64_t t, std::uint32_t r, std::vector<std::byte*>& dst,
-                         std::vector<std::byte*>& src) const;
-  void copy_slots(std::span<std::byte* const> dst, std::span<std::byte* const> src) const;
+  void add_copies_locked(std::uint64_t t, std::uint32_t r, std::vector<std::uint32_t>& dst,
+                         std::vector<std::uint32_t>& src) const;
+  void copy_slots(std::span<const std::uint32_t> dst, std::span<const std::uint32_t> src) const;
   // Small batches copied inline (schedule_assembly_locked): scratch, with mu_ held.
   std::vector<std::pair<std::uint64_t, std::uint32_t>> inline_jobs_;  // (step, rank)
-  std::vector<std::byte*> inline_dst_, inline_src_;
+  std::vector<std::uint32_t> inline_dst_, inline_src_;
   void finish_assembly_locked(std::uint64_t t, std::uint32_t r);
   void complete_steps_locked();
   void post_serve();

@@ -27,13 +27,15 @@ inline constexpr std::uint64_t kSmallBatchRingDepth = 8;
 
 struct BufferLayout {
   std::uint32_t ranks = 0;         // R: the node's ranks
-  std::uint64_t slot_bytes = 0;    // agent_slot_bytes: one sample and its label, 64-byte aligned
+  std::uint64_t slot_bytes = 0;    // one sample, rounded up to 64 bytes: a 4 KiB one fills a page
+  std::uint64_t label_bytes = 0;   // one label; 0 without
+  std::uint64_t labels_offset = 0;  // the labels, slot by slot, after the slots
   std::uint64_t slots = 0;         // all of them: cache slots, then the rings
   std::uint64_t cache_slots = 0;   // the plan's resident set
   std::uint64_t ring_depth = 0;    // batches per rank's ring (≥ staging_steps: see above)
   std::uint64_t ring_batch = 0;    // slots per ring batch (b + δ)
   bool inline_copy = false;        // batches small enough to copy without a thread hop
-  // Transparent mode: the sample index follows the slots, page-aligned (solar/transparent.h):
+  // Transparent mode: the sample index follows the labels, page-aligned (solar/transparent.h):
   // its header, N 64-bit entries, N 32-bit consumed counters (padded to 8 bytes), then N
   // extents (chunked datasets).
   std::uint64_t index_offset = 0;
@@ -49,6 +51,9 @@ struct BufferLayout {
     return static_cast<std::uint32_t>(cache_slots + entry * ring_batch + i);
   }
   std::uint64_t slot_offset(std::uint64_t slot) const { return slot * slot_bytes; }
+  std::uint64_t label_offset(std::uint64_t slot) const {
+    return labels_offset + slot * label_bytes;
+  }
 };
 
 struct BufferOptions {

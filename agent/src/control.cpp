@@ -363,6 +363,7 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
   ok.sample_bytes = sample_bytes_;
   ok.label_bytes = label_bytes_;
   ok.slot_bytes = buf_.slot_bytes;
+  ok.labels_offset = label_bytes_ ? buf_.labels_offset : 0;
   ok.slots = buf_.slots;
   ok.total_steps = T_;
   ok.steps_per_epoch = header_.layout.steps;

@@ -5,12 +5,13 @@
 // entries say which slot holds a sample, with a generation: solar/transparent.h) and a small
 // array of progress counters for remote writes, both under unguessable keys, and writes a card
 // (fabric address, keys) into the job's private peer folder. A peer read of sample x from node
-// s at step t: read s's index entry of x; read the slot it names into our own slot; read the
-// entry again: the bytes are x's only if the entry did not change (a recycled slot changes the
-// generation). A missing entry is retried until --peer-timeout, a changed one a few times; then
-// the sample is read from storage instead, into the same slot. When our peer reads of every
-// step before v are done, we write v into each source's counter for us; a source keeps the
-// samples we read at step t pinned (evicted or not) until our counter passes t.
+// s at step t: read s's index entry of x; read the slot it names into our own slot, then its
+// label (labels lie apart, after the slots); read the entry again: the bytes are x's only if
+// the entry did not change (a recycled slot changes the generation). A missing entry is
+// retried until --peer-timeout, a changed one a few times; then the sample is read from
+// storage instead, into the same slot. When our peer reads of every step before v are done,
+// we write v into each source's counter for us; a source keeps the samples we read at step t
+// pinned (evicted or not) until our counter passes t.
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -47,7 +48,7 @@ struct Agent::Impl::PeerState {
     bool dead = false;     // unreachable: our reads from it go to storage
     fi_addr_t addr = FI_ADDR_UNSPEC;
     std::uint64_t buf_key = 0, buf_base = 0, prog_key = 0, prog_base = 0;
-    std::uint64_t entries_offset = 0, slot_bytes = 0;
+    std::uint64_t entries_offset = 0, slot_bytes = 0, labels_offset = 0;
     std::uint64_t written = 0;  // the progress value it has from us
     bool writing = false;       // a progress write to it is in flight
     // As a reader of ours: its counter as last seen, and since when; abandoned: its pins were
@@ -59,7 +60,9 @@ struct Agent::Impl::PeerState {
   struct Op {
     fi_context2 ctx;  // first: completions point here
     PeerJob job;
-    int phase = 0;  // 0 post entry read, 1 entry read, 2 data read, 3 entry re-read
+    // 0 post entry read, 1 entry read, 2 sample read, 4 label read (labels lie apart), 3 entry
+    // re-read
+    int phase = 0;
     int torn = 0;
     bool active = false;
     Clock::time_point since, retry_at;
@@ -152,6 +155,8 @@ void Agent::Impl::setup_peers(const PlanFile& pf) {
                                {"prog_base", ps->prog_mr.base()},
                                {"entries_offset", buf_.entries_offset},
                                {"slot_bytes", buf_.slot_bytes},
+                               {"labels_offset", buf_.labels_offset},
+                               {"label_bytes", buf_.label_bytes},
                                {"samples", header_.config.samples}};
   const std::string path = (std::filesystem::path(opt_.peer_dir) / card_name(me)).string();
   if (const char* failed = write_file_atomically(path, card.dump(), 0600))
@@ -187,6 +192,9 @@ void Agent::Impl::setup_peers(const PlanFile& pf) {
         r.entries_offset = c.at("entries_offset");
         r.slot_bytes = c.at("slot_bytes");
         if (r.slot_bytes != buf_.slot_bytes) throw std::invalid_argument("another slot size");
+        r.labels_offset = c.at("labels_offset");
+        if (c.at("label_bytes").get<std::uint64_t>() != buf_.label_bytes)
+          throw std::invalid_argument("another label size");
         r.known = true;
       } catch (const std::exception& e) {
         spdlog::warn("peer node {}: its card in {} is unusable ({}); what this node would read "
@@ -459,7 +467,17 @@ void Agent::Impl::peer_loop() {
             op->phase = 0;
             op->retry_at = Clock::now();
           }
-        } else if (op->phase == 2) {
+        } else if (op->phase == 2 && buf_.label_bytes) {
+          const std::uint64_t slot = (op->e1 & 0xffffffffULL) - 1;
+          if (fi_read(ep, label_ptr(op->job.slot), buf_.label_bytes, ps.buf_mr.desc(), r.addr,
+                      r.buf_base + r.labels_offset + slot * buf_.label_bytes, r.buf_key,
+                      &op->ctx) == 0)
+            op->phase = 4;
+          else {
+            op->phase = 0;
+            op->retry_at = Clock::now();
+          }
+        } else if (op->phase == 2 || op->phase == 4) {
           if (post_entry(*op, &scratch[2 * i + 1])) op->phase = 3;
           else {
             op->phase = 0;

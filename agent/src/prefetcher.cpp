@@ -223,40 +223,45 @@ void Agent::Impl::schedule_assembly_locked(bool on_io) {
   if (queued) job_ready_.notify_all();
 }
 
-// The copies of rank r's batch of step t into its ring, appended to dst and src (the step's
-// uses pin those cache slots).
-void Agent::Impl::add_copies_locked(std::uint64_t t, std::uint32_t r, std::vector<std::byte*>& dst,
-                                    std::vector<std::byte*>& src) const {
+// The copies of rank r's batch of step t into its ring, appended to dst and src as slots (the
+// step's uses pin those cache slots).
+void Agent::Impl::add_copies_locked(std::uint64_t t, std::uint32_t r,
+                                    std::vector<std::uint32_t>& dst,
+                                    std::vector<std::uint32_t>& src) const {
   const auto acc = accesses(t, r);
   for (std::size_t i = 0; i < acc.size(); ++i) {
-    src.push_back(slot_ptr(table_.slot_of(acc[i] & kSampleMask)));
-    dst.push_back(slot_ptr(ring_slot(r, t, i)));
+    src.push_back(table_.slot_of(acc[i] & kSampleMask));
+    dst.push_back(ring_slot(r, t, i));
   }
 }
 
-// Slot-sized copies src[k] → dst[k]. Samples lie at random places in the buffer, each on
-// pages of its own (4 KiB pages: shared memory gets no huge pages by default), so each copy
-// begins with address translations and memory reads the hardware cannot see coming; the
-// pages of the copy kCopyAhead further on are touched (prefetched) first, so those overlap
-// with this copy. 4 KiB samples with a label (4160-byte slots, two pages each), one pass:
-// 4.7-5.4 GB/s plain, 6.3-8.2 GB/s so (a test program over a 20000-slot memfd, 3 runs each);
-// large samples are no slower.
-void Agent::Impl::copy_slots(std::span<std::byte* const> dst,
-                             std::span<std::byte* const> src) const {
+// Copies slot src[k] → slot dst[k], samples and labels. Samples lie at random places in the
+// buffer, on pages of their own (4 KiB pages: shared memory gets no huge pages by default), so
+// each copy begins with address translations and memory reads the hardware cannot see coming;
+// the pages of the copy kCopyAhead further on are touched (prefetched) first, so those overlap
+// with this copy. 4 KiB samples, one pass over a 20000-slot memfd (a test program, 3 runs
+// each): 4.7-5.4 GB/s plain, 6.3-8.2 GB/s so with 4160-byte slots (label inside, two pages
+// per sample, before protocol version 4), 13.1-13.5 µs per batch of 16 with 4096-byte ones
+// against 16.1-16.4. Large samples are no slower.
+void Agent::Impl::copy_slots(std::span<const std::uint32_t> dst,
+                             std::span<const std::uint32_t> src) const {
   constexpr std::size_t kCopyAhead = 8;
   constexpr std::uintptr_t kPage = 4096;
-  const std::size_t n = src.size(), bytes = buf_.slot_bytes;
+  const std::size_t n = src.size(), bytes = sample_bytes_;
   auto touch = [bytes](const std::byte* p) {
     __builtin_prefetch(p);
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     for (std::uintptr_t q = (a & ~(kPage - 1)) + kPage; q < a + bytes; q += kPage)
       __builtin_prefetch(reinterpret_cast<const void*>(q));
   };
-  for (std::size_t k = 0; k < std::min(n, kCopyAhead); ++k) touch(src[k]);
+  for (std::size_t k = 0; k < std::min(n, kCopyAhead); ++k) touch(slot_ptr(src[k]));
   for (std::size_t k = 0; k < n; ++k) {
-    if (k + kCopyAhead < n) touch(src[k + kCopyAhead]);
-    std::memcpy(dst[k], src[k], bytes);
+    if (k + kCopyAhead < n) touch(slot_ptr(src[k + kCopyAhead]));
+    std::memcpy(slot_ptr(dst[k]), slot_ptr(src[k]), bytes);
   }
+  if (label_bytes_)
+    for (std::size_t k = 0; k < n; ++k)
+      std::memcpy(label_ptr(dst[k]), label_ptr(src[k]), label_bytes_);
 }
 
 void Agent::Impl::finish_assembly_locked(std::uint64_t t, std::uint32_t r) {
@@ -267,7 +272,7 @@ void Agent::Impl::finish_assembly_locked(std::uint64_t t, std::uint32_t r) {
 }
 
 void Agent::Impl::assemble(std::uint64_t t, std::uint32_t r) {
-  std::vector<std::byte*> dst, src;
+  std::vector<std::uint32_t> dst, src;
   {
     std::lock_guard lk(mu_);
     add_copies_locked(t, r, dst, src);
@@ -279,25 +284,22 @@ void Agent::Impl::assemble(std::uint64_t t, std::uint32_t r) {
   post_serve();
 }
 
-void Agent::Impl::write_slot(std::uint32_t slot, struct iovec* iov, int n) {
-  off_t at = static_cast<off_t>(buf_.slot_offset(slot));
-  while (n > 0) {
-    const ssize_t w = ::pwritev(memfd_, iov, n, at);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw std::runtime_error(fmt::format("writing slot {} of the buffer: {}", slot,
-                                                     std::strerror(w < 0 ? errno : ENOSPC)));
-    at += w;
-    auto left = static_cast<std::size_t>(w);
-    while (n > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --n;
+void Agent::Impl::write_slot(std::uint32_t slot, const std::byte* sample,
+                             const std::byte* label) {
+  auto put = [&](const std::byte* p, std::size_t n, off_t at) {
+    for (std::size_t done = 0; done < n;) {
+      const ssize_t w = ::pwrite(memfd_, p + done, n - done, at);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw std::runtime_error(fmt::format("writing slot {} of the buffer: {}", slot,
+                                                       std::strerror(w < 0 ? errno : ENOSPC)));
+      done += static_cast<std::size_t>(w);
+      at += w;
     }
-    if (n > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
-  }
+  };
+  put(sample, sample_bytes_, static_cast<off_t>(buf_.slot_offset(slot)));
+  // A label of a few bytes (many to a page) through the mapping, saving a system call.
+  if (label_bytes_ >= 4096) put(label, label_bytes_, static_cast<off_t>(buf_.label_offset(slot)));
+  else if (label_bytes_) std::memcpy(label_ptr(slot), label, label_bytes_);
 }
 
 void Agent::Impl::reader_loop() {
@@ -361,9 +363,7 @@ void Agent::Impl::reader_loop() {
       std::size_t i = 0;
       for (const ReadJob& job : batch)
         for (const std::uint32_t slot : job.slots) {
-          struct iovec iov[2] = {{staging + i * sample_bytes_, sample_bytes_},
-                                 {label_staging + i * label_bytes_, label_bytes_}};
-          write_slot(slot, iov, label_bytes_ ? 2 : 1);
+          write_slot(slot, staging + i * sample_bytes_, label_staging + i * label_bytes_);
           ++i;
         }
       const double secs = seconds_since(t0);

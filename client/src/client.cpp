@@ -116,6 +116,19 @@ bool write_all(int fd, const void* p, std::size_t n) {
   return true;
 }
 
+// Calls f(i, k) for each run [i, k) of a batch's samples (or labels) that lie one after another
+// in memory, `each` bytes apart: a ring's batch is one run (slots of 64-byte multiples hold the
+// samples alone, labels apart), so copying it out is one copy, not one per sample.
+template <class F>
+void for_each_run(const std::vector<const std::byte*>& from, std::size_t each, F&& f) {
+  for (std::size_t i = 0; i < from.size();) {
+    std::size_t k = i + 1;
+    while (k < from.size() && from[k] == from[i] + (k - i) * each) ++k;
+    f(i, k);
+    i = k;
+  }
+}
+
 bool read_all(int fd, void* p, std::size_t n) {
   auto* c = static_cast<char*>(p);
   while (n) {
@@ -409,7 +422,16 @@ struct solar_loader {
                                     "steps in between",
                                     hello.start_step, cursor));
     }
-    map_bytes = hello.slots * hello.slot_bytes;
+    // Samples in slots, then the labels (version 4); a layout that does not add up is not
+    // mapped.
+    const std::uint64_t samples_end = hello.slots * hello.slot_bytes;
+    if (hello.slot_bytes < hello.sample_bytes ||
+        (hello.label_bytes && hello.labels_offset < samples_end)) {
+      ::close(memfd);
+      return drop_agent("the agent's buffer layout is inconsistent");
+    }
+    map_bytes = hello.label_bytes ? hello.labels_offset + hello.slots * hello.label_bytes
+                                  : samples_end;
     // Not MAP_POPULATE: populating the whole buffer up front costs more than it saves (on
     // shadow-paged VMs, 3x more on the first pass over the buffer).
     void* p = ::mmap(nullptr, map_bytes, PROT_READ, MAP_SHARED, memfd, 0);
@@ -600,9 +622,9 @@ struct solar_loader {
         drop_agent("the agent's batch does not match the plan");
         return false;
       }
-      const std::byte* p = base + std::uint64_t{e.slot} * hello.slot_bytes;
-      batch.data[i] = p;
-      batch.labels[i] = label_bytes ? p + sample_bytes : nullptr;
+      batch.data[i] = base + std::uint64_t{e.slot} * hello.slot_bytes;
+      batch.labels[i] =
+          label_bytes ? base + hello.labels_offset + std::uint64_t{e.slot} * label_bytes : nullptr;
     }
     return true;
   }
@@ -910,10 +932,14 @@ int solar_batch_gather(const solar_batch* b, void* data, size_t data_bytes, void
   }
   auto* dout = static_cast<std::byte*>(data);
   auto* lout = static_cast<std::byte*>(labels);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (dout) std::memcpy(dout + i * sb, b->data[i], sb);
-    if (lout) std::memcpy(lout + i * lb, b->labels[i], lb);
-  }
+  if (dout)
+    for_each_run(b->data, sb, [&](std::size_t i, std::size_t k) {
+      std::memcpy(dout + i * sb, b->data[i], (k - i) * sb);
+    });
+  if (lout)
+    for_each_run(b->labels, lb, [&](std::size_t i, std::size_t k) {
+      std::memcpy(lout + i * lb, b->labels[i], (k - i) * lb);
+    });
   return 0;
 }
 
@@ -960,12 +986,14 @@ int solar_batch_copy_to_device(const solar_batch* b, void* dst, void* stream) {
   }
   const std::uint64_t sb = l->sample_bytes;
   auto* out = static_cast<std::byte*>(dst);
-  for (std::size_t i = 0; i < b->data.size(); ++i) {
-    const int e = cu.MemcpyAsync(out + i * sb, b->data[i], sb, Cuda::kHostToDevice, stream);
-    if (e != 0) {
-      g_last_error = fmt::format("solar_batch_copy_to_device: {}", cu.GetErrorString(e));
-      return -1;
-    }
+  int e = 0;
+  for_each_run(b->data, sb, [&](std::size_t i, std::size_t k) {
+    if (e == 0) e = cu.MemcpyAsync(out + i * sb, b->data[i], (k - i) * sb, Cuda::kHostToDevice,
+                                   stream);
+  });
+  if (e != 0) {
+    g_last_error = fmt::format("solar_batch_copy_to_device: {}", cu.GetErrorString(e));
+    return -1;
   }
   return 0;
 #else

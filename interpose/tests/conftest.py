@@ -101,7 +101,7 @@ def wait_until(pred, timeout=30, what="condition"):
 # ---- the real node agent ------------------------------------------------------------------------
 
 PROTO_MAGIC, OP_ERROR, OP_XHELLO, OP_XHELLO_OK = 0x524C4F53, 10, 11, 12
-PROTO_VERSION = 3  # solar/protocol.h kVersion, solar/transparent.h SOLAR_PROTO_VERSION
+PROTO_VERSION = 4  # solar/protocol.h kVersion, solar/transparent.h SOLAR_PROTO_VERSION
 XINDEX_MAGIC = 0x5844495852414C53
 XINDEX = struct.Struct("<QQQQQQQQqqQQ")  # solar_xindex up to its stats
 

@@ -336,14 +336,19 @@ TEST(BufferLayout, RingsFillTheBudgetCoreFittedThePlanTo) {
       o.staging_steps = staging;
       const BufferLayout b = buffer_layout(c, label, o);
       SCOPED_TRACE(testing::Message() << "staging " << staging << ", label " << label);
-      EXPECT_EQ(b.slot_bytes, agent_slot_bytes(c.sample_bytes, label));
+      // Samples and labels apart (protocol version 4): the slot is the sample's 64 KiB.
       EXPECT_EQ(b.slot_bytes, 65536U);
+      EXPECT_EQ(b.label_bytes, label);
+      EXPECT_EQ(b.slot_bytes + label, agent_slot_bytes(c.sample_bytes, label));
       EXPECT_EQ(b.ring_batch, 18U);
       EXPECT_EQ(b.ring_depth, staging);
       EXPECT_EQ(b.cache_slots, c.buffer_samples());
       EXPECT_EQ(b.slots, b.cache_slots + 4U * staging * 18U);
-      EXPECT_EQ(b.slots, budget / b.slot_bytes);  // the whole budget, no more
-      EXPECT_EQ(b.map_bytes, b.slots * b.slot_bytes);
+      // the whole budget, no more
+      EXPECT_EQ(b.slots, budget / agent_slot_bytes(c.sample_bytes, label));
+      EXPECT_EQ(b.labels_offset, b.slots * b.slot_bytes);
+      EXPECT_EQ(b.label_offset(b.slots - 1) + label, b.labels_offset + b.slots * label);
+      EXPECT_EQ(b.map_bytes, b.slots * (b.slot_bytes + label));
       EXPECT_LE(b.map_bytes, budget);
     }
   }
@@ -394,6 +399,25 @@ TEST(BufferLayout, ZeroCopyAndTransparentKeepTheStagingSlotsInTheCache) {
   EXPECT_EQ(buffer_layout(s, 0, zc).slots, (8ULL << 20) / 1024U);
 }
 
+// Labels apart (protocol version 4): a 4 KiB sample with a 4-byte label fills exactly one
+// page of the buffer, every slot page-aligned (its copy needs one address translation, not
+// two), and a ring batch's samples and labels are each contiguous (one copy out).
+TEST(BufferLayout, FourKiBSamplesWithLabelsFillOnePageEach) {
+  PlanConfig c = small_config();
+  c.sample_bytes = 4096;
+  c.buffer_bytes = 300 * c.sample_bytes;
+  const BufferLayout b = buffer_layout(c, 4, BufferOptions{});
+  EXPECT_EQ(b.slot_bytes, 4096U);
+  for (std::uint64_t s = 0; s < b.slots; ++s) {
+    EXPECT_EQ(b.slot_offset(s) % 4096, 0U);
+    EXPECT_GE(b.label_offset(s), b.slots * 4096U);  // no label on a sample's page
+  }
+  EXPECT_EQ(b.slot_offset(b.ring_slot(2, 5, 17)) - b.slot_offset(b.ring_slot(2, 5, 0)),
+            17U * 4096U);
+  EXPECT_EQ(b.label_offset(b.ring_slot(2, 5, 17)) - b.label_offset(b.ring_slot(2, 5, 0)), 17U * 4U);
+  EXPECT_EQ(b.map_bytes, b.slots * 4100U);
+}
+
 TEST(BufferLayout, APlanHoldingLessThanAStepStillGetsAStepOfCacheSlots) {
   PlanConfig c = small_config();
   c.buffer_bytes = 10 * c.sample_bytes;  // policy none: under R·(b+δ) = 72
@@ -426,7 +450,7 @@ TEST(BufferLayout, RingSlotsTileTheSpaceAfterTheCacheSlots) {
   }
 }
 
-TEST(BufferLayout, TransparentIndexFollowsTheSlotsPageAligned) {
+TEST(BufferLayout, TransparentIndexFollowsTheSlotsAndLabelsPageAligned) {
   PlanConfig c = small_config();  // N = 10001: the consumed counters need padding
   c.buffer_bytes = 333 * c.sample_bytes;
   BufferOptions o;
@@ -434,7 +458,8 @@ TEST(BufferLayout, TransparentIndexFollowsTheSlotsPageAligned) {
   o.page_bytes = 4096;
   const BufferLayout b = buffer_layout(c, 4, o);
   const std::uint64_t N = c.samples;
-  const std::uint64_t slots_end = b.slots * b.slot_bytes;
+  const std::uint64_t slots_end = b.slots * b.slot_bytes + b.slots * 4;  // samples, labels
+  EXPECT_EQ(b.labels_offset, b.slots * b.slot_bytes);
   EXPECT_EQ(b.index_offset % 4096, 0U);
   EXPECT_GE(b.index_offset, slots_end);
   EXPECT_LT(b.index_offset, slots_end + 4096);

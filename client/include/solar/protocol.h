@@ -29,6 +29,9 @@
 //      (HelloOk's layout fields), so a rank needs no HDF5 of its own to view them.
 //   3  a rank may have up to kMaxStepsAsked `next` requests unanswered (asking ahead); the
 //      agent checks each against the step after the last one asked for, not the last served.
+//   4  labels apart: a slot holds a sample only (slot_bytes: its bytes rounded up to 64), and
+//      slot s's label is at HelloOk::labels_offset + s × label_bytes, so that a 4 KiB sample
+//      fills one page of the buffer instead of straddling two.
 // An agent that receives a frame of another version answers it with one error frame in its
 // own version, naming both versions, and closes the connection; libsolar reports a reply of
 // another version as such (never as a malformed reply) and reads directly.
@@ -41,7 +44,7 @@
 namespace solar::protocol {
 
 inline constexpr std::uint32_t kMagic = 0x524c4f53;  // "SOLR"
-inline constexpr std::uint16_t kVersion = 3;
+inline constexpr std::uint16_t kVersion = 4;
 // `next` requests one rank may have unanswered (version 3); a further one is refused.
 inline constexpr std::uint32_t kMaxStepsAsked = 4;
 inline constexpr std::uint32_t kMaxPayload = 1U << 20;
@@ -105,7 +108,7 @@ struct HelloOk {
   std::uint64_t samples = 0;
   std::uint64_t sample_bytes = 0;
   std::uint64_t label_bytes = 0;   // 0: no labels
-  std::uint64_t slot_bytes = 0;    // sample_bytes + label_bytes, rounded up to 64
+  std::uint64_t slot_bytes = 0;    // sample_bytes rounded up to 64 (version 4: labels apart)
   std::uint64_t slots = 0;
   std::uint64_t total_steps = 0;
   std::uint32_t steps_per_epoch = 0;
@@ -132,8 +135,11 @@ struct HelloOk {
   // agent to copy ahead meanwhile (small batches). 0 (as before this field): a write per batch.
   std::uint32_t defer_releases = 0;
   std::uint64_t shape[kMaxShapeDims] = {};
+  // Version 4: where the labels are in the buffer: slot s's at labels_offset + s × label_bytes
+  // (after the slots; 0 without labels).
+  std::uint64_t labels_offset = 0;
 };
-static_assert(sizeof(HelloOk) == 72 + 32 + 8 + 64);  // version 1 was the first 72 bytes
+static_assert(sizeof(HelloOk) == 72 + 32 + 8 + 64 + 8);  // version 1 was the first 72 bytes
 
 struct Next {
   // The step asked for: the one after the rank's previous request (its cursor when nothing is

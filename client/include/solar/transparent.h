@@ -41,7 +41,7 @@ extern "C" {
 #define SOLAR_XINDEX_FILE_CHANGED 1
 #define SOLAR_XINDEX_AGENT_STOPPED 2
 /* solar/protocol.h's kVersion (checked there at compile time). */
-#define SOLAR_PROTO_VERSION 3
+#define SOLAR_PROTO_VERSION 4
 #define SOLAR_OP_XHELLO 11
 #define SOLAR_OP_XHELLO_OK 12
 

@@ -109,8 +109,9 @@ struct BufferSpec {
   std::uint64_t resolve(std::uint64_t samples, std::uint64_t sample_bytes) const;
 };
 
-// How a node agent spends its memory: slots of one sample plus its label, rounded up to 64
-// bytes; the plan's resident set plus `staging_steps` steps of the node's ranks (each rank's
+// How a node agent spends its memory: slots of one sample, rounded up to 64 bytes, each with
+// its label in an array after the slots (agent_slot_bytes: the two together); the plan's
+// resident set plus `staging_steps` steps of the node's ranks (each rank's
 // ring of that many batches, into which its next batches are copied ahead of its requests).
 inline constexpr std::uint32_t kAgentStagingSteps = 2;
 std::uint64_t agent_slot_bytes(std::uint64_t sample_bytes, std::uint64_t label_bytes);
