@@ -113,12 +113,13 @@ class Agent::Impl {
   }
   std::byte* slot_ptr(std::uint64_t slot) const { return base_ + buf_.slot_offset(slot); }
   std::byte* label_ptr(std::uint64_t slot) const { return base_ + buf_.label_offset(slot); }
-  // What the hello tells ranks (protocol::HelloOk): steps to ask ahead, and whether they hold
-  // their releases back until their next write (rings deep enough for both).
+  // What the hello tells ranks (protocol::HelloOk): steps to ask ahead (small batches: half
+  // the ring less the step held, see kSmallBatchRingBytes; other rings: all of it), and whether
+  // they hold their releases back until their next write (rings deep enough for both).
   std::uint32_t ask_ahead() const {
-    return buf_.ring_depth >= 2 ? static_cast<std::uint32_t>(std::min<std::uint64_t>(
-                                      buf_.ring_depth - 1, protocol::kMaxStepsAsked - 1))
-                                : 1;
+    if (buf_.ring_depth < 2) return 1;
+    const std::uint64_t a = buf_.inline_copy ? buf_.ring_depth / 2 - 1 : buf_.ring_depth - 1;
+    return static_cast<std::uint32_t>(std::min<std::uint64_t>(a, protocol::kMaxStepsAsked - 1));
   }
   bool defer_releases() const { return buf_.ring_depth >= 2 * (std::uint64_t{ask_ahead()} + 1); }
   // The step rank rs waits for once it asks for it: the one after those it released, or with

@@ -31,7 +31,9 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
     b.cache_slots = c.buffer_samples() + std::uint64_t{o.staging_steps} * R * b.ring_batch;
   } else {
     b.ring_depth = o.staging_steps;
-    if (b.inline_copy) b.ring_depth = std::max(b.ring_depth, kSmallBatchRingDepth);
+    if (b.inline_copy)
+      b.ring_depth =
+          std::max(b.ring_depth, small_batch_ring_depth(b.ring_batch * b.slot_bytes));
     // A plan of policy `none` may hold less than a step; its samples still need slots.
     b.cache_slots = std::max(c.buffer_samples(), std::uint64_t{R} * b.ring_batch);
   }

@@ -354,11 +354,19 @@ TEST(BufferLayout, RingsFillTheBudgetCoreFittedThePlanTo) {
   }
 }
 
-// Small batches (18 slots of 1 KiB) get rings of kSmallBatchRingDepth (8), beyond the budget's
-// staging steps by at most (8 − staging) × 512 KiB per rank; deeper staging is kept as it is.
-TEST(BufferLayout, SmallBatchRingsAreAtLeastEightDeepBeyondTheBudget) {
-  EXPECT_EQ(kSmallBatchRingDepth, 8U);
-  for (const std::uint32_t staging : {1U, 2U, 3U, 4U, 6U, 8U, 10U}) {
+// Small batches get rings 2 MiB deep, 8 to 16 batches (18 slots of 1 KiB: 16), beyond the
+// budget's staging steps by at most 6 × 512 KiB per rank; deeper staging is kept as it is.
+TEST(BufferLayout, SmallBatchRingsAreEightToSixteenDeepBeyondTheBudget) {
+  EXPECT_EQ(small_batch_ring_depth(18 * 1024), 16U);
+  EXPECT_EQ(small_batch_ring_depth(64 * 1024), 16U);   // 4 KiB × 16
+  EXPECT_EQ(small_batch_ring_depth(128 * 1024), 16U);
+  EXPECT_EQ(small_batch_ring_depth(200 * 1024), 10U);
+  EXPECT_EQ(small_batch_ring_depth(kInlineCopyBytes), 8U);
+  std::uint64_t most = 0;  // the most memory beyond 2 staging steps, over batch sizes
+  for (std::uint64_t bytes = 64; bytes <= kInlineCopyBytes; bytes += 64)
+    most = std::max(most, (small_batch_ring_depth(bytes) - 2) * bytes);
+  EXPECT_LE(most, 6 * kInlineCopyBytes);
+  for (const std::uint32_t staging : {1U, 2U, 3U, 4U, 6U, 8U, 10U, 16U, 20U}) {
     PlanConfig c = small_config();
     const std::uint64_t budget = 8ULL << 20;
     fit_plan_to_agent_budget(c, budget, 0, staging);
@@ -366,12 +374,12 @@ TEST(BufferLayout, SmallBatchRingsAreAtLeastEightDeepBeyondTheBudget) {
     o.staging_steps = staging;
     const BufferLayout b = buffer_layout(c, 0, o);
     SCOPED_TRACE(testing::Message() << "staging " << staging);
-    const std::uint64_t depth = std::max<std::uint64_t>(staging, kSmallBatchRingDepth);
+    const std::uint64_t depth = std::max<std::uint64_t>(staging, 16U);
     EXPECT_EQ(b.ring_depth, depth);
     EXPECT_EQ(b.cache_slots, c.buffer_samples());
     EXPECT_EQ(b.slots, budget / b.slot_bytes + 4U * (depth - staging) * 18U);
     EXPECT_LE((b.slots - budget / b.slot_bytes) * b.slot_bytes,
-              4U * (depth - staging) * kInlineCopyBytes);
+              4U * (depth - staging) * 18U * 1024U);
   }
 }
 
@@ -423,7 +431,7 @@ TEST(BufferLayout, APlanHoldingLessThanAStepStillGetsAStepOfCacheSlots) {
   c.buffer_bytes = 10 * c.sample_bytes;  // policy none: under R·(b+δ) = 72
   const BufferLayout b = buffer_layout(c, 0, BufferOptions{});
   EXPECT_EQ(b.cache_slots, 72U);
-  EXPECT_EQ(b.slots, 72U + 4U * kSmallBatchRingDepth * 18U);
+  EXPECT_EQ(b.slots, 72U + 4U * 16U * 18U);  // rings 16 deep (small batches)
 }
 
 TEST(BufferLayout, RingSlotsTileTheSpaceAfterTheCacheSlots) {
@@ -434,7 +442,7 @@ TEST(BufferLayout, RingSlotsTileTheSpaceAfterTheCacheSlots) {
     o.staging_steps = 3;
     const BufferLayout b = buffer_layout(c, 0, o);
     const std::uint64_t depth = b.ring_depth;
-    EXPECT_EQ(depth, large ? 3U : kSmallBatchRingDepth);
+    EXPECT_EQ(depth, large ? 3U : 16U);
     std::set<std::uint32_t> seen;
     for (std::uint32_t r = 0; r < 4; ++r)
       for (std::uint64_t t = 0; t < depth; ++t)

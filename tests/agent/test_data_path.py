@@ -331,10 +331,10 @@ def read_frame(s):
 
 
 def test_rank_may_ask_for_steps_ahead(agent):
-    """Protocol version 3: up to 4 `next` requests may be unanswered; the agent answers them in
-    order, each once its batch is in the rank's ring (8 steps deep for these small batches: a
-    step needs the release of the one eight before it; the hello says to ask 3 ahead), and
-    refuses a fifth."""
+    """Protocol version 4: up to 8 `next` requests may be unanswered; the agent answers them in
+    order, each once its batch is in the rank's ring (16 steps deep for these small batches: a
+    step needs the release of the one sixteen before it; the hello says to ask 7 ahead, and to
+    hold releases back), and refuses a ninth."""
     proc, sock, _ = agent
     OP_RELEASE, OP_ERROR = 6, 10
     with socket.socket(socket.AF_UNIX) as s:
@@ -345,9 +345,9 @@ def test_rank_may_ask_for_steps_ahead(agent):
         for fd in fds:
             os.close(fd)
         assert struct.unpack_from("<IHHII", msg)[2] == OP_HELLO_OK
-        assert struct.unpack_from("<I", msg, 16 + 60)[0] == 3  # HelloOk::ask_ahead
+        assert struct.unpack_from("<I", msg, 16 + 60)[0] == 7  # HelloOk::ask_ahead
         assert struct.unpack_from("<I", msg, 16 + 108)[0] == 1  # HelloOk::defer_releases
-        nxt = lambda t: frame(OP_NEXT, struct.pack("<Q", t))  # noqa: E731
+        nxt = lambda *ts: b"".join(frame(OP_NEXT, struct.pack("<Q", t)) for t in ts)  # noqa: E731
         rel = lambda t: frame(OP_RELEASE, struct.pack("<Q", t))  # noqa: E731
 
         def batch_step():
@@ -357,26 +357,30 @@ def test_rank_may_ask_for_steps_ahead(agent):
             assert count == 4 and len(body) == 16 + 8 * count
             return step
 
-        s.sendall(nxt(0) + nxt(1))  # both asked before either is read
-        assert [batch_step(), batch_step()] == [0, 1]
-        # Steps 2..7 fit the ring without a release, four asked at a time at most ...
-        s.sendall(nxt(2) + nxt(3) + nxt(4) + nxt(5))
-        assert [batch_step(), batch_step(), batch_step(), batch_step()] == [2, 3, 4, 5]
-        s.sendall(nxt(6) + nxt(7) + nxt(8))
-        assert [batch_step(), batch_step()] == [6, 7]
-        # ... 8 waits for step 0's release, and 9..11 with it: four unanswered, a fifth refused.
-        s.sendall(nxt(9) + nxt(10) + nxt(11))
-        s.sendall(nxt(12))
+        def steps(n):
+            return [batch_step() for _ in range(n)]
+
+        s.sendall(nxt(0, 1))  # both asked before either is read
+        assert steps(2) == [0, 1]
+        # Steps 2..15 fit the ring without a release, eight asked at a time at most ...
+        s.sendall(nxt(*range(2, 10)))
+        assert steps(8) == list(range(2, 10))
+        s.sendall(nxt(*range(10, 17)))
+        assert steps(6) == list(range(10, 16))
+        # ... 16 waits for step 0's release, and 17..23 with it: eight unanswered, a ninth
+        # refused.
+        s.sendall(nxt(*range(17, 24)))
+        s.sendall(nxt(24))
         op, why = read_frame(s)
-        assert op == OP_ERROR and b"more than 4 steps asked for" in why, why
-        s.sendall(nxt(11))  # out of order: the next step to ask for is 12
+        assert op == OP_ERROR and b"more than 8 steps asked for" in why, why
+        s.sendall(nxt(23))  # out of order: the next step to ask for is 24
         op, why = read_frame(s)
-        assert op == OP_ERROR and b"next step to ask for is 12" in why, why
-        # Releases let the waiting steps through, in order, several in one go.
+        assert op == OP_ERROR and b"next step to ask for is 24" in why, why
+        # Releases let the waiting steps through, in order, several in one go (the node's
+        # other ranks never come: their rings stay full, and the agent reads no further ahead
+        # than a step or two past step 16 for them).
         s.sendall(rel(0) + rel(1))
-        assert [batch_step(), batch_step()] == [8, 9]
-        s.sendall(rel(2))
-        assert batch_step() == 10
+        assert steps(2) == [16, 17]
     assert proc.poll() is None
 
 

@@ -31,7 +31,7 @@
 //      agent checks each against the step after the last one asked for, not the last served.
 //   4  labels apart: a slot holds a sample only (slot_bytes: its bytes rounded up to 64), and
 //      slot s's label is at HelloOk::labels_offset + s × label_bytes, so that a 4 KiB sample
-//      fills one page of the buffer instead of straddling two.
+//      fills one page of the buffer instead of straddling two; and kMaxStepsAsked 8, not 4.
 // An agent that receives a frame of another version answers it with one error frame in its
 // own version, naming both versions, and closes the connection; libsolar reports a reply of
 // another version as such (never as a malformed reply) and reads directly.
@@ -45,8 +45,9 @@ namespace solar::protocol {
 
 inline constexpr std::uint32_t kMagic = 0x524c4f53;  // "SOLR"
 inline constexpr std::uint16_t kVersion = 4;
-// `next` requests one rank may have unanswered (version 3); a further one is refused.
-inline constexpr std::uint32_t kMaxStepsAsked = 4;
+// `next` requests one rank may have unanswered (version 3; 8 since version 4); a further one
+// is refused.
+inline constexpr std::uint32_t kMaxStepsAsked = 8;
 inline constexpr std::uint32_t kMaxPayload = 1U << 20;
 
 enum class Op : std::uint16_t {
