@@ -382,6 +382,25 @@ void run_bench(const BenchOptions& o) {
                   agent_stats);
 }
 
+// The machine's CPU time so far (/proc/stat's first line, in ticks): all of it, and what the
+// hypervisor gave other guests (steal). Zero when unreadable.
+struct CpuTicks {
+  std::uint64_t total = 0, steal = 0;
+};
+CpuTicks cpu_ticks() {
+  std::ifstream f("/proc/stat");
+  std::string cpu;
+  std::uint64_t v[8] = {};  // user nice system idle iowait irq softirq steal
+  if (!(f >> cpu) || cpu != "cpu") return {};
+  CpuTicks t;
+  for (std::uint64_t& x : v) {
+    if (!(f >> x)) return {};
+    t.total += x;
+  }
+  t.steal = v[7];
+  return t;
+}
+
 struct ServeOptions {
   std::string samples = "20000", ranks = "4", epochs = "10", batch = "16", preset = "tiny";  // one node
   bool zero_copy = false;
@@ -423,7 +442,9 @@ void run_serve(const ServeOptions& o) {
   ls.zero_copy = o.zero_copy;
   ls.command = {find_sibling("solar-example-train", "slurm_examples"), "--quiet", "--touch",
                 "--report", (dir / "serve-%r.json").string()};
+  const CpuTicks before = cpu_ticks();
   const LaunchResult r = launch(ls);
+  const CpuTicks after = cpu_ticks();
   if (r.exit_code != 0) throw std::runtime_error(fmt::format("ranks failed (exit {})", r.exit_code));
   // Epochs after the first: every sample is a hit. Ranks run concurrently: rates add up.
   double rate = 0, touch_bytes = 0, touch_s = 0, memcpy_s = 0;
@@ -451,6 +472,12 @@ void run_serve(const ServeOptions& o) {
   fmt::print("hit path (epochs 2..): copying samples out of the shared buffer {:.2f} GB/s, the "
              "same copies from private memory {:.2f} GB/s: {:.0f}% of memcpy\n",
              hit_bw / 1e9, memcpy_bw / 1e9, 100 * hit_bw / memcpy_bw);
+  // On a shared virtual machine the hypervisor may run other guests on these cores: the rates
+  // above are lower by about that share, and runs are comparable only side by side.
+  if (after.total > before.total && after.steal >= before.steal)
+    fmt::print("CPU time taken by the hypervisor for other guests during the run (steal): "
+               "{:.0f}% of this machine's\n",
+               100.0 * double(after.steal - before.steal) / double(after.total - before.total));
 }
 
 }  // namespace
