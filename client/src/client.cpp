@@ -117,8 +117,9 @@ bool write_all(int fd, const void* p, std::size_t n) {
 }
 
 // Calls f(i, k) for each run [i, k) of a batch's samples (or labels) that lie one after another
-// in memory, `each` bytes apart: a ring's batch is one run (slots of 64-byte multiples hold the
-// samples alone, labels apart), so copying it out is one copy, not one per sample.
+// in memory, `each` bytes apart: a ring's batch of samples whose size is a multiple of 64 is one
+// run (slots hold the samples alone, labels apart), and so are its labels; each run is then
+// copied at once, not sample by sample.
 template <class F>
 void for_each_run(const std::vector<const std::byte*>& from, std::size_t each, F&& f) {
   for (std::size_t i = 0; i < from.size();) {
