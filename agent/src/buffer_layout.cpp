@@ -14,7 +14,7 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
   // Samples and labels apart (protocol version 4): slots of whole 64-byte lines, so that the
   // copy of a 4 KiB sample touches one page, not two (about a fifth of the ring copy's time),
   // and one label per slot after them.
-  b.slot_bytes = (c.sample_bytes + 63) / 64 * 64;
+  b.slot_bytes = agent_sample_slot_bytes(c.sample_bytes);
   b.label_bytes = label_bytes;
 
   // Buffer: the plan's resident set (cache slots), then one ring per rank of `staging_steps`

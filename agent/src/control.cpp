@@ -368,9 +368,7 @@ void Agent::Impl::on_hello(const std::shared_ptr<Session>& s,
   ok.total_steps = T_;
   ok.steps_per_epoch = header_.layout.steps;
   ok.start_step = start_;
-  // Rings: as deep as the ring goes (a step asked beyond it would wait for a release anyway).
-  // Zero copy: one step, as before the field (a ready step is handed out at once).
-  ok.ask_ahead = ask_ahead();
+  ok.ask_ahead = ask_ahead();  // zero copy: one step, as before the field
   ok.defer_releases = defer_releases() ? 1 : 0;
   put_layout(ok);
   if (!send_with_buffer_fd(s, frame(protocol::Op::hello_ok, &ok, sizeof ok))) {

@@ -297,8 +297,10 @@ void Agent::Impl::write_slot(std::uint32_t slot, const std::byte* sample,
     }
   };
   put(sample, sample_bytes_, static_cast<off_t>(buf_.slot_offset(slot)));
-  // A label of a few bytes (many to a page) through the mapping, saving a system call.
-  if (label_bytes_ >= 4096) put(label, label_bytes_, static_cast<off_t>(buf_.label_offset(slot)));
+  // A label under a page (usually a few bytes, many to a page) through the mapping, saving a
+  // system call; a larger one, like the sample, without a page fault per page.
+  constexpr std::uint64_t kPage = 4096;
+  if (label_bytes_ >= kPage) put(label, label_bytes_, static_cast<off_t>(buf_.label_offset(slot)));
   else if (label_bytes_) std::memcpy(label_ptr(slot), label, label_bytes_);
 }
 

@@ -175,8 +175,12 @@ std::uint64_t BufferSpec::resolve(std::uint64_t samples, std::uint64_t sample_by
   return n * sample_bytes;
 }
 
+std::uint64_t agent_sample_slot_bytes(std::uint64_t sample_bytes) {
+  return (sample_bytes + 63) / 64 * 64;
+}
+
 std::uint64_t agent_slot_bytes(std::uint64_t sample_bytes, std::uint64_t label_bytes) {
-  return (sample_bytes + 63) / 64 * 64 + label_bytes;
+  return agent_sample_slot_bytes(sample_bytes) + label_bytes;
 }
 
 void fit_plan_to_agent_budget(PlanConfig& c, std::uint64_t budget_bytes,

@@ -115,6 +115,8 @@ struct BufferSpec {
 // ring of that many batches, into which its next batches are copied ahead of its requests).
 inline constexpr std::uint32_t kAgentStagingSteps = 2;
 std::uint64_t agent_slot_bytes(std::uint64_t sample_bytes, std::uint64_t label_bytes);
+// A slot's share of that: the sample's bytes rounded up to 64 (the distance between slots).
+std::uint64_t agent_sample_slot_bytes(std::uint64_t sample_bytes);
 // Sets c.buffer_bytes (the plan's resident set) so that the agent's whole buffer fits in
 // `budget_bytes` per node. c must already hold the sample size, batch, ranks and δ.
 // Throws ConfigError("--buffer") naming the minimum when the budget is too small.
