@@ -140,12 +140,19 @@ DatasetShape read_dataset(const State& s) {
 // A node's final stats: the "stopped: {json}" line its agent logs on exit (nullopt: none, with
 // the reason in `why`).
 std::optional<nlohmann::json> node_final_stats(const State& s, std::uint32_t m, std::string* why) {
-  std::ifstream f(agent_log_path(s.plan_written, m));
+  const std::string path = agent_log_path(s.plan_written, m);
+  std::ifstream f(path);
+  if (!f) {
+    *why = fmt::format("no agent stats: no agent log {} (no agent ran there and its ranks read "
+                       "directly, or plan_dir is not shared with this node)", path);
+    return std::nullopt;
+  }
   std::string line, last;
   while (std::getline(f, line))
     if (line.find("stopped: {") != std::string::npos) last = line;
   if (last.empty()) {
-    *why = "no agent stats (direct reads, or plan_dir is not shared)";
+    *why = fmt::format("no agent stats: the agent's log {} has no final line (the agent was "
+                       "killed before it wrote it, or is still stopping)", path);
     return std::nullopt;
   }
   try {
