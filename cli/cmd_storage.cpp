@@ -467,12 +467,6 @@ struct BenchOptions {
   SourceFlags flags;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 // fi_reads of `bytes` at `offset`, in pieces of at most `op` bytes.
 void add_reads(std::vector<storage::FabricRead>& out, std::uint64_t offset, std::uint64_t bytes,
                std::uint64_t op) {

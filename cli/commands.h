@@ -2,6 +2,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <vector>
 
 namespace solar::cli {
 
@@ -12,6 +14,13 @@ inline constexpr int kExitUsage = 2;    // bad input: an option, a value, a miss
 
 // The subcommand that ran sets this; main returns it.
 int& exit_code();
+
+// The median of a benchmark's repeated measurements (0 for none): bench io, bench serve.
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 void add_plan_commands(CLI::App& app);     // plan, plan-dump (cmd_plan.cpp)
 void add_storage_commands(CLI::App& app);  // gen, verify, bench io (cmd_storage.cpp)

@@ -102,6 +102,7 @@ def test_other_programs_type_their_numbers(program, option, type_name):
     (["bench", "loader", "--dataset", "D", "--nodes", "x"], "--nodes"),
     (["bench", "loader", "--dataset", "D", "-n", "x"], "--ntasks"),
     (["bench", "serve", "-n", "x"], "--ntasks"),
+    (["bench", "serve", "--repeat", "0"], "--repeat"),
 ])
 def test_a_bad_number_is_named(tmp_path, args, flag):
     argv = [str(tmp_path / "o.h5") if a == "OUT" else a for a in args]
