@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "solar/core/plan_file.h"
+#include "solar/core/remove_tree.h"
 #include "solar/protocol.h"
 
 extern char** environ;
@@ -329,8 +330,7 @@ void sweep_leftover_run_dirs(const fs::path& base) {
       continue;
     if (start[0] && start_time(pid) == start) continue;  // still running
     if (!start[0] && ::kill(pid, 0) == 0) continue;
-    std::error_code rm;
-    fs::remove_all(e.path(), rm);
+    remove_tree(e.path());
   }
 }
 
@@ -381,8 +381,7 @@ void sweep_leftover_run_dirs(const fs::path& base) {
     }
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  std::error_code ec;
-  fs::remove_all(dir, ec);
+  remove_tree(dir);
   ::_exit(0);
 }
 
@@ -444,8 +443,7 @@ ScratchDir::ScratchDir(const std::string& prefix) {
 }
 
 ScratchDir::~ScratchDir() {
-  std::error_code ec;
-  if (!keep_) fs::remove_all(path_, ec);
+  if (!keep_) remove_tree(path_);
 }
 
 std::string find_sibling(const std::string& name, const std::string& build_subdir) {

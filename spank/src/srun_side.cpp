@@ -22,6 +22,7 @@
 
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
+#include "solar/core/remove_tree.h"
 #include "state.h"
 
 namespace solar::spank {
@@ -172,11 +173,8 @@ struct NodeStats {
 // Every node's final stats, each log read until it has them. srun can be told that the tasks
 // have ended while a node's slurmstepd is still stopping its agent (task_exit), so the agent's
 // final line may come a moment after srun gets here: the logs that exist without it are read
-// again, polling, for as long as the agent may take to stop before slurmstepd kills it, and
-// a little more (an agent killed outright never writes it; such a step ends that much later).
-// 3 s was too short: on 2 loaded cores (the CI clone's ctest -j2) an agent's line came later,
-// and --solar-stats named the node "missing".
-constexpr double kFinalStatsWaitS = kAgentStopGraceS + 2;
+// again, polling, for kFinalStatsWaitS (state.h) (an agent killed outright never writes it;
+// such a step ends that much later).
 std::vector<NodeStats> final_stats(const State& s) {
   std::vector<NodeStats> out(s.nodes);
   const auto deadline = std::chrono::steady_clock::now() +
@@ -410,7 +408,7 @@ int finish_step(spank_t, State& s) {
   }
   std::error_code ec;
   std::filesystem::remove(s.plan_written, ec);
-  if (s.peers) std::filesystem::remove_all(peer_dir_path(s.config, s.job, s.step), ec);
+  if (s.peers) remove_tree(peer_dir_path(s.config, s.job, s.step));
   for (std::uint32_t m = 0; m < s.nodes; ++m)
     std::filesystem::remove(agent_log_path(s.plan_written, m), ec);
   s.plan_written.clear();

@@ -20,6 +20,12 @@ namespace solar::spank {
 // within it the agent logs its final stats line, which srun then waits for.
 constexpr double kAgentStopGraceS = 10;
 
+// How long srun's exit hook reads the agents' logs for their final stats lines (srun_side.cpp,
+// final_stats): as long as an agent may take to stop before slurmstepd kills it, and a little
+// more. 3 s was too short: on 2 loaded cores (the CI clone's ctest -j2) an agent's line came
+// later, and --solar-stats named the node "missing".
+constexpr double kFinalStatsWaitS = kAgentStopGraceS + 2;
+
 struct State {
   PluginConfig config;
   JobOptions options;

@@ -12,8 +12,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
+#include <vector>
 
 #include "solar/core/plan_file.h"
+#include "solar/core/remove_tree.h"
 #include "state.h"
 
 namespace solar::spank {
@@ -184,10 +187,7 @@ int task_exited(spank_t, State& s) {
 int end_node_step(spank_t, State& s) {
   if (!s.step_active) return 0;
   s.agent.stop(1);
-  if (!s.runtime_dir.empty()) {
-    std::error_code ec;
-    fs::remove_all(s.runtime_dir, ec);
-  }
+  if (!s.runtime_dir.empty()) remove_tree(s.runtime_dir);
   return 0;
 }
 
@@ -205,16 +205,34 @@ int sweep_job(spank_t sp, State& s) {
     std::ifstream(e.path() / "agent.pid") >> pid;
     if (kill_if_agent(pid, st.st_uid, s.config.agent, (e.path() / "agent.sock").string()))
       info(fmt::format("job {}: killed a leftover agent (pid {})", job, pid));
-    fs::remove_all(e.path(), ec);
+    remove_tree(e.path());
   }
-  for (const auto& e : fs::directory_iterator(s.config.plan_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) != 0 || e.is_symlink(ec)) continue;
+  // The job's files in plan_dir: each step's plan, its agents' logs and its peer folder.
+  // srun removes its step's at its exit, after reading the agents' final stats from the logs
+  // (for kFinalStatsWaitS at most). For an allocation srun made itself, that exit hook runs
+  // after srun has told slurmctld the job is complete (Slurm calls it at process exit), so this
+  // epilog can run while srun still reads them: removed under it, --solar-stats and
+  // --solar-verbose said "no agent log" for a node (a flaky CI test). So srun is given that
+  // long (and a little more) to remove them itself; what is left then (a crashed srun's) goes.
+  auto leftovers = [&] {
+    std::vector<fs::directory_entry> out;
+    std::error_code it;
+    for (const auto& e : fs::directory_iterator(s.config.plan_dir, it)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(prefix, 0) != 0 || e.is_symlink(it)) continue;
+      if (e.is_regular_file(it) ||
+          (e.is_directory(it) && name.size() > 6 && name.ends_with(".peers")))
+        out.push_back(e);
+    }
+    return out;
+  };
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int>((kFinalStatsWaitS + 3) * 1000));
+  while (!leftovers().empty() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (const fs::directory_entry& e : leftovers()) {
     if (e.is_regular_file(ec)) fs::remove(e.path(), ec);  // unlink: never follows a link
-    // A step's peer folder (srun removes it; not after a crash): remove_all does not follow
-    // links inside it.
-    else if (e.is_directory(ec) && name.size() > 6 && name.ends_with(".peers"))
-      fs::remove_all(e.path(), ec);
+    else remove_tree(e.path());  // a peer folder: remove_tree does not follow links inside it
   }
   return 0;
 }

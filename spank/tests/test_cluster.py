@@ -375,7 +375,9 @@ def test_broken_agent_fails_the_step_with_on_error_fail(cluster, dataset):
 
 def test_job_epilog_sweeps_leftovers_and_kills_only_agents(cluster, dataset):
     """What a crashed slurmstepd would leave (a step folder, a plan, a log) goes with the job;
-    a pid file pointing at a process that is not that step's agent is not trusted."""
+    a pid file pointing at a process that is not that step's agent is not trusted. The plan
+    folder's files are left to srun for a while first: an srun that made its own allocation
+    reads the agents' logs after slurmctld has ended the job (and started this epilog)."""
     bystander = subprocess.Popen(["sleep", "300"])
     try:
         p = cluster.run("sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wrap",
@@ -391,8 +393,13 @@ def test_job_epilog_sweeps_leftovers_and_kills_only_agents(cluster, dataset):
         for name in (f"solar-{job}.7.plan", f"solar-{job}.7.plan.node0.log"):
             open(os.path.join(cluster.plans, name), "w").close()
         assert cluster.run("scancel", job).returncode == 0
-        wait_until(lambda: not os.path.exists(leftover) and not os.listdir(cluster.plans),
-                   what="the epilog's sweep")
+        wait_until(lambda: not os.path.exists(leftover), what="the epilog's sweep of run_dir")
+        # The epilog is now leaving the plan folder to srun (for about 15 s): its files are
+        # still there, and one srun removes itself is not waited for again.
+        assert sorted(os.listdir(cluster.plans)) == [f"solar-{job}.7.plan",
+                                                     f"solar-{job}.7.plan.node0.log"]
+        os.unlink(os.path.join(cluster.plans, f"solar-{job}.7.plan.node0.log"))
+        wait_until(lambda: not os.listdir(cluster.plans), what="the epilog's sweep of plan_dir")
         assert bystander.poll() is None, "the sweep killed a process that is not an agent"
     finally:
         bystander.kill()
