@@ -138,37 +138,39 @@ DatasetShape read_dataset(const State& s) {
   return DatasetShape::parse(out);
 }
 
-// A node's final stats: the "stopped: {json}" line its agent logs on exit (nullopt: none, with
-// the reason in `why`).
-std::optional<nlohmann::json> node_final_stats(const State& s, std::uint32_t m, std::string* why) {
-  const std::string path = agent_log_path(s.plan_written, m);
-  std::ifstream f(path);
-  if (!f) {
-    *why = fmt::format("no agent stats: no agent log {} (no agent ran there and its ranks read "
-                       "directly, or plan_dir is not shared with this node)", path);
-    return std::nullopt;
-  }
-  std::string line, last;
-  while (std::getline(f, line))
-    if (line.find("stopped: {") != std::string::npos) last = line;
-  if (last.empty()) {
-    *why = fmt::format("no agent stats: the agent's log {} has no final line (the agent was "
-                       "killed before it wrote it, or is still stopping)", path);
-    return std::nullopt;
-  }
-  try {
-    return nlohmann::json::parse(last.substr(last.find('{')));
-  } catch (const std::exception& e) {
-    *why = fmt::format("unreadable agent stats: {}", e.what());
-    return std::nullopt;
-  }
-}
-
 // A node's final stats, or why there are none.
 struct NodeStats {
   std::optional<nlohmann::json> stats;
   std::string why;
+  bool log_found = false;  // its agent's log exists (it may still get its final line)
 };
+
+// A node's final stats: the "stopped: {json}" line its agent logs on exit.
+NodeStats node_final_stats(const State& s, std::uint32_t m) {
+  NodeStats n;
+  const std::string path = agent_log_path(s.plan_written, m);
+  std::ifstream f(path);
+  if (!f) {
+    n.why = fmt::format("no agent stats: no agent log {} (no agent ran there and its ranks read "
+                        "directly, or plan_dir is not shared with this node)", path);
+    return n;
+  }
+  n.log_found = true;
+  std::string line, last;
+  while (std::getline(f, line))
+    if (line.find("stopped: {") != std::string::npos) last = line;
+  if (last.empty()) {
+    n.why = fmt::format("no agent stats: the agent's log {} has no final line (the agent was "
+                        "killed before it wrote it, or is still stopping)", path);
+    return n;
+  }
+  try {
+    n.stats = nlohmann::json::parse(last.substr(last.find('{')));
+  } catch (const std::exception& e) {
+    n.why = fmt::format("unreadable agent stats: {}", e.what());
+  }
+  return n;
+}
 
 // Every node's final stats, each log read until it has them. srun can be told that the tasks
 // have ended while a node's slurmstepd is still stopping its agent (task_exit), so the agent's
@@ -184,10 +186,8 @@ std::vector<NodeStats> final_stats(const State& s) {
     bool waiting = false;
     for (std::uint32_t m = 0; m < s.nodes; ++m) {
       if (out[m].stats) continue;
-      out[m].stats = node_final_stats(s, m, &out[m].why);
-      std::error_code ec;
-      if (!out[m].stats && std::filesystem::exists(agent_log_path(s.plan_written, m), ec))
-        waiting = true;
+      out[m] = node_final_stats(s, m);
+      if (!out[m].stats && out[m].log_found) waiting = true;
     }
     if (!waiting || std::chrono::steady_clock::now() >= deadline) return out;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
