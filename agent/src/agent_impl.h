@@ -375,6 +375,7 @@ struct Agent::Impl::Session : std::enable_shared_from_this<Session> {
   std::size_t out_bytes = 0;  // queued in `out`
   bool dropping = false;      // too much queued: being closed
   bool listed = false;        // in unattached_ at `where`
+  bool xhello_answered = false;  // an interposer's connection asks once (on_xhello)
   std::list<std::weak_ptr<Session>>::iterator where;
 };
 

@@ -390,6 +390,12 @@ void Agent::Impl::on_xhello(const std::shared_ptr<Session>& s,
   if (!decode_payload(std::span(payload), h)) return refuse("malformed hello");
   if (!xindex_)
     return refuse("this agent serves batches, not file reads (start it with --transparent)");
+  if (s->xhello_answered) {  // an interposer asks once per connection, then closes it
+    xhello_log_.warn(fmt::format("a connection (pid {}) asked for the buffer twice: closing it",
+                                 h.pid));
+    return detach(s);
+  }
+  s->xhello_answered = true;
   static_assert(static_cast<int>(protocol::Op::xhello) == SOLAR_OP_XHELLO &&
                 static_cast<int>(protocol::Op::xhello_ok) == SOLAR_OP_XHELLO_OK);
   const solar_xhello_ok ok{
@@ -399,10 +405,14 @@ void Agent::Impl::on_xhello(const std::shared_ptr<Session>& s,
   spdlog::debug("interposer attached (pid {})", h.pid);
 }
 
-// The buffer's fd travels with the reply (SCM_RIGHTS); written synchronously, before any queued
-// message, since it is the session's first.
+// The buffer's fd travels with the reply (SCM_RIGHTS), written at once, before any queued
+// message, since it is the session's first. Never blocking: the io thread serves every
+// connection, and one whose peer does not read (its socket buffer full of replies) would stop
+// it. Such a connection is refused (false: the caller detaches it); the part of the reply that
+// did not fit (the fd has gone with its first byte) is queued.
 bool Agent::Impl::send_with_buffer_fd(const std::shared_ptr<Session>& s,
                                       const std::vector<std::uint8_t>& msg) {
+  if (s->closed || s->dropping || !s->out.empty()) return false;
   struct iovec iov{const_cast<std::uint8_t*>(msg.data()), msg.size()};
   alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   struct msghdr mh {};
@@ -415,10 +425,13 @@ bool Agent::Impl::send_with_buffer_fd(const std::shared_ptr<Session>& s,
   cm->cmsg_type = SCM_RIGHTS;
   cm->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(cm), &memfd_, sizeof(int));
-  s->sock.non_blocking(false);
-  const ssize_t n = ::sendmsg(s->sock.native_handle(), &mh, MSG_NOSIGNAL);
-  s->sock.non_blocking(true);
-  return n == static_cast<ssize_t>(msg.size());
+  ssize_t n;
+  do n = ::sendmsg(s->sock.native_handle(), &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n <= 0) return false;  // EAGAIN: it does not read; or gone
+  if (static_cast<std::size_t>(n) < msg.size())
+    send(s, std::vector<std::uint8_t>(msg.begin() + n, msg.end()));
+  return true;
 }
 
 void Agent::Impl::detach(const std::shared_ptr<Session>& s) {

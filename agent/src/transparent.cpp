@@ -1,6 +1,7 @@
 // Transparent mode: the shared sample index the interposer serves reads from (extent mode),
 // and eviction paced on the samples unmodified ranks consume. See agent_impl.h.
 #include <sys/stat.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,6 +13,15 @@
 #include "solar/storage/hdf5_source.h"
 
 namespace solar::agent {
+
+namespace {
+std::uint64_t monotonic_ns() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+}  // namespace
 
 // ---- transparent mode ---------------------------------------------------------------------
 
@@ -37,6 +47,10 @@ void Agent::Impl::setup_index() {
   x->file_size = static_cast<std::uint64_t>(st.st_size);
   x->file_mtime_sec = st.st_mtim.tv_sec;
   x->file_mtime_nsec = st.st_mtim.tv_nsec;
+  x->file_ctime_sec = st.st_ctim.tv_sec;
+  x->file_ctime_nsec = st.st_ctim.tv_nsec;
+  // The source checked the file against the plan just now: the first lease (pace_loop renews).
+  x->lease_until_ns = monotonic_ns() + SOLAR_XINDEX_LEASE_NS;
   x->entries_offset = buf_.entries_offset;
   x->consumed_offset = buf_.consumed_offset;
   x->extents_offset = buf_.extents_offset;
@@ -103,15 +117,22 @@ bool Agent::Impl::withdraw_if_changed() {
 // the plan's evictions may proceed) once every sample of its batch has been read as often as
 // the plan says it will have been by then. A script that reads another order never completes
 // a step: the agent then keeps what it has and the reads it misses go to the file.
+//
+// It also keeps the watch's lease (solar_xindex::lease_until_ns): every SOLAR_XINDEX_RENEW_NS
+// it checks the file and, when it is unchanged, vouches for it until SOLAR_XINDEX_LEASE_NS after
+// the moment before the check. An agent killed (SIGKILL, the OOM killer) or stopped renews
+// nothing, and its readers stop serving within the lease: nobody watches the file then.
 void Agent::Impl::pace_loop() {
-  auto next_check = Clock::now();
+  std::uint64_t next_check = 0;
   for (;;) {
-    if (Clock::now() >= next_check) {  // the file rewritten in place: stop serving its old bytes
-      if (withdraw_if_changed()) {
+    if (const std::uint64_t before = monotonic_ns(); before >= next_check) {
+      if (withdraw_if_changed()) {  // the file rewritten in place: stop serving its old bytes
         fail("the dataset file changed during the run; the buffer no longer serves it");
         return;
       }
-      next_check = Clock::now() + std::chrono::milliseconds(500);
+      std::atomic_ref<std::uint64_t>(xindex_->lease_until_ns)
+          .store(before + SOLAR_XINDEX_LEASE_NS, std::memory_order_release);
+      next_check = before + SOLAR_XINDEX_RENEW_NS;
     }
     {
       std::lock_guard lk(mu_);

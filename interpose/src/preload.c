@@ -27,6 +27,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "solar/transparent.h"
@@ -114,12 +115,37 @@ static struct {                           /* the attachment, written before xsta
   struct solar_xstats *stats;
   const struct solar_xextent *ext;        /* chunked: n_ext extents sorted by offset; else NULL */
   const _Atomic uint64_t *withdrawn;      /* the agent saw the file change: serve nothing */
+  const _Atomic uint64_t *lease_until;    /* the agent's watch vouches for the file until then */
+  struct solar_xindex id;                 /* the private copy of the header: the file's identity */
   uint64_t n, n_ext;
   uint64_t s, slot_bytes, slots, data_begin, data_end;
 } X;
 
 static void stat_add(uint64_t *field, uint64_t v) {
   atomic_fetch_add_explicit((_Atomic uint64_t *)field, v, memory_order_relaxed);
+}
+
+/* The file behind an fd is the one the index describes: the same inode, size, modification and
+ * change time. ctime moves on every write and cannot be set back, so neither a rewrite in place
+ * (even one that restores the mtime) nor a new file on a reused inode number passes. */
+enum { ID_SAME, ID_CHANGED, ID_OTHER }; /* ID_CHANGED: the dataset's inode, other content */
+static int identity_of(const struct stat *st, const struct solar_xindex *ix) {
+  if (!S_ISREG(st->st_mode) || ix->file_dev != (uint64_t)st->st_dev ||
+      ix->file_ino != (uint64_t)st->st_ino)
+    return ID_OTHER;
+  if (ix->file_size != (uint64_t)st->st_size ||
+      ix->file_mtime_sec != (int64_t)st->st_mtim.tv_sec ||
+      ix->file_mtime_nsec != (int64_t)st->st_mtim.tv_nsec ||
+      ix->file_ctime_sec != (int64_t)st->st_ctim.tv_sec ||
+      ix->file_ctime_nsec != (int64_t)st->st_ctim.tv_nsec)
+    return ID_CHANGED;
+  return ID_SAME;
+}
+
+static uint64_t monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts); /* the vDSO: no system call */
+  return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- messages: stderr, unbuffered, no stdio (no locks, no malloc) -------------------------- */
@@ -294,10 +320,7 @@ static int attach_now(const struct stat *file) {
               !memcpy(ext, base + ix->extents_offset, (size_t)n * sizeof *ext) ||
               !extents_sane(ext, n, s, (uint64_t)file->st_size))) {
     why = "solar: the node agent's extent table is malformed; reading the dataset directly";
-  } else if (ix->file_dev != (uint64_t)file->st_dev || ix->file_ino != (uint64_t)file->st_ino ||
-             ix->file_size != (uint64_t)file->st_size ||
-             ix->file_mtime_sec != (int64_t)file->st_mtim.tv_sec ||
-             ix->file_mtime_nsec != (int64_t)file->st_mtim.tv_nsec ||
+  } else if (identity_of(file, ix) != ID_SAME ||
              (ix->extents == 0 && ix->data_offset + n * s > ix->file_size)) {
     say("solar: ", ds_path, " is not the file the node agent holds; reading it directly", -1);
   } else {
@@ -321,6 +344,9 @@ static int attach_now(const struct stat *file) {
       X.slots = (len - s) / ix->slot_bytes + 1; /* slots whose S bytes lie inside the mapping */
       X.n = n;
       X.withdrawn = (const _Atomic uint64_t *)&((const struct solar_xindex *)(base + at))->withdrawn;
+      X.lease_until =
+          (const _Atomic uint64_t *)&((const struct solar_xindex *)(base + at))->lease_until_ns;
+      X.id = hdr;
       if (ix->extents) {
         X.ext = ext; /* the private copy: kept for the process's life */
         X.n_ext = n;
@@ -400,8 +426,12 @@ static void opened(int fd, const char *path, int flags) {
   /* Read-only opens only: a writer may change the file under the buffer; O_PATH can't read. */
   const int readable = (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH);
   if (readable && fstat(fd, &st) == 0 && is_dataset(&st)) {
-    fd_mark_set(fd, (flags & O_DIRECT) ? FD_DIRECT : FD_PLAIN);
     attach(&st);
+    /* The path's inode was the dataset's when it was first seen; once attached, the whole
+     * identity must be the index's (the inode number may since have gone to a new file). */
+    const int other = atomic_load_explicit(&xstate, memory_order_acquire) == X_ATTACHED &&
+                      identity_of(&st, &X.id) != ID_SAME;
+    fd_mark_set(fd, other ? FD_NONE : (flags & O_DIRECT) ? FD_DIRECT : FD_PLAIN);
   } else {
     fd_mark_set(fd, FD_NONE);
   }
@@ -468,29 +498,68 @@ static void count_consumed(uint64_t pos, uint64_t span) {
   }
 }
 
+/* The kernel refuses O_DIRECT reads whose buffer, offset or length is not a multiple of the
+ * device's logical block size (EINVAL). Only requests aligned to this, at least as large as any
+ * such block size, are served on an O_DIRECT fd; the others go to the kernel, which decides. */
+enum { DIRECT_ALIGN = 4096 };
+
+static atomic_int warned_changed, warned_unwatched;
+
+static void say_changed(void) {
+  if (!atomic_exchange(&warned_changed, 1))
+    say("solar: ", ds_path, " changed during the run; reading it directly", -1);
+}
+
+static ssize_t file_pread(int fd, void *buf, size_t n, off_t off) {
+  return real_pread ? real_pread(fd, buf, n, off) : sys_pread(fd, buf, n, off);
+}
+
 /* Serves a pread from the buffer when it can. Returns the bytes served, or -1: call the real
- * function unchanged. */
+ * function unchanged. A request whose samples are resident only in part is served whole: the
+ * resident prefix from the buffer, the rest from the file (never a short count the kernel would
+ * not return: a program may take one for the end of the file). */
 static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
   const unsigned char mark = fd_mark(fd);
   if (mark == FD_NONE || n == 0 || off < 0 || n > SSIZE_MAX) return -1;
   if (atomic_load_explicit(&xstate, memory_order_acquire) != X_ATTACHED) return -1;
   const uint64_t withdrawn = atomic_load_explicit(X.withdrawn, memory_order_relaxed);
   if (withdrawn) {
-    static atomic_int warned;
-    if (withdrawn == SOLAR_XINDEX_FILE_CHANGED && !atomic_exchange(&warned, 1))
-      say("solar: ", ds_path, " changed during the run; reading it directly", -1);
-    else if (verbose && !atomic_exchange(&warned, 1))
+    if (withdrawn == SOLAR_XINDEX_FILE_CHANGED) say_changed();
+    else if (verbose && !atomic_exchange(&warned_unwatched, 1))
       say("solar: the node agent stopped; reading ", ds_path, " directly", -1);
     return -1;
   }
   const uint64_t pos = (uint64_t)off;
   uint64_t k, in;
   if (!locate(pos, &k, &in)) return -1; /* metadata, labels: not samples */
+  if (mark == FD_DIRECT && (((uintptr_t)buf | pos | (uint64_t)n) & (DIRECT_ALIGN - 1)) != 0)
+    return -1;
+  /* The fd is still the dataset: a number closed behind our back (fclose, a raw close, io_uring)
+   * and reused for another file, or the file rewritten, is seen here, on every read served. */
+  const int saved = errno;
+  struct stat st;
+  const int id = fstat(fd, &st) == 0 ? identity_of(&st, &X.id) : ID_OTHER;
+  errno = saved;
+  if (id != ID_SAME) {
+    if (same_process()) fd_mark_set(fd, FD_NONE); /* for good: its reads go to the file */
+    if (id == ID_CHANGED) say_changed();
+    return -1;
+  }
+  if (monotonic_ns() > atomic_load_explicit(X.lease_until, memory_order_acquire)) {
+    /* Nobody watches the file now (the agent was killed, or is stopped): read it. The reads
+     * still count, for an agent that comes back. */
+    if (verbose && !atomic_exchange(&warned_unwatched, 1))
+      say("solar: the node agent no longer watches ", ds_path, "; reading it directly", -1);
+    count_consumed(pos, n);
+    stat_add(&X.stats->miss_reads, 1);
+    stat_add(&X.stats->miss_bytes, n);
+    return -1;
+  }
   size_t done = copy_resident(buf, n, pos);
-  if (done < n && mark == FD_DIRECT) done = 0; /* O_DIRECT: a follow-up read would be unaligned */
-  /* After the copy (an eviction paced on it cannot start during it): what this read brought
+  if (done < n && mark == FD_DIRECT) done = 0; /* O_DIRECT: whole requests, from one place */
+  /* After the copy (an eviction paced on it cannot start during it): what this read brings
    * in, served or from the file, counts as consumed. */
-  count_consumed(pos, done ? done : n);
+  count_consumed(pos, n);
   if (done == 0) {
     stat_add(&X.stats->miss_reads, 1);
     stat_add(&X.stats->miss_bytes, n);
@@ -498,7 +567,15 @@ static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
   }
   stat_add(&X.stats->hit_reads, 1);
   stat_add(&X.stats->hit_bytes, done);
-  return (ssize_t)done; /* short when a sample is missing: the caller reads the rest itself */
+  if (done == n) return (ssize_t)done;
+  /* The rest from the file, as the kernel reads it (short only at the end of the file). An
+   * error there still returns what was transferred, as read(2) does, errno unchanged. */
+  const ssize_t rest = file_pread(fd, (unsigned char *)buf + done, n - done, off + (off_t)done);
+  errno = saved;
+  if (rest <= 0) return (ssize_t)done;
+  stat_add(&X.stats->miss_reads, 1);
+  stat_add(&X.stats->miss_bytes, (uint64_t)rest);
+  return (ssize_t)(done + (size_t)rest);
 }
 
 /* ---- the wrappers --------------------------------------------------------------------------- */

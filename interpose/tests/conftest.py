@@ -101,9 +101,9 @@ def wait_until(pred, timeout=30, what="condition"):
 # ---- the real node agent ------------------------------------------------------------------------
 
 PROTO_MAGIC, OP_ERROR, OP_XHELLO, OP_XHELLO_OK = 0x524C4F53, 10, 11, 12
-PROTO_VERSION = 4  # solar/protocol.h kVersion, solar/transparent.h SOLAR_PROTO_VERSION
+PROTO_VERSION = 5  # solar/protocol.h kVersion, solar/transparent.h SOLAR_PROTO_VERSION
 XINDEX_MAGIC = 0x5844495852414C53
-XINDEX = struct.Struct("<QQQQQQQQqqQQ")  # solar_xindex up to its stats
+XINDEX = struct.Struct("<QQQQQQQQqqqqQQ")  # solar_xindex up to consumed_offset
 
 
 class BufferIndex:
@@ -141,7 +141,7 @@ class BufferIndex:
             os.close(fds[0])
         f = XINDEX.unpack_from(self.map, index_offset)
         (magic, self.samples, self.sample_bytes, self.slot_bytes, self.data_offset, self.file_dev,
-         self.file_ino, self.file_size, _, _, self.entries_at, self.consumed_at) = f
+         self.file_ino, self.file_size, _, _, _, _, self.entries_at, self.consumed_at) = f
         assert magic == XINDEX_MAGIC
 
     def resident(self):

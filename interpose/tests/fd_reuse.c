@@ -1,6 +1,6 @@
 /* Opens the dataset, gets rid of its fd in the ways a program can (close_range, closefrom,
- * dup2/dup3 over it, a vfork child that closes/dups/opens), then reads other files through the
- * same fd numbers. Prints "<label> <fnv1a-64 of one sample read at READ_AT>" per read; the test
+ * dup2/dup3 over it, a vfork child that closes/dups/opens, fclose of an fdopen), then reads other
+ * files through the same fd numbers. Prints "<label> <fnv1a-64 of one sample read at READ_AT>" per read; the test
  * checks which file each read's bytes came from.
  *
  * usage: fd_reuse DATASET OTHER SAME_NAME_OTHER READ_AT SAMPLE_BYTES
@@ -149,12 +149,23 @@ int main(int argc, char **argv) {
   close(61);
   close(ds);
 
+  /* fdopen + fclose: glibc closes the fd inside (no call through the PLT the interposer
+   * sees); fopen of the other file takes the number, also inside glibc. */
+  ds = open_ro(dataset);
+  FILE *f = fdopen(ds, "rb");
+  if (!f) die("fdopen");
+  fclose(f);
+  FILE *g = fopen(other, "rb");
+  if (!g || fileno(g) != ds) die("fclose.fopen: fd not reused");
+  show("fclose.fopen", fileno(g));
+  fclose(g);
+
   fd = open_ro(same_name); /* same basename, another file */
   show("same_name", fd);
   close(fd);
 
-  /* Samples k and k+1 in one read (the test's agent holds k, not k+1): a plain fd gets the
-   * resident prefix (a short count), an O_DIRECT fd never a short count. */
+  /* Samples k and k+1 in one read (the test's agent holds k, not k+1): served whole on a
+   * plain fd (k from the buffer, k+1 from the file), from the file on an O_DIRECT fd. */
   fd = open_ro(dataset);
   show_n("span.plain", fd, 2);
   close(fd);

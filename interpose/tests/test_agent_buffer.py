@@ -12,10 +12,14 @@ must say what was served.
   the agent evicts and fetches at its own pace: bounds only. With three rows per item no step is
   ever complete (see below), the buffer stays as it was: exact counts.
 """
+import os
+import socket
+import struct
+
 import pytest
 
-from conftest import (BATCH, HERE, N, PYTHON, S, file_sample, make_h5, plain_env, preload_env,
-                      run, wait_until)
+from conftest import (BATCH, HERE, N, OP_XHELLO, PROTO_MAGIC, PROTO_VERSION, PYTHON, S,
+                      file_sample, make_h5, plain_env, preload_env, run, wait_until)
 
 LOADER = str(HERE / "loader.py")
 EPOCHS = 2
@@ -142,8 +146,8 @@ def test_part_resident_paced_by_the_job(lib, h5file, baseline, start_agent, work
 def span3_reads(resident):
     """What loader.py's 3-row reads (items 0..N-3, one pread each) do against a buffer holding
     `resident`, in one epoch: (hit_reads, hit_bytes, miss_reads, miss_bytes, consumed, short).
-    A read whose first rows are resident is served up to the first missing row (a short count);
-    HDF5 then reads the rest itself, from that row: a miss."""
+    A read whose first rows are resident is served up to the first missing row, and the
+    interposer reads the rest from the file into the same buffer (no short count): a miss."""
     hits = hit_bytes = misses = miss_bytes = short = 0
     consumed = [0] * N
     for i in range(N - 2):
@@ -163,8 +167,8 @@ def span3_reads(resident):
 @pytest.mark.parametrize("workers,mode", CASES)
 def test_part_resident_short_reads_counted_exactly(lib, h5file, baseline, start_agent, workers,
                                                    mode):
-    """Three rows per item: reads served whole, short (a resident prefix, the rest from the
-    file) and not at all, while the agent paces its evictions on what the job consumes (a
+    """Three rows per item: reads served whole, in part (a resident prefix, the rest from the
+    file, one pread as the script sees it) and not at all, while the agent paces its evictions on what the job consumes (a
     sample counts as consumed when a read brings its first byte, so every row is consumed and
     steps complete). Exact whatever the timing: the bytes, every read's bytes accounted for once
     (served or from the file), and the consumed counters."""
@@ -247,3 +251,30 @@ def test_inert_configurations_never_attach(lib, h5file, baseline, start_agent, d
     assert agent.xstats() == dict.fromkeys(agent.xstats(), 0)
     with agent.index() as ix:
         assert ix.consumed() == [0] * N
+
+
+def test_a_connection_that_never_reads_does_not_stop_the_agent(lib, h5file, baseline, start_agent):
+    """Issue 32, finding 4: a same-user client sends XHELLO after XHELLO on one connection and
+    never reads the replies. The agent answers the first, closes the connection at the second
+    (an interposer asks once) and never blocks on it: while the client still holds it open,
+    `solar stat` answers and a new interposer attaches and is served."""
+    dataset, _ = h5file
+    agent = start_agent(dataset, buffer="100%", epochs=EPOCHS)
+    agent.wait_all_resident()
+    hello = (struct.pack("<IHHII", PROTO_MAGIC, PROTO_VERSION, OP_XHELLO, 8, 0) +
+             struct.pack("<II", os.getpid(), 0))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # its replies fill it soon
+        s.connect(str(agent.sock))
+        s.setblocking(False)
+        try:
+            for _ in range(4000):
+                s.send(hello)
+        except OSError:  # full, or closed by the agent
+            pass
+        before = agent.xstats()["hit_reads"]
+        r = run_loader(lib, dataset, agent.sock, 0, "init", 1)
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+        assert r.stdout == baseline[1].stdout
+        assert agent.xstats()["hit_reads"] > before  # attached and served
+    assert "asked for the buffer twice: closing it" in agent.log_text(), agent.log_text()

@@ -384,12 +384,24 @@ void Hdf5Source::Impl::check_unchanged() const {
   struct stat now {};
   if (::fstat(fd, &now) != 0)
     throw StorageError(fmt::format("{}: fstat: {}", where(), std::strerror(errno)));
+  // ctime too: every write sets it and nothing can set it back, so a rewrite that restores
+  // the mtime (touch -d, rsync -t, tar -x) is seen. A link count that changed (the path
+  // renamed over or deleted: the open file keeps its bytes) moves it as well; then size and
+  // mtime decide, and the interposer, which compares the ctime on every read it serves, reads
+  // such a file itself.
+  const bool ctime_moved = now.st_nlink == opened.st_nlink &&
+                           (now.st_ctim.tv_sec != opened.st_ctim.tv_sec ||
+                            now.st_ctim.tv_nsec != opened.st_ctim.tv_nsec);
   if (now.st_size != opened.st_size || now.st_mtim.tv_sec != opened.st_mtim.tv_sec ||
-      now.st_mtim.tv_nsec != opened.st_mtim.tv_nsec)
+      now.st_mtim.tv_nsec != opened.st_mtim.tv_nsec || ctime_moved)
     throw StorageError(fmt::format(
-        "{}: the file changed while solar was reading it (opened as {}, now {}): the bytes just "
-        "read may belong to the new content, so they are refused; run on a file nobody rewrites",
-        where(), identity, file_identity(now)));
+        "{}: the file changed while solar was reading it (opened as {}, now {}{}): the bytes "
+        "just read may belong to the new content, so they are refused; run on a file nobody "
+        "rewrites",
+        where(), identity, file_identity(now),
+        ctime_moved ? fmt::format(", its change time {}.{:09} -> {}.{:09}", opened.st_ctim.tv_sec,
+                                  opened.st_ctim.tv_nsec, now.st_ctim.tv_sec, now.st_ctim.tv_nsec)
+                    : std::string()));
 }
 
 void Hdf5Source::Impl::check_path() const {

@@ -138,13 +138,9 @@ def test_processes_that_are_not_ranks_are_untouched(tmp_path, datasets):
         assert under.stdout == alone.stdout, under.stderr
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small", "chunked", "chunked-tiny"])
-def test_whole_dataset_resident_no_sample_byte_from_the_file(tmp_path, datasets, preset):
-    """One node holding the whole dataset (64M, several times its size: the plan's resident set is
-    what remains after the agent's staging slots, so 100% would evict a little): once the agent has read every sample (the script
-    waits for that, polling `solar stat`), every read of a sample is served from the buffer,
-    including HDF5's 64 KiB sieve reads over several 4 KiB rows; none falls through."""
-    data = datasets[preset]
+def wait_then_run(tmp_path):
+    """A wrapper that waits until the node agent has read every sample of its plan (polling
+    `solar stat`, at most 120 s), then runs its arguments."""
     wrapper = tmp_path / "wait-then-train.sh"
     wrapper.write_text(
         "#!/bin/sh\n"
@@ -155,6 +151,17 @@ def test_whole_dataset_resident_no_sample_byte_from_the_file(tmp_path, datasets,
         "  echo \"wait-then-train: the agent did not read every sample within 120 s\" >&2; exit 1\n"
         "fi; sleep 0.05; done\nexec \"$@\"\n")
     wrapper.chmod(0o755)
+    return wrapper
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "chunked", "chunked-tiny"])
+def test_whole_dataset_resident_no_sample_byte_from_the_file(tmp_path, datasets, preset):
+    """One node holding the whole dataset (64M, several times its size: the plan's resident set is
+    what remains after the agent's staging slots, so 100% would evict a little): once the agent has read every sample (the script
+    waits for that, polling `solar stat`), every read of a sample is served from the buffer,
+    including HDF5's 64 KiB sieve reads over several 4 KiB rows; none falls through."""
+    data = datasets[preset]
+    wrapper = wait_then_run(tmp_path)
     env = dict(os.environ, TMPDIR=str(tmp_path))
     p = run(SOLAR, "run", "-n", "2", "--nodes", "1", "--dataset", data, "--epochs", "2", "--batch",
             "4", "--seed", "3", "--buffer", "64M", "--transparent", "--", wrapper, PY, SCRIPT,
@@ -192,3 +199,41 @@ def test_file_rewritten_in_place_mid_run_is_withdrawn(tmp_path):
     assert "changed during the run; reading it directly" in err, err
     assert err.count("changed during the run; reading it directly") <= 4, err  # once per rank
     assert "the unmodified ranks read the file from now on" in err, err  # the agent withdrew it
+
+
+def probe(tmp_path, mode):
+    """transparent_probe.py MODE as the one rank of `solar run --transparent`, once its agent
+    holds the whole dataset (48 samples of 64 KiB in a 64M buffer)."""
+    data = tmp_path / "d.h5"
+    run(SOLAR, "gen", data, "--samples", "48", "--preset", "small", "--seed", "4", "--no-progress")
+    other = other_dataset(tmp_path, 48, "small")
+    import h5py
+    with h5py.File(data, "r") as f:
+        offset, S = f["data"].id.get_offset(), f["data"][0].nbytes
+    p = run(SOLAR, "run", "-n", "1", "--dataset", data, "--epochs", "1", "--batch", "4",
+            "--buffer", "64M", "--transparent", "--", wait_then_run(tmp_path), PY,
+            os.path.join(HERE, "transparent_probe.py"), mode, data, other, offset, S, check=False,
+            env=dict(os.environ, TMPDIR=str(tmp_path), SOLAR_VERBOSE="1"), timeout=300)
+    assert "WRONG" not in p.stdout, p.stdout + p.stderr
+    assert p.stdout.count("ok ") >= 3, p.stdout + p.stderr
+    return p
+
+
+def test_agent_killed_then_file_rewritten_or_replaced_reads_the_new_bytes(tmp_path):
+    """Issue 32, finding 1: the agent SIGKILLed (as the OOM killer does), then the file rewritten
+    in place with its mtime put back, then deleted and written anew (ext4 often gives the new
+    file the old inode number): every read of the rank, through the fd it had, a new one and a
+    forked child, returns the file's bytes of the moment, never the buffer's old ones."""
+    p = probe(tmp_path, "agent-killed")
+    assert "killed agent" in p.stdout, p.stdout + p.stderr
+    assert p.stdout.count("ok ") == 6, p.stdout + p.stderr
+    assert "changed during the run; reading it directly" in p.stderr, p.stderr
+
+
+def test_fd_closed_inside_fclose_and_reused_reads_the_other_file(tmp_path):
+    """Issue 32, finding 2: fdopen + fclose close the dataset's fd inside glibc, where the
+    interposer does not see it; fopen of another file takes the number. Its reads at offsets
+    where the dataset has resident samples return the other file's bytes."""
+    p = probe(tmp_path, "fclose")
+    assert p.stdout.count("ok ") == 4, p.stdout + p.stderr
+    assert p.returncode == 0, p.stdout + p.stderr

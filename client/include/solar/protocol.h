@@ -44,7 +44,9 @@
 namespace solar::protocol {
 
 inline constexpr std::uint32_t kMagic = 0x524c4f53;  // "SOLR"
-inline constexpr std::uint16_t kVersion = 4;
+inline constexpr std::uint16_t kVersion = 5;
+// Version 5: the transparent mode's index (solar/transparent.h) carries the file's ctime and the
+// watch's lease.
 // `next` requests one rank may have unanswered (version 3; 8 since version 4); a further one
 // is refused.
 inline constexpr std::uint32_t kMaxStepsAsked = 8;

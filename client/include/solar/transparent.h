@@ -40,8 +40,13 @@ extern "C" {
 #define SOLAR_XINDEX_MAGIC 0x5844495852414c53ULL /* "SLARXIDX" little-endian */
 #define SOLAR_XINDEX_FILE_CHANGED 1
 #define SOLAR_XINDEX_AGENT_STOPPED 2
+/* The watch's lease (lease_until_ns): how long a check of the file vouches for it, and how often
+ * the agent checks. An agent that dies (SIGKILL, the OOM killer) stops renewing: within
+ * SOLAR_XINDEX_LEASE_NS every reader serves nothing more from its buffer. */
+#define SOLAR_XINDEX_LEASE_NS 2000000000ULL
+#define SOLAR_XINDEX_RENEW_NS 100000000ULL
 /* solar/protocol.h's kVersion (checked there at compile time). */
-#define SOLAR_PROTO_VERSION 4
+#define SOLAR_PROTO_VERSION 5
 #define SOLAR_OP_XHELLO 11
 #define SOLAR_OP_XHELLO_OK 12
 
@@ -75,9 +80,13 @@ struct solar_xindex {
   uint64_t slot_bytes;      /* distance between slots in the buffer */
   uint64_t data_offset;     /* file offset of sample 0 (contiguous dataset): sample i's bytes
                                are [data_offset + i*S, data_offset + (i+1)*S) of the file */
-  /* The file the entries describe; the interposer serves only fds whose fstat matches. */
+  /* The file the entries describe; the interposer serves only fds whose fstat matches all of
+     these, checked at open and again on every read it serves (an fd number closed behind its
+     back and reused for another file, or the file rewritten: ctime changes on every write and
+     cannot be set back, and an inode number reused for a new file comes with a new ctime). */
   uint64_t file_dev, file_ino, file_size;
   int64_t file_mtime_sec, file_mtime_nsec;
+  int64_t file_ctime_sec, file_ctime_nsec;
   uint64_t entries_offset;  /* from the start of the buffer: N uint64 entries */
   uint64_t consumed_offset; /* from the start of the buffer: N uint32 counters */
   uint64_t extents_offset;  /* chunked: from the start of the buffer, `extents` solar_xextent */
@@ -86,6 +95,10 @@ struct solar_xindex {
                                load per read). SOLAR_XINDEX_FILE_CHANGED: the file changed
                                under the agent; SOLAR_XINDEX_AGENT_STOPPED: the agent stopped
                                (nobody watches the file any more) */
+  uint64_t lease_until_ns;  /* CLOCK_MONOTONIC nanoseconds: the agent found the file unchanged
+                               at most SOLAR_XINDEX_LEASE_NS before this and renews it every
+                               SOLAR_XINDEX_RENEW_NS; once it has passed (the agent was killed,
+                               or is stopped), readers serve nothing until it is renewed */
   struct solar_xstats stats;
 };
 

@@ -62,7 +62,8 @@ class Hdf5Source : public SampleSource {
   // moved over the path does not matter to an open source (it keeps reading the one it opened).
   const std::string& identity() const override;
   // Throws StorageError naming the file when it changed in place since it was opened (size,
-  // modification time).
+  // modification time, and change time while the link count is the one at open: a rewrite
+  // that restores the mtime still moves the ctime; so do chmod and chown, refused alike).
   void check_unchanged() const;
   // Throws StorageError naming the file when its path no longer names the file opened:
   // another file moved over it, nothing there (renamed away, deleted), or it was deleted.
