@@ -182,6 +182,107 @@ void check_offsets(Reader& r, const std::vector<std::uint64_t>& off, std::uint64
     r.fail(fmt::format("{} offsets do not cover the {} entries", what, total));
 }
 
+// The node's schedule as its agent executes it (see decode_node in plan_file.h): a replay of
+// its buffer in one byte per sample, the buffer state in the low two bits and the sample's uses
+// in the current epoch above them. Sample ids are already known to be in range.
+void check_schedule(Reader& rd, const PlanHeader& h, const NodePlan& np) {
+  const PlanConfig& c = h.config;
+  const EpochLayout& layout = h.layout;
+  const NodeSchedule& s = np.schedule;
+  const std::uint64_t R = c.ranks_per_node, first_rank = std::uint64_t{np.node} * R;
+  const std::uint64_t cap = effective_capacity(c);
+  // An epoch's sequence wraps the permutation of the samples to its length (order.h), so it
+  // holds a sample at most this often.
+  const std::uint64_t per_epoch = (layout.used() + c.samples - 1) / c.samples;
+  const bool count_uses = per_epoch < 63;  // what the six bits hold; beyond: not counted
+  enum : std::uint8_t {
+    kAbsent = 0,
+    kResident = 1,
+    kFetched = 2,  // fetched in this step, not used yet
+    kUsed = 3,     // fetched in this step and used
+    kState = 3,
+    kUse = 4,
+  };
+  std::vector<std::uint8_t> st(c.samples, kAbsent);
+  std::uint64_t held = 0, t = 0;
+  auto bring = [&](std::uint32_t x, const char* how) {
+    if ((st[x] & kState) != kAbsent)
+      rd.fail(fmt::format("schedule: step {} {} sample {}, which the node already holds", t, how,
+                          x));
+    st[x] = static_cast<std::uint8_t>((st[x] & ~kState) | kFetched);
+    ++held;
+  };
+  // After the step's accesses: every sample fetched for it was used by one of its ranks.
+  auto settle = [&](std::uint32_t x, const char* how) {
+    if ((st[x] & kState) == kFetched)
+      rd.fail(fmt::format("schedule: step {} {} sample {}, which no rank of the node uses in it",
+                          t, how, x));
+    st[x] = static_cast<std::uint8_t>((st[x] & ~kState) | kResident);
+  };
+  for (std::uint32_t p = 0; p < c.epochs; ++p) {
+    const std::uint64_t epoch_begin = np.rank_offsets[t * R];
+    for (std::uint32_t j = 0; j < layout.steps; ++j, ++t) {
+      for (std::uint32_t x : s.evicts_at(t)) {
+        if ((st[x] & kState) != kResident)
+          rd.fail(fmt::format("schedule: step {} evicts sample {}, which the node does not hold",
+                              t, x));
+        st[x] = static_cast<std::uint8_t>(st[x] & ~kState);
+        --held;
+      }
+      for (const FetchRun& run : s.fetches_at(t))
+        for (std::uint32_t x = run.first; x < run.first + run.count; ++x) bring(x, "fetches");
+      for (const PeerFetch& pf : s.peers_at(t)) bring(pf.sample, "reads from a peer");
+      if (held > cap)
+        rd.fail(fmt::format("schedule: step {} holds {} samples, over the buffer's {}", t, held,
+                            cap));
+      const std::uint64_t bj = layout.rank_batch(j);
+      const std::uint64_t lo = bj > c.imbalance ? bj - c.imbalance : 1, hi = bj + c.imbalance;
+      for (std::uint64_t r = 0; r < R; ++r) {
+        const std::uint64_t b = np.rank_offsets[t * R + r], e = np.rank_offsets[t * R + r + 1];
+        if (e - b < lo || e - b > hi)
+          rd.fail(fmt::format("schedule: step {} rank {}: {} samples, outside the step's [{}, {}]",
+                              t, first_rank + r, e - b, lo, hi));
+        for (std::uint64_t i = b; i < e; ++i) {
+          const std::uint32_t a = np.accesses[i], x = a & kSampleMask;
+          std::uint8_t& v = st[x];
+          const bool hit = (a & kHitBit) != 0;
+          switch (v & kState) {
+            case kAbsent:
+              rd.fail(fmt::format("schedule: step {} rank {}: sample {} is not in the node's "
+                                  "buffer (neither held nor fetched)",
+                                  t, first_rank + r, x));
+            case kFetched:
+              if (hit)
+                rd.fail(fmt::format("schedule: step {} rank {}: sample {} is flagged a hit but "
+                                    "is fetched for it",
+                                    t, first_rank + r, x));
+              v = static_cast<std::uint8_t>((v & ~kState) | kUsed);
+              break;
+            default:
+              if (!hit)
+                rd.fail(fmt::format("schedule: step {} rank {}: sample {} is flagged a miss but "
+                                    "nothing fetches it for this use",
+                                    t, first_rank + r, x));
+          }
+          if (count_uses) {
+            if ((v >> 2) == per_epoch)
+              rd.fail(fmt::format("schedule: epoch position {}: the node reads sample {} more "
+                                  "than the {} time(s) the epoch's order holds it",
+                                  p, x, per_epoch));
+            v = static_cast<std::uint8_t>(v + kUse);
+          }
+        }
+      }
+      for (const FetchRun& run : s.fetches_at(t))
+        for (std::uint32_t x = run.first; x < run.first + run.count; ++x) settle(x, "fetches");
+      for (const PeerFetch& pf : s.peers_at(t)) settle(pf.sample, "reads from a peer");
+    }
+    if (count_uses)
+      for (std::uint64_t i = epoch_begin; i < np.rank_offsets[t * R]; ++i)
+        st[np.accesses[i] & kSampleMask] &= kState;
+  }
+}
+
 }  // namespace
 
 std::uint32_t crc32(const std::uint8_t* data, std::size_t size, std::uint32_t crc) {
@@ -311,6 +412,7 @@ PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::
   const std::size_t crc_at = r.pos();
   const auto stored = r.get<std::uint32_t>();
   if (crc32(data, crc_at) != stored) r.fail("header checksum mismatch (file is corrupt)");
+  h.checksum = stored;
   if (r.pos() > header_size) r.fail("header is longer than its recorded size");
   for (std::uint32_t n = 0; n < c.nodes; ++n) {
     const auto& d = h.directory[n];
@@ -373,8 +475,52 @@ NodePlan decode_node(const PlanHeader& h, std::uint32_t node, const std::uint8_t
   check_offsets(r, s.evict_offsets, n_evicts, "evict");
   for (std::uint32_t x : s.evicts)
     if (x >= h.config.samples) r.fail("evicted sample out of range");
+  check_schedule(r, h, np);
   return np;
 }
+
+namespace {
+// What no single node's section shows (decode_plan in plan_file.h).
+void check_across_nodes(const Plan& p, const std::string& name) {
+  auto fail = [&](const std::string& what) {
+    throw PlanFileError(fmt::format("{}: schedule: {}; recompute it with `solar plan --out`",
+                                    name, what));
+  };
+  const std::uint64_t W = p.layout.world;
+  Metrics m;
+  m.per_epoch.resize(p.config.epochs);
+  std::uint64_t t = 0;
+  for (std::uint32_t e = 0; e < p.config.epochs; ++e) {
+    EpochMetrics& em = m.per_epoch[e];
+    for (std::uint32_t j = 0; j < p.layout.steps; ++j, ++t) {
+      const std::uint64_t b = p.rank_offsets[t * W], end = p.rank_offsets[(t + 1) * W];
+      if (end - b != p.layout.step_size(j))
+        fail(fmt::format("step {}: the ranks read {} samples, the epoch layout's step has {}", t,
+                         end - b, p.layout.step_size(j)));
+      em.accesses += end - b;
+      for (std::uint64_t i = b; i < end; ++i) em.hits += (p.accesses[i] & kHitBit) != 0;
+      for (const NodeSchedule& ns : p.nodes) {
+        for (const FetchRun& run : ns.fetches_at(t)) em.remote_fetches += run.count;
+        em.peer_fetches += ns.peers_at(t).size();
+      }
+    }
+    m.accesses += em.accesses;
+    m.hits += em.hits;
+    m.remote_fetches += em.remote_fetches;
+    m.peer_fetches += em.peer_fetches;
+  }
+  for (const NodeSchedule& ns : p.nodes) m.remote_runs += ns.fetch_runs.size();
+  m.remote_bytes = m.remote_fetches * p.config.sample_bytes;
+  m.lower_bound_fetches = lower_bound_fetches(p.config);
+  if (!(m == p.metrics))
+    fail(fmt::format("the metrics recounted from it differ from the header's (accesses {} vs {}, "
+                     "hits {} vs {}, remote fetches {} vs {}, peer fetches {} vs {}, runs {} vs "
+                     "{}, or per epoch)",
+                     m.accesses, p.metrics.accesses, m.hits, p.metrics.hits, m.remote_fetches,
+                     p.metrics.remote_fetches, m.peer_fetches, p.metrics.peer_fetches,
+                     m.remote_runs, p.metrics.remote_runs));
+}
+}  // namespace
 
 Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& name) {
   PlanHeader h = decode_header(data, size, name);
@@ -407,6 +553,7 @@ Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& 
         p.rank_offsets.push_back(p.accesses.size());
       }
   for (auto& np : parts) p.nodes.push_back(std::move(np.schedule));
+  check_across_nodes(p, name);
   return p;
 }
 

@@ -7,11 +7,6 @@
 
 namespace solar {
 
-std::uint64_t effective_capacity(const PlanConfig& c) {
-  return c.policy == Policy::none ? std::uint64_t{c.ranks_per_node} * c.batch
-                                  : c.buffer_samples();
-}
-
 ReplayReport replay_plan(const Plan& plan) {
   const PlanConfig& c = plan.config;
   const EpochLayout layout = EpochLayout::of(c);

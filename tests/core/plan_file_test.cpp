@@ -6,9 +6,12 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
 #include "solar/core/replay.h"
+#include "solar/core/rng.h"
 
 namespace solar {
 namespace {
@@ -172,6 +175,227 @@ TEST(PlanFile, RejectsCorruptTruncatedAndWrongVersion) {
   v.resize(10);
   expect_error(v, "truncated");
   expect_error({}, "truncated");
+}
+
+// Checksums say only that the bytes are the writer's. A plan whose schedule breaks what the
+// planner guarantees, re-encoded (so its checksums are right), is refused by the readers of one
+// node's section (the agent, libsolar) and of the whole plan, with the invariant named.
+class PlanSchedule : public ::testing::Test {
+ protected:
+  static PlanConfig shape() {
+    PlanConfig c = config(7);
+    c.samples = 960;  // a multiple of the world's 6 ranks: every sample once per epoch
+    return c;
+  }
+  const Plan good_ = make_plan(shape());
+  const std::uint64_t W_ = good_.layout.world, R_ = good_.config.ranks_per_node;
+
+  struct Access {
+    std::uint64_t t = 0, rank = 0, i = 0;  // step, global rank, index into accesses
+  };
+  bool fetched(std::uint64_t node, std::uint64_t t, std::uint32_t x) const {
+    bool f = false;
+    for (const FetchRun& r : good_.nodes[node].fetches_at(t))
+      f |= x >= r.first && x < r.first + r.count;
+    for (const PeerFetch& p : good_.nodes[node].peers_at(t)) f |= p.sample == x;
+    return f;
+  }
+  // The first access of local rank `local` of `node`, at step `from` or later, that is a hit
+  // on a sample not fetched in its step (`hit`), or a miss (!hit).
+  Access find(std::uint64_t node, std::uint64_t local, std::uint64_t from, bool hit) const {
+    const std::uint64_t w = node * R_ + local;
+    for (std::uint64_t t = from; t < good_.total_steps(); ++t)
+      for (std::uint64_t i = good_.rank_offsets[t * W_ + w]; i < good_.rank_offsets[t * W_ + w + 1];
+           ++i) {
+        const std::uint32_t a = good_.accesses[i];
+        if (hit ? (a & kHitBit) && !fetched(node, t, a & kSampleMask) : !(a & kHitBit))
+          return {t, w, i};
+      }
+    ADD_FAILURE() << "no such access of node " << node << " local rank " << local;
+    return {};
+  }
+
+  // `bad` re-encoded (checksums as the writer computes them) is refused by decode_plan, and
+  // node `node`'s section by PlanFile::node (what the agent and libsolar read), each naming
+  // `needle`.
+  static void expect_refused(const Plan& bad, std::uint32_t node, const std::string& needle) {
+    const auto bytes = encode_plan(bad);
+    try {
+      decode_plan(bytes.data(), bytes.size(), "x.plan");
+      ADD_FAILURE() << "decode_plan accepted a plan whose schedule is inconsistent (" << needle
+                    << ")";
+    } catch (const PlanFileError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("x.plan"), std::string::npos) << e.what();
+    }
+    TempDir dir;
+    write_plan_file(bad, dir / "x.plan");
+    const PlanFile pf = PlanFile::open(dir / "x.plan");  // the header alone is fine
+    try {
+      pf.node(node);
+      ADD_FAILURE() << "PlanFile::node accepted node " << node << "'s inconsistent schedule ("
+                    << needle << ")";
+    } catch (const PlanFileError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fmt::format("node {} section", node)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+};
+
+TEST_F(PlanSchedule, EveryPolicysPlanPasses) {
+  for (Policy p : all_policies()) {
+    PlanConfig c = shape();
+    c.policy = p;
+    c.peer_fetch = p == Policy::sampler;
+    if (c.peer_fetch) c.imbalance = 0;
+    const Plan plan = make_plan(c);
+    const auto b = encode_plan(plan);
+    EXPECT_NO_THROW(decode_plan(b.data(), b.size(), "x.plan")) << to_string(p);
+    if (c.peer_fetch) {
+      EXPECT_GT(plan.metrics.peer_fetches, 0U);  // peer reads are replayed too
+    }
+  }
+}
+
+// What the readers check is what the planner guarantees, for any inputs: random configs of
+// every policy (padding, drop_last, δ, one-rank steps, peers) read back.
+TEST(PlanScheduleProperty, RandomPlansOfEveryPolicyReadBack) {
+  Xoshiro256 g(3232);
+  int checked = 0;
+  for (int i = 0; i < 300; ++i) {
+    PlanConfig c;
+    c.nodes = 1 + static_cast<std::uint32_t>(g.bounded(4));
+    c.ranks_per_node = 1 + static_cast<std::uint32_t>(g.bounded(3));
+    c.batch = 1 + static_cast<std::uint32_t>(g.bounded(6));
+    c.samples = c.world() * c.batch + g.bounded(200);
+    c.sample_bytes = 1 + g.bounded(1000);
+    c.epochs = 1 + static_cast<std::uint32_t>(g.bounded(5));
+    c.imbalance = static_cast<std::uint32_t>(g.bounded(c.batch));
+    c.drop_last = g.bounded(2) == 1;
+    c.order = g.bounded(2) ? OrderMode::torch : OrderMode::solar;
+    c.seed = g.next();
+    c.policy = all_policies()[g.bounded(all_policies().size())];
+    c.peer_fetch = g.bounded(2) == 0;
+    if (c.policy == Policy::sampler) c.imbalance = 0;
+    const std::uint64_t min_buf = std::uint64_t{c.ranks_per_node} * (c.batch + c.imbalance);
+    c.buffer_bytes = (min_buf + g.bounded(c.samples)) * c.sample_bytes;
+    Plan plan;
+    try {
+      plan = make_plan(c);
+    } catch (const ConfigError&) {
+      continue;  // inputs the planner refuses
+    }
+    const auto bytes = encode_plan(plan);
+    ASSERT_NO_THROW(decode_plan(bytes.data(), bytes.size(), "x.plan"))
+        << "policy " << to_string(c.policy) << " N=" << c.samples << " M=" << c.nodes
+        << " R=" << c.ranks_per_node << " b=" << c.batch << " d=" << c.imbalance
+        << " drop_last=" << c.drop_last << " peers=" << c.peer_fetch;
+    ++checked;
+  }
+  EXPECT_GT(checked, 200);
+}
+
+TEST_F(PlanSchedule, AHitOnASampleTheNodeDoesNotHoldIsRefused) {
+  Plan bad = good_;
+  const Access h = find(0, 0, good_.layout.steps, true);
+  // A sample node 0 does not hold at that step: one that none of its ranks has read so far.
+  std::vector<bool> named(bad.config.samples, false);
+  for (std::uint64_t t = 0; t <= h.t; ++t)
+    for (std::uint64_t w = 0; w < R_; ++w)
+      for (std::uint32_t a : bad.rank_batch(t, w)) named[a & kSampleMask] = true;
+  std::uint32_t never = 0;
+  while (named[never]) ++never;
+  bad.accesses[h.i] = never | kHitBit;
+  expect_refused(bad, 0, fmt::format("step {} rank 0: sample {} is not in the node's buffer", h.t,
+                                     never));
+}
+
+TEST_F(PlanSchedule, HitBitsThatDisagreeWithTheFetchesAreRefused) {
+  Plan bad = good_;
+  const Access m = find(0, 1, 3, false);
+  bad.accesses[m.i] |= kHitBit;
+  expect_refused(bad, 0, fmt::format("step {} rank 1: sample {} is flagged a hit but is fetched",
+                                     m.t, bad.accesses[m.i] & kSampleMask));
+  bad = good_;
+  const Access h = find(1, 1, good_.layout.steps, true);
+  bad.accesses[h.i] &= kSampleMask;
+  expect_refused(bad, 1, fmt::format("step {} rank 3: sample {} is flagged a miss but nothing "
+                                     "fetches it",
+                                     h.t, bad.accesses[h.i]));
+}
+
+TEST_F(PlanSchedule, ABatchOutsideTheStepsBoundsIsRefused) {
+  // Three of rank 0's samples at step 3 moved into rank 1's batch (both of node 0): the node
+  // reads the same samples in that step, but rank 0's batch leaves [b-δ, b+δ] = [7, 9].
+  Plan bad = good_;
+  bad.rank_offsets[3 * W_ + 1] -= 3;
+  expect_refused(bad, 0, fmt::format("step 3 rank 0: {} samples, outside the step's [7, 9]",
+                                     bad.rank_batch(3, 0).size()));
+}
+
+TEST_F(PlanSchedule, ASampleTwiceInOneEpochIsRefused) {
+  // One of rank 1's hits replaced by a hit of rank 0 in the same step: still resident and a
+  // hit, but the epoch's order holds each sample once.
+  Plan bad = good_;
+  const Access h0 = find(0, 0, good_.layout.steps, true);
+  Access h1{};
+  for (std::uint64_t t = h0.t;; ++t) {
+    h1 = find(0, 1, t, true);
+    if (h1.t == t) break;  // rank 1 has a resident hit at the same step as rank 0
+    ASSERT_LT(t, good_.total_steps());
+  }
+  const Access h = find(0, 0, h1.t, true);
+  ASSERT_EQ(h.t, h1.t);
+  bad.accesses[h1.i] = bad.accesses[h.i];
+  expect_refused(bad, 0, fmt::format("the node reads sample {} more than the 1 time(s) the "
+                                     "epoch's order holds it",
+                                     bad.accesses[h.i] & kSampleMask));
+}
+
+TEST_F(PlanSchedule, EvictionsAndFetchesThatDisagreeWithTheBufferAreRefused) {
+  // An eviction, at the step of one of node 1's resident hits, of that sample.
+  Plan bad = good_;
+  const Access h = find(1, 0, good_.layout.steps, true);
+  const std::uint32_t x = bad.accesses[h.i] & kSampleMask;
+  auto insert_at = [](auto& list, std::vector<std::uint64_t>& offsets, std::uint64_t t,
+                      auto value) {
+    list.insert(list.begin() + static_cast<std::ptrdiff_t>(offsets[t]), value);
+    for (std::size_t k = t + 1; k < offsets.size(); ++k) ++offsets[k];
+  };
+  insert_at(bad.nodes[1].evicts, bad.nodes[1].evict_offsets, h.t, x);
+  expect_refused(bad, 1, fmt::format("step {} rank 2: sample {} is not in the node's buffer",
+                                     h.t, x));
+  // An eviction of a sample it no longer holds: the first one it evicts, again a step later.
+  bad = good_;
+  NodeSchedule& n1 = bad.nodes[1];
+  std::uint64_t t = 0;
+  while (n1.evict_offsets[t + 1] == n1.evict_offsets[t]) ++t;
+  const std::uint32_t gone = n1.evicts[n1.evict_offsets[t]];
+  insert_at(n1.evicts, n1.evict_offsets, t + 1, gone);
+  expect_refused(bad, 1, fmt::format("step {} evicts sample {}, which the node does not hold",
+                                     t + 1, gone));
+  // A fetch of a sample it holds: one of node 2's resident hits, fetched in its step.
+  bad = good_;
+  const Access h2 = find(2, 0, good_.layout.steps, true);
+  const FetchRun again{bad.accesses[h2.i] & kSampleMask, 1};
+  insert_at(bad.nodes[2].fetch_runs, bad.nodes[2].fetch_offsets, h2.t, again);
+  expect_refused(bad, 2, fmt::format("step {} fetches sample {}, which the node already holds",
+                                     h2.t, again.first));
+}
+
+TEST_F(PlanSchedule, MetricsThatDisagreeWithTheRecordsAreRefusedByTheWholePlan) {
+  Plan bad = good_;
+  ++bad.metrics.per_epoch[1].hits;
+  ++bad.metrics.hits;
+  const auto bytes = encode_plan(bad);
+  try {
+    decode_plan(bytes.data(), bytes.size(), "x.plan");
+    ADD_FAILURE() << "accepted metrics that the records do not give";
+  } catch (const PlanFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("metrics recounted"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PlanFile, WriteIsAtomicAndLeavesNoTemporary) {

@@ -70,6 +70,14 @@ struct PlanConfig {
   void validate() const;
 };
 
+// The buffer capacity (samples per node) the plan's policy works with: the configured buffer,
+// or for `none` (no buffer) one step of the node's ranks passing through. The replay and the
+// plan file's readers hold plans to it.
+inline std::uint64_t effective_capacity(const PlanConfig& c) {
+  return c.policy == Policy::none ? std::uint64_t{c.ranks_per_node} * c.batch
+                                  : c.buffer_samples();
+}
+
 // Limits enforced by validate(); exposed so messages and tests agree on them.
 inline constexpr std::uint64_t kMaxSamples = (1ULL << 31) - 1;  // sample ids are 31-bit
 // epochs × accesses per epoch (the samples, or more when DistributedSampler pads them to a

@@ -47,6 +47,10 @@ struct PlanHeader {
     std::uint32_t crc = 0;
   };
   std::vector<NodeEntry> directory;
+  // The header's CRC-32, which covers the inputs, metrics, dataset identity and every node
+  // section's CRC: the plan's identity (peer cards name it, so agents of other plans refuse
+  // each other's).
+  std::uint32_t checksum = 0;
 };
 
 // One node's part: its ranks' batches and its schedule.
@@ -75,6 +79,14 @@ const char* write_file_atomically(const std::filesystem::path& path, std::string
 // Parses and checks a header (magic, version, sizes, checksum, config validity).
 // `name` is used in error messages.
 PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::string& name);
+// Parses a node section and checks its schedule as that node executes it (a checksum says only
+// that the bytes are the writer's): every rank's batch size within the step's [max(1, b−δ),
+// b+δ]; no sample more often in an epoch than the epoch's sequence holds it; and a replay of
+// the node's buffer: every eviction removes a resident sample, every fetch (storage or peer)
+// brings one that is not resident and that a rank uses in its step, every access finds its
+// sample resident and is flagged a hit exactly when it was not fetched for it, and the buffer
+// never holds more than effective_capacity(). O(accesses + schedule) time, one byte per sample.
+// Throws PlanFileError naming the step, rank or sample and what is wrong.
 NodePlan decode_node(const PlanHeader& h, std::uint32_t node, const std::uint8_t* data,
                      std::size_t size, const std::string& name);
 
@@ -90,7 +102,10 @@ class PlanFile {
   PlanHeader header_;
 };
 
-// The whole plan back from its encoding (all nodes).
+// The whole plan back from its encoding (all nodes, each checked as decode_node does), and
+// checked across nodes: every step's global batch has the epoch layout's size, and the
+// per-epoch metrics recounted from the records equal the header's. (replay_plan checks more:
+// the global batches' membership, the peers' sources.)
 Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& name);
 
 std::uint32_t crc32(const std::uint8_t* data, std::size_t size, std::uint32_t crc = 0);

@@ -31,7 +31,4 @@ struct ReplayReport {
 // the recounted metrics equal plan.metrics. Throws PlanInvalid on the first violation.
 ReplayReport replay_plan(const Plan& plan);
 
-// The buffer capacity (samples per node) the plan's policy works with.
-std::uint64_t effective_capacity(const PlanConfig& c);
-
 }  // namespace solar
