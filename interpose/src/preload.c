@@ -32,6 +32,10 @@
 
 #include "solar/transparent.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #define EXPORT __attribute__((visibility("default")))
 #define SOLAR_PROTO_MAGIC 0x524c4f53u /* "SOLR", solar/protocol.h */
 
@@ -463,6 +467,34 @@ static int locate(uint64_t pos, uint64_t *k, uint64_t *in) {
   return 1;
 }
 
+/* memcpy, except where glibc's is slow: it moves large blocks with `rep movsb`, which runs at
+ * well under half its speed when source and destination are not equally aligned modulo 64
+ * (measured on this project's AMD EPYC VMs: random 256 KiB copies from page-aligned blocks,
+ * 13.5 GB/s into a page-aligned destination, 5.3 GB/s 16 bytes past one). The buffer's slots are
+ * page aligned and a program's read buffer is wherever its allocator put it (malloc's large
+ * blocks start 16 bytes past a page), so such copies go through SSE2 loads and aligned stores
+ * (10.6 GB/s in the same test). */
+static void copy_out(unsigned char *d, const unsigned char *s, size_t n) {
+#if defined(__SSE2__)
+  if (n >= 4096 && (((uintptr_t)d - (uintptr_t)s) & 63) != 0) {
+    const size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 64; d += 64, s += 64, n -= 64) {
+      const __m128i a = _mm_loadu_si128((const __m128i *)s);
+      const __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+      const __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+      const __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+      _mm_store_si128((__m128i *)d, a);
+      _mm_store_si128((__m128i *)(d + 16), b);
+      _mm_store_si128((__m128i *)(d + 32), c);
+      _mm_store_si128((__m128i *)(d + 48), e);
+    }
+  }
+#endif
+  memcpy(d, s, n);
+}
+
 /* Copies the resident samples' bytes of [pos, pos+n) in order; stops at the first sample that
  * is not resident or changed during its copy. Returns the bytes copied. */
 static size_t copy_resident(unsigned char *dst, size_t n, uint64_t pos) {
@@ -473,7 +505,7 @@ static size_t copy_resident(unsigned char *dst, size_t n, uint64_t pos) {
     const uint64_t e1 = atomic_load_explicit(&X.entries[k], memory_order_acquire);
     const uint64_t slot = e1 & 0xffffffffu; /* slot + 1; 0: not resident */
     if (slot == 0 || slot > X.slots) break;
-    memcpy(dst + done, X.base + (slot - 1) * X.slot_bytes + in, len);
+    copy_out(dst + done, X.base + (slot - 1) * X.slot_bytes + in, len);
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&X.entries[k], memory_order_relaxed) != e1) {
       stat_add(&X.stats->torn, 1);
