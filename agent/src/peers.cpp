@@ -39,6 +39,32 @@ constexpr int kMaxTorn = 3;            // changed entries before a sample goes t
 
 std::string card_name(std::uint32_t node) { return fmt::format("node{}.peer", node); }
 
+// What a card must name as a reader's own for its buffer to be read: the job (the plan file it
+// was started with: its path and file identity, unique to one job step under solar run and the
+// plugin), the plan (its header checksum, which covers every node's section) and the dataset
+// (the identity of the source the agent opened). The same shape is not enough: an agent of
+// another job, left in or copied into a reused --peer-dir, holds other bytes under the same
+// sample ids.
+struct CardIdentity {
+  std::string job, plan, dataset;
+};
+
+// The fields of a card that differ from ours, in words ("" when none does).
+std::string card_differences(const nlohmann::json& c, const CardIdentity& ours) {
+  std::string out;
+  for (const auto& [key, mine] :
+       {std::pair<const char*, const std::string&>{"job", ours.job}, {"plan", ours.plan},
+        {"dataset", ours.dataset}}) {
+    const auto it = c.find(key);
+    const std::string theirs =
+        it != c.end() && it->is_string() ? it->get<std::string>() : std::string("(none)");
+    if (theirs != mine)
+      out += fmt::format("{}its {} is {} (this agent's: {})", out.empty() ? "" : "; ", key,
+                         theirs, mine);
+  }
+  return out;
+}
+
 }  // namespace
 
 struct Agent::Impl::PeerState {
@@ -144,8 +170,22 @@ void Agent::Impl::setup_peers(const PlanFile& pf) {
     for (const PeerFetch& f : plan_.schedule.peers_at(t))
       if (f.from_node < M && f.from_node != me) ps->remote[f.from_node].needed = true;
 
+  CardIdentity id;
+  {
+    const std::string plan_path =
+        std::filesystem::absolute(opt_.plan).lexically_normal().string();
+    struct stat ps_st {};
+    id.job = ::stat(plan_path.c_str(), &ps_st) == 0
+                 ? fmt::format("plan file {} ({})", plan_path, storage::file_identity(ps_st))
+                 : fmt::format("plan file {}", plan_path);
+    id.plan = fmt::format("crc32 {:08x}", header_.checksum);
+    id.dataset = source_->identity();
+  }
   // Our card, written atomically (mode 0600): a reader sees all of it or none.
   const nlohmann::json card = {{"node", me},
+                               {"job", id.job},
+                               {"plan", id.plan},
+                               {"dataset", id.dataset},
                                {"pid", ::getpid()},
                                {"provider", ps->ep->provider()},
                                {"address", storage::wire::to_hex(ps->ep->address())},
@@ -168,6 +208,9 @@ void Agent::Impl::setup_peers(const PlanFile& pf) {
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(opt_.peer_timeout));
+  // A card of another job is not ours: as if missing (this job's agent may still write its own
+  // over it), and the reason is kept for the warning once we stop waiting.
+  std::vector<std::string> foreign(M);
   for (;;) {
     bool missing = false;
     for (std::uint32_t n = 0; n < M; ++n) {
@@ -180,9 +223,22 @@ void Agent::Impl::setup_peers(const PlanFile& pf) {
         missing = true;
         continue;
       }
+      std::string differs = c.is_object() ? card_differences(c, id) : "it is not an object";
+      if (differs.empty() && !(c.contains("node") && c["node"] == n))
+        differs = fmt::format("it names node {} (this agent looks for node {})",
+                              c.contains("node") ? c["node"].dump() : "(none)", n);
+      if (!differs.empty()) {
+        if (foreign[n] != differs)
+          spdlog::warn("peer node {}: the card in {} is another job's ({}); not used: waiting "
+                       "for this job's card",
+                       n, opt_.peer_dir, differs);
+        foreign[n] = std::move(differs);
+        missing = true;
+        continue;
+      }
+      foreign[n].clear();
       try {
-        if (c.at("samples").get<std::uint64_t>() != header_.config.samples ||
-            c.at("node").get<std::uint32_t>() != n)
+        if (c.at("samples").get<std::uint64_t>() != header_.config.samples)
           throw std::invalid_argument("another plan's card");
         r.addr = ps->ep->insert(storage::wire::from_hex(c.at("address").get<std::string>()));
         r.buf_key = c.at("buf_key");
@@ -208,9 +264,14 @@ void Agent::Impl::setup_peers(const PlanFile& pf) {
     if (Clock::now() >= deadline) {
       for (std::uint32_t n = 0; n < M; ++n)
         if (n != me && ps->remote[n].needed && !ps->remote[n].known) {
-          spdlog::warn("peer node {}: no card in {} after {} s (its agent did not start?); "
-                       "what this node would read from it is read from storage",
-                       n, opt_.peer_dir, opt_.peer_timeout);
+          if (!foreign[n].empty())
+            spdlog::warn("peer node {}: only another job's card in {} after {} s ({}); what "
+                         "this node would read from it is read from storage",
+                         n, opt_.peer_dir, opt_.peer_timeout, foreign[n]);
+          else
+            spdlog::warn("peer node {}: no card in {} after {} s (its agent did not start?); "
+                         "what this node would read from it is read from storage",
+                         n, opt_.peer_dir, opt_.peer_timeout);
           ps->remote[n].dead = true;
           ps->remote[n].abandoned = true;
         }

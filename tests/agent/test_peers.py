@@ -4,12 +4,17 @@ loopback). The bytes ranks get are checked (the C++ example trainer verifies eve
 unmodified h5py script's per-batch digests must equal its run without solar), also with a peer
 agent SIGKILLed mid-run, and a process with the card's address but not its key reads nothing."""
 import os
+import pathlib
 import re
+import shutil
+import socket
 import subprocess
+import tempfile
 
 import pytest
 
-from test_data_path import AGENT, BIN, SOLAR, TRAIN, children, interrupt, lines, run
+from test_data_path import (AGENT, BIN, SOLAR, TRAIN, children, interrupt, lines, run,
+                            wait_until, wrong_counts)
 from test_transparent import PY, SCRIPT, digests
 
 PROBE = os.environ.get("SOLAR_PEER_PROBE") or os.path.join(BIN, "tests", "solar_peer_probe")
@@ -153,3 +158,93 @@ def test_peer_agent_stopped_mid_run_nothing_hangs_same_bytes(tmp_path, data):
     # It stayed stopped to the end (no statistics from it); the others finished without it.
     assert "node 1: the agent gave no statistics" in err, err
     assert sorted(peer_counts(err)) == [0, 2, 3], err
+
+
+def test_another_jobs_card_is_not_read(tmp_path):
+    """Two jobs of the same shape (the same plan inputs) on different datasets, each with two
+    agents started by hand: job A's node0.peer copied into job B's peer folder (a reused
+    --peer-dir) before B's node 0 writes its own. B's node 1 must see that the card names
+    another job and dataset, say so, not read A's buffer, and take B's own card once it is
+    there; every rank of both jobs gets its own dataset's bytes."""
+    sock_dir = pathlib.Path(tempfile.mkdtemp(prefix="solar-test-"))  # short socket paths
+    procs, jobs = [], {}
+    try:
+        for tag, seed in (("a", "4"), ("b", "5")):
+            d = tmp_path / tag
+            d.mkdir()
+            run(SOLAR, "gen", d / "d.h5", "--samples", "480", "--preset", "tiny", "--seed", seed,
+                "--no-progress")
+            run(SOLAR, "plan", "--samples", "480", "--sample-bytes", "4K", "--epochs", "3",
+                "--nodes", "2", "--batch", "4", "--buffer", "26%", "--peer-fetch", "--policy",
+                "sampler", "--out", d / "plan")
+            (d / "peers").mkdir(mode=0o700)
+            jobs[tag] = d
+
+        def agent(tag, node):
+            d = jobs[tag]
+            sock = sock_dir / f"{tag}{node}.sock"
+            log = d / f"node{node}.log"
+            p = subprocess.Popen([str(a) for a in (
+                AGENT, "--plan", d / "plan", "--node", node, "--dataset", d / "d.h5", "--socket",
+                sock, "--log", log, "--peer-dir", d / "peers", "--peer-timeout", "20")],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            procs.append(p)
+            return p, sock, log
+
+        def connectable(p, sock, log):
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(str(sock))
+                return True
+            except OSError:
+                assert p.poll() is None, log.read_text() if log.exists() else ""
+                return False
+
+        agents = {("a", 0): agent("a", 0), ("a", 1): agent("a", 1)}
+        wait_until(lambda: (jobs["a"] / "peers" / "node0.peer").exists(), what="A's card")
+        shutil.copy(jobs["a"] / "peers" / "node0.peer", jobs["b"] / "peers" / "node0.peer")
+        agents[("b", 1)] = agent("b", 1)
+        b1_log = agents[("b", 1)][2]
+        # B's node 1 has read (or refused) the card it found before B's node 0 starts.
+        wait_until(lambda: b1_log.exists() and re.search(
+            r"peer sharing over|another job", b1_log.read_text()), what="B node 1 read the cards")
+        agents[("b", 0)] = agent("b", 0)
+        for key, a in agents.items():
+            wait_until(lambda: connectable(*a), what=f"agent {key}")
+
+        ranks = []
+        for tag in ("a", "b"):
+            for node in (0, 1):
+                env = dict(os.environ, SOLAR_PLAN=str(jobs[tag] / "plan"), SOLAR_NODE=str(node),
+                           SOLAR_LOCAL_RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                           RANK=str(node), WORLD_SIZE="2", SOLAR_DATASET=str(jobs[tag] / "d.h5"),
+                           SOLAR_SOCKET=str(agents[(tag, node)][1]))
+                ranks.append((tag, node, subprocess.Popen(
+                    [TRAIN, "--verify"], env=env, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True)))
+        outs = {}
+        for tag, node, r in ranks:
+            out, _ = r.communicate(timeout=300)
+            outs[(tag, node)] = (r.returncode, out)
+        assert all(rc == 0 for rc, _ in outs.values()), outs
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            assert p.wait(timeout=30) == 0
+        text = b1_log.read_text()
+        for key, (_, out) in outs.items():
+            assert wrong_counts(out) == [0], (key, out, text)
+        assert re.search(r"peer node 0: the card in \S+ is another job's \(its job is plan file "
+                         r"\S+/a/plan .*; its dataset is file inode .* \(this agent's: file "
+                         r"inode .*\); not used", text), text
+        # It read B's node 0 once that card was there.
+        m = re.search(r'"peers":\{[^}]*"samples":(\d+)', text)
+        assert m and int(m.group(1)) > 0, text
+        planned = re.search(r"(\d+) peer reads planned from other nodes", text)
+        assert planned and int(planned.group(1)) > 0, text
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(sock_dir, ignore_errors=True)
