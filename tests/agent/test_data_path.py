@@ -25,7 +25,7 @@ AGENT = os.environ.get("SOLAR_AGENT") or os.path.join(BIN, "agent", "solar-agent
 TRAIN = os.environ.get("SOLAR_EXAMPLE_TRAIN") or os.path.join(BIN, "slurm_examples", "solar-example-train")
 STORED = os.environ.get("SOLAR_STORED") or os.path.join(BIN, "storage", "solar-stored")
 
-MAGIC, VERSION = 0x524C4F53, 4  # solar/protocol.h kVersion
+MAGIC, VERSION = 0x524C4F53, 5  # solar/protocol.h kVersion
 OP_HELLO, OP_HELLO_OK, OP_NEXT, OP_BATCH, OP_STATS, OP_STATS_REPLY = 1, 2, 3, 4, 7, 8
 
 
