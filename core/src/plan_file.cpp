@@ -183,8 +183,8 @@ void check_offsets(Reader& r, const std::vector<std::uint64_t>& off, std::uint64
 }
 
 // The node's schedule as its agent executes it (see decode_node in plan_file.h): a replay of
-// its buffer in one byte per sample, the buffer state in the low two bits and the sample's uses
-// in the current epoch above them. Sample ids are already known to be in range.
+// its buffer in one byte per sample, the sample's state in the low two bits and its uses in
+// the current epoch above them. Sample ids are already known to be in range.
 void check_schedule(Reader& rd, const PlanHeader& h, const NodePlan& np) {
   const PlanConfig& c = h.config;
   const EpochLayout& layout = h.layout;
@@ -197,38 +197,64 @@ void check_schedule(Reader& rd, const PlanHeader& h, const NodePlan& np) {
   const bool count_uses = per_epoch < 63;  // what the six bits hold; beyond: not counted
   enum : std::uint8_t {
     kAbsent = 0,
-    kResident = 1,
-    kFetched = 2,  // fetched in this step, not used yet
-    kUsed = 3,     // fetched in this step and used
+    kHeld = 1,     // resident (bit 0: a hit may use it)
+    kFetched = 2,  // fetched in this step, not used yet: its first use is the miss
+    kUsed = 3,     // fetched and used since: as kHeld
     kState = 3,
     kUse = 4,
   };
+  const std::uint8_t use = count_uses ? kUse : 0;
   std::vector<std::uint8_t> st(c.samples, kAbsent);
-  std::uint64_t held = 0, t = 0;
+  std::uint64_t held = 0, fetched = 0, t = 0;  // fetched: in this step
+  auto set_state = [&](std::uint32_t x, std::uint8_t state) {
+    st[x] = static_cast<std::uint8_t>((st[x] & ~kState) | state);
+  };
   auto bring = [&](std::uint32_t x, const char* how) {
     if ((st[x] & kState) != kAbsent)
       rd.fail(fmt::format("schedule: step {} {} sample {}, which the node already holds", t, how,
                           x));
-    st[x] = static_cast<std::uint8_t>((st[x] & ~kState) | kFetched);
+    set_state(x, kFetched);
     ++held;
+    ++fetched;
   };
-  // After the step's accesses: every sample fetched for it was used by one of its ranks.
-  auto settle = [&](std::uint32_t x, const char* how) {
-    if ((st[x] & kState) == kFetched)
-      rd.fail(fmt::format("schedule: step {} {} sample {}, which no rank of the node uses in it",
-                          t, how, x));
-    st[x] = static_cast<std::uint8_t>((st[x] & ~kState) | kResident);
+  auto access_error = [&](std::uint32_t p, std::uint64_t rank, std::uint32_t x, bool hit,
+                          std::uint8_t v) {
+    const std::string where = fmt::format("schedule: step {} rank {}: sample {}", t, rank, x);
+    if ((v & kState) == kAbsent)
+      rd.fail(where + " is not in the node's buffer (neither held nor fetched)");
+    if (hit && (v & kState) == kFetched) rd.fail(where + " is flagged a hit but is fetched for it");
+    if (!hit && (v & kState) != kFetched)
+      rd.fail(where + " is flagged a miss but nothing fetches it for this use");
+    rd.fail(fmt::format("schedule: epoch position {}: the node reads sample {} more than the {} "
+                        "time(s) the epoch's order holds it",
+                        p, x, per_epoch));
+  };
+  // Each miss used one sample fetched in the step, so fewer misses than fetches leave one
+  // unused: named here (the rare path).
+  auto unused_error = [&] {
+    for (const FetchRun& run : s.fetches_at(t))
+      for (std::uint32_t x = run.first; x < run.first + run.count; ++x)
+        if ((st[x] & kState) == kFetched)
+          rd.fail(fmt::format("schedule: step {} fetches sample {}, which no rank of the node "
+                              "uses in it",
+                              t, x));
+    for (const PeerFetch& pf : s.peers_at(t))
+      if ((st[pf.sample] & kState) == kFetched)
+        rd.fail(fmt::format("schedule: step {} reads sample {} from a peer, which no rank of "
+                            "the node uses in it",
+                            t, pf.sample));
   };
   for (std::uint32_t p = 0; p < c.epochs; ++p) {
     const std::uint64_t epoch_begin = np.rank_offsets[t * R];
     for (std::uint32_t j = 0; j < layout.steps; ++j, ++t) {
       for (std::uint32_t x : s.evicts_at(t)) {
-        if ((st[x] & kState) != kResident)
+        if (!(st[x] & kHeld))
           rd.fail(fmt::format("schedule: step {} evicts sample {}, which the node does not hold",
                               t, x));
-        st[x] = static_cast<std::uint8_t>(st[x] & ~kState);
+        set_state(x, kAbsent);
         --held;
       }
+      fetched = 0;
       for (const FetchRun& run : s.fetches_at(t))
         for (std::uint32_t x = run.first; x < run.first + run.count; ++x) bring(x, "fetches");
       for (const PeerFetch& pf : s.peers_at(t)) bring(pf.sample, "reads from a peer");
@@ -237,49 +263,36 @@ void check_schedule(Reader& rd, const PlanHeader& h, const NodePlan& np) {
                             cap));
       const std::uint64_t bj = layout.rank_batch(j);
       const std::uint64_t lo = bj > c.imbalance ? bj - c.imbalance : 1, hi = bj + c.imbalance;
+      std::uint64_t misses = 0;
       for (std::uint64_t r = 0; r < R; ++r) {
         const std::uint64_t b = np.rank_offsets[t * R + r], e = np.rank_offsets[t * R + r + 1];
         if (e - b < lo || e - b > hi)
           rd.fail(fmt::format("schedule: step {} rank {}: {} samples, outside the step's [{}, {}]",
                               t, first_rank + r, e - b, lo, hi));
         for (std::uint64_t i = b; i < e; ++i) {
+          // Without branches in the usual case: a hit on a held sample (bit 0), or a miss on one
+          // fetched for it (kFetched, which becomes kUsed); one more use this epoch.
           const std::uint32_t a = np.accesses[i], x = a & kSampleMask;
-          std::uint8_t& v = st[x];
           const bool hit = (a & kHitBit) != 0;
-          switch (v & kState) {
-            case kAbsent:
-              rd.fail(fmt::format("schedule: step {} rank {}: sample {} is not in the node's "
-                                  "buffer (neither held nor fetched)",
-                                  t, first_rank + r, x));
-            case kFetched:
-              if (hit)
-                rd.fail(fmt::format("schedule: step {} rank {}: sample {} is flagged a hit but "
-                                    "is fetched for it",
-                                    t, first_rank + r, x));
-              v = static_cast<std::uint8_t>((v & ~kState) | kUsed);
-              break;
-            default:
-              if (!hit)
-                rd.fail(fmt::format("schedule: step {} rank {}: sample {} is flagged a miss but "
-                                    "nothing fetches it for this use",
-                                    t, first_rank + r, x));
-          }
-          if (count_uses) {
-            if ((v >> 2) == per_epoch)
-              rd.fail(fmt::format("schedule: epoch position {}: the node reads sample {} more "
-                                  "than the {} time(s) the epoch's order holds it",
-                                  p, x, per_epoch));
-            v = static_cast<std::uint8_t>(v + kUse);
-          }
+          const std::uint8_t v = st[x];
+          const bool ok = hit ? (v & kHeld) != 0 : (v & kState) == kFetched;
+          const auto next = static_cast<std::uint8_t>((v | std::uint8_t{!hit}) + use);
+          if (!ok || (next >> 2) > per_epoch) [[unlikely]]
+            access_error(p, first_rank + r, x, hit, v);
+          st[x] = next;
+          misses += !hit;
         }
       }
-      for (const FetchRun& run : s.fetches_at(t))
-        for (std::uint32_t x = run.first; x < run.first + run.count; ++x) settle(x, "fetches");
-      for (const PeerFetch& pf : s.peers_at(t)) settle(pf.sample, "reads from a peer");
+      if (misses != fetched) unused_error();
     }
-    if (count_uses)
-      for (std::uint64_t i = epoch_begin; i < np.rank_offsets[t * R]; ++i)
+    // The uses start again: by the samples read, or all at once when that is fewer bytes.
+    const std::uint64_t epoch_end = np.rank_offsets[t * R];
+    if (!count_uses) continue;
+    if (epoch_end - epoch_begin < c.samples / 8)
+      for (std::uint64_t i = epoch_begin; i < epoch_end; ++i)
         st[np.accesses[i] & kSampleMask] &= kState;
+    else
+      for (std::uint8_t& v : st) v &= kState;
   }
 }
 

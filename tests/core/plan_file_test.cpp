@@ -215,6 +215,13 @@ class PlanSchedule : public ::testing::Test {
     return {};
   }
 
+  // `value` added to step t's part of a schedule list.
+  template <class List, class V>
+  static void insert_at(List& list, std::vector<std::uint64_t>& offsets, std::uint64_t t, V value) {
+    list.insert(list.begin() + static_cast<std::ptrdiff_t>(offsets[t]), value);
+    for (std::size_t k = t + 1; k < offsets.size(); ++k) ++offsets[k];
+  }
+
   // `bad` re-encoded (checksums as the writer computes them) is refused by decode_plan, and
   // node `node`'s section by PlanFile::node (what the agent and libsolar read), each naming
   // `needle`.
@@ -359,11 +366,6 @@ TEST_F(PlanSchedule, EvictionsAndFetchesThatDisagreeWithTheBufferAreRefused) {
   Plan bad = good_;
   const Access h = find(1, 0, good_.layout.steps, true);
   const std::uint32_t x = bad.accesses[h.i] & kSampleMask;
-  auto insert_at = [](auto& list, std::vector<std::uint64_t>& offsets, std::uint64_t t,
-                      auto value) {
-    list.insert(list.begin() + static_cast<std::ptrdiff_t>(offsets[t]), value);
-    for (std::size_t k = t + 1; k < offsets.size(); ++k) ++offsets[k];
-  };
   insert_at(bad.nodes[1].evicts, bad.nodes[1].evict_offsets, h.t, x);
   expect_refused(bad, 1, fmt::format("step {} rank 2: sample {} is not in the node's buffer",
                                      h.t, x));
@@ -383,6 +385,51 @@ TEST_F(PlanSchedule, EvictionsAndFetchesThatDisagreeWithTheBufferAreRefused) {
   insert_at(bad.nodes[2].fetch_runs, bad.nodes[2].fetch_offsets, h2.t, again);
   expect_refused(bad, 2, fmt::format("step {} fetches sample {}, which the node already holds",
                                      h2.t, again.first));
+}
+
+TEST_F(PlanSchedule, AFetchNoRankUsesIsRefused) {
+  // Node 0 fetches, at the step of one of its resident hits, a sample it does not read then,
+  // and evicts to make room one it holds and reads only at a later step.
+  Plan bad = good_;
+  const Access h0 = find(0, 0, good_.layout.steps, true);
+  const std::uint64_t t0 = h0.t;
+  auto read_at = [&](std::uint64_t t, std::uint32_t x) {
+    for (std::uint64_t w = 0; w < R_; ++w)
+      for (std::uint32_t a : good_.rank_batch(t, w))
+        if ((a & kSampleMask) == x) return true;
+    return false;
+  };
+  std::uint32_t later = ~0U;
+  for (std::uint64_t t = t0 + 1; t < good_.total_steps() && later == ~0U; ++t)
+    for (std::uint64_t w = 0; w < R_ && later == ~0U; ++w)
+      for (std::uint32_t a : good_.rank_batch(t, w)) {
+        const std::uint32_t x = a & kSampleMask;
+        bool since = false;  // fetched or evicted between t0 and t
+        for (std::uint64_t u = t0; u <= t; ++u) {
+          since |= fetched(0, u, x);
+          for (std::uint32_t e : good_.nodes[0].evicts_at(u)) since |= e == x;
+        }
+        if ((a & kHitBit) && !since && !read_at(t0, x)) {
+          later = x;
+          break;
+        }
+      }
+  ASSERT_NE(later, ~0U);
+  std::vector<bool> named(good_.config.samples, false);
+  for (std::uint64_t t = 0; t < good_.total_steps(); ++t)
+    for (std::uint64_t w = 0; w < R_; ++w)
+      for (std::uint32_t a : good_.rank_batch(t, w)) named[a & kSampleMask] = true;
+  std::uint32_t never = 0;
+  while (never < named.size() && named[never]) ++never;
+  if (never == named.size()) {  // every sample is read at some step: one not read at t0
+    never = 0;
+    while (read_at(t0, never) || fetched(0, t0, never)) ++never;
+  }
+  insert_at(bad.nodes[0].evicts, bad.nodes[0].evict_offsets, t0, later);
+  insert_at(bad.nodes[0].fetch_runs, bad.nodes[0].fetch_offsets, t0, FetchRun{never, 1});
+  expect_refused(bad, 0, fmt::format("step {} fetches sample {}, which no rank of the node uses "
+                                     "in it",
+                                     t0, never));
 }
 
 TEST_F(PlanSchedule, MetricsThatDisagreeWithTheRecordsAreRefusedByTheWholePlan) {
