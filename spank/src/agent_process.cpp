@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -104,7 +105,9 @@ const char* describe(int stage) {
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // after the uid change, which clears it
 
   const int null = ::open("/dev/null", O_RDWR);
-  const int log = ::open(l.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW, 0600);
+  // A new file only (the step's folder is the user's, so nobody else can have placed one, but
+  // never an existing name: a FIFO there would block this open).
+  const int log = ::open(l.log.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_NOFOLLOW, 0600);
   if (null < 0 || log < 0) child_fail(report, kLog);
   ::dup2(null, 0);
   ::dup2(log, 1);
@@ -158,11 +161,32 @@ AgentProcess AgentProcess::start(const AgentLaunch& l, double timeout_s) {
   AgentProcess p;
   p.pid_ = pid;
   p.pidfd_ = pidfd_open(pid);  // nobody else waits for it yet: this thread is slurmstepd's main
+  // The child reports a failure, or closes the pipe by exec, within the start-up limit: a
+  // child stuck before exec (in an open, on a hung file system) must not hold slurmstepd.
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
   ChildFailure failure{};
-  ssize_t n;
-  do n = ::read(report[0], &failure, sizeof failure);
-  while (n < 0 && errno == EINTR);
+  ssize_t n = -1;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    pollfd pf{report[0], POLLIN, 0};
+    const int r = left > 0 ? ::poll(&pf, 1, static_cast<int>(std::min<long long>(left, 1000)))
+                           : 0;
+    if (r < 0 && errno == EINTR) continue;
+    if (r > 0) {
+      do n = ::read(report[0], &failure, sizeof failure);
+      while (n < 0 && errno == EINTR);
+      break;
+    }
+    if (r < 0 || Clock::now() >= deadline) break;
+  }
   ::close(report[0]);
+  if (n < 0) {
+    p.stop(1);
+    throw std::runtime_error(fmt::format("the agent's process did not get to run {} within {:.0f} "
+                                         "s (timeout= in plugstack.conf)",
+                                         l.agent, timeout_s));
+  }
   if (n == static_cast<ssize_t>(sizeof failure)) {
     p.stop(1);
     throw std::runtime_error(fmt::format("{} {}: {}", describe(failure.stage),
@@ -175,7 +199,6 @@ AgentProcess AgentProcess::start(const AgentLaunch& l, double timeout_s) {
     p.stop(1);
     throw std::runtime_error(fmt::format("pidfd_open: {}", std::strerror(errno)));
   }
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
   for (;;) {
     if (socket_accepts(l.socket)) return p;
     if (exited(p.pidfd_, 10)) {
@@ -226,18 +249,23 @@ std::string tail_of(const std::string& file, std::size_t lines) {
 
 bool kill_if_agent(pid_t pid, uid_t uid, const std::string& agent, const std::string& socket) {
   if (pid <= 1) return false;
+  // The pidfd first: what is checked below is then the process it names, or that process is
+  // gone and the signal fails (a pid reused meanwhile is never the one signalled).
+  const int fd = pidfd_open(pid);
+  if (fd < 0) return false;
   const std::string proc = fmt::format("/proc/{}", pid);
+  bool is_agent = false;
   struct stat st {};
-  if (::stat(proc.c_str(), &st) != 0 || st.st_uid != uid) return false;
-  std::ifstream f(proc + "/cmdline");
-  std::vector<std::string> argv;
-  for (std::string a; std::getline(f, a, '\0');) argv.push_back(a);
-  if (argv.empty() || argv[0] != agent) return false;
-  bool has_socket = false;
-  for (std::size_t i = 0; i + 1 < argv.size(); ++i)
-    if (argv[i] == "--socket" && argv[i + 1] == socket) has_socket = true;
-  if (!has_socket) return false;
-  return ::kill(pid, SIGKILL) == 0;
+  if (::stat(proc.c_str(), &st) == 0 && st.st_uid == uid) {
+    std::ifstream f(proc + "/cmdline");
+    std::vector<std::string> argv;
+    for (std::string a; std::getline(f, a, '\0');) argv.push_back(a);
+    for (std::size_t i = 0; !argv.empty() && argv[0] == agent && i + 1 < argv.size(); ++i)
+      if (argv[i] == "--socket" && argv[i + 1] == socket) is_agent = true;
+  }
+  const bool killed = is_agent && pidfd_signal(fd, SIGKILL) == 0;
+  ::close(fd);
+  return killed;
 }
 
 }  // namespace solar::spank

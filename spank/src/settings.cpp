@@ -254,11 +254,8 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
     const std::uint64_t label = info.label_bytes;
     std::uint64_t budget =
         o.buffer_spec().resolve(info.samples, agent_slot_bytes(info.sample_bytes, label));
-    if (pc.max_buffer) {
-      const std::uint64_t cap = pc.max_buffer->percent >= 0
-                                    ? static_cast<std::uint64_t>(pc.max_buffer->percent / 100.0 *
-                                                                 static_cast<double>(node_memory))
-                                    : pc.max_buffer->bytes;
+    if (const auto limit = buffer_cap(pc, node_memory)) {
+      const std::uint64_t cap = *limit;
       if (budget > cap) {
         if (notes)
           *notes = fmt::format("--solar-buffer {} is above the site's limit; using {} per node",
@@ -306,21 +303,19 @@ DatasetShape DatasetShape::parse(const std::string& line) {
 
 std::string job_prefix(std::uint32_t job) { return fmt::format("solar-{}.", job); }
 
-std::string plan_path(const PluginConfig& pc, std::uint32_t job, std::uint32_t step) {
-  return fmt::format("{}/{}{}.plan", pc.plan_dir, job_prefix(job), step);
+std::optional<std::uint64_t> buffer_cap(const PluginConfig& pc, std::uint64_t node_memory) {
+  if (!pc.max_buffer) return std::nullopt;
+  return pc.max_buffer->percent >= 0
+             ? static_cast<std::uint64_t>(pc.max_buffer->percent / 100.0 *
+                                          static_cast<double>(node_memory))
+             : pc.max_buffer->bytes;
 }
 
-std::string agent_log_path(const std::string& plan, std::uint32_t node) {
-  return fmt::format("{}.node{}.log", plan, node);
-}
+bool plan_is_transparent(const PlanConfig& c) { return c.policy == Policy::sampler; }
 
 std::string step_runtime_dir(const PluginConfig& pc, std::uint32_t job, std::uint32_t step,
                              std::uint32_t node) {
   return fmt::format("{}/{}{}.{}", pc.runtime_dir, job_prefix(job), step, node);
-}
-
-std::string peer_dir_path(const PluginConfig& pc, std::uint32_t job, std::uint32_t step) {
-  return fmt::format("{}/{}{}.peers", pc.plan_dir, job_prefix(job), step);
 }
 
 std::uint64_t node_memory_bytes() {

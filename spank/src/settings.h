@@ -108,15 +108,19 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
                                 std::uint32_t ranks_per_node, std::uint64_t node_memory_bytes,
                                 std::string* notes = nullptr);
 
-// Names of the files and folders of one step, shared by srun, slurmstepd and the epilog.
-std::string plan_path(const PluginConfig& pc, std::uint32_t job, std::uint32_t step);
-std::string agent_log_path(const std::string& plan, std::uint32_t node);
+// The per-node memory limit of plugstack.conf's max_buffer on a node of `node_memory_bytes`
+// (a percentage is of that), if the admin set one.
+std::optional<std::uint64_t> buffer_cap(const PluginConfig& pc, std::uint64_t node_memory_bytes);
+
+// Whether a plan is for --solar-transparent: only that mode plans with policy sampler (the
+// plan places samples for an unmodified script's DistributedSampler order).
+bool plan_is_transparent(const PlanConfig& c);
+
+// Names in runtime_dir (node-local, root's): the step's private folder on one node. The step's
+// files in plan_dir are in its step folder (step_folder.h).
 std::string step_runtime_dir(const PluginConfig& pc, std::uint32_t job, std::uint32_t step,
                              std::uint32_t node);
-// --solar-peers: the folder (in plan_dir, which every node reads) where the step's agents
-// leave their peer cards; srun creates it 0700 as the user, the agents refuse anything else.
-std::string peer_dir_path(const PluginConfig& pc, std::uint32_t job, std::uint32_t step);
-// The prefix every file and folder of `job` starts with (for the epilog sweep).
+// The prefix every folder of `job` starts with (for the epilog sweep).
 std::string job_prefix(std::uint32_t job);
 
 // MemTotal of this machine in bytes (0 if unknown).

@@ -18,12 +18,14 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
 #include "solar/core/remove_tree.h"
 #include "state.h"
+#include "step_folder.h"
 
 namespace solar::spank {
 namespace {
@@ -145,19 +147,47 @@ struct NodeStats {
   bool log_found = false;  // its agent's log exists (it may still get its final line)
 };
 
-// A node's final stats: the "stopped: {json}" line its agent logs on exit.
+// How much of the end of an agent's log is read for its final line (it holds per-epoch
+// records: some hundred bytes per epoch).
+constexpr std::size_t kLogTailBytes = 8u << 20;
+
+// A node's final stats: the "stopped: {json}" line its agent logs on exit. The log is in the
+// step's folder (the user's, 0700) and is read as a regular file of the user's only, its end
+// only, never blocking.
 NodeStats node_final_stats(const State& s, std::uint32_t m) {
   NodeStats n;
-  const std::string path = agent_log_path(s.plan_written, m);
-  std::ifstream f(path);
-  if (!f) {
-    n.why = fmt::format("no agent stats: no agent log {} (no agent ran there and its ranks read "
-                        "directly, or plan_dir is not shared with this node)", path);
+  const std::string path = agent_log_in(s.step_folder, m);
+  const int fd = open_owned_file(path, ::getuid());
+  if (fd < 0) {
+    n.why = errno == ENOENT
+                ? fmt::format("no agent stats: no agent log {} (no agent ran there and its ranks "
+                              "read directly, or plan_dir is not shared with this node)",
+                              path)
+                : fmt::format("no agent stats: the agent's log {} is not a file of yours ({})",
+                              path, std::strerror(errno));
     return n;
   }
   n.log_found = true;
-  std::string line, last;
-  while (std::getline(f, line))
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0) {
+    const auto size = static_cast<std::size_t>(st.st_size);
+    const std::size_t from = size > kLogTailBytes ? size - kLogTailBytes : 0;
+    text.resize(size - from);
+    std::size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t r = ::pread(fd, text.data() + got, text.size() - got,
+                                static_cast<off_t>(from + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      got += static_cast<std::size_t>(r);
+    }
+    text.resize(got);
+  }
+  ::close(fd);
+  std::string last;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
     if (line.find("stopped: {") != std::string::npos) last = line;
   if (last.empty()) {
     n.why = fmt::format("no agent stats: the agent's log {} has no final line (the agent was "
@@ -338,22 +368,36 @@ int plan_step(spank_t sp, State& s) {
     error(e.what());
     return -1;
   }
-  const std::string path = plan_path(s.config, job, step);
+  // The step's own folder: a fresh name, 0700, the user's (another user can take any name in
+  // the 1777 plan_dir beforehand, but not this one); the nodes find it by the step's ids and
+  // its owner.
+  std::string folder;
   try {
-    write_plan_file(plan, path);
+    folder = create_step_folder(s.config.plan_dir, job, step);
   } catch (const std::exception& e) {
-    error(fmt::format("writing the plan: {}", e.what()));
+    error(e.what());
     return -1;
   }
-  s.plan_written = path;
+  const std::string path = plan_in(folder);
   s.peers = c.peer_fetch;  // --solar-peers on several nodes
-  if (s.peers) {  // the agents' cards: private to the user (agent/README.md)
-    const std::string peers = peer_dir_path(s.config, job, step);
-    if (::mkdir(peers.c_str(), 0700) != 0 && errno != EEXIST) {
-      error(fmt::format("--solar-peers: creating {}: {}", peers, std::strerror(errno)));
-      return -1;
-    }
+  const std::vector<std::uint8_t> bytes = encode_plan(plan);
+  const char* failed =
+      write_file_atomically(path, std::string_view(reinterpret_cast<const char*>(bytes.data()),
+                                                   bytes.size()),
+                            0600);
+  const int write_errno = errno;
+  // --solar-peers: the agents' cards, private to the user (agent/README.md).
+  if (!failed && s.peers && ::mkdir(peer_dir_in(folder).c_str(), 0700) != 0) {
+    error(fmt::format("--solar-peers: creating {}: {}", peer_dir_in(folder), std::strerror(errno)));
+    remove_tree(folder);
+    return -1;
   }
+  if (failed) {
+    error(fmt::format("writing the plan {}: {}: {}", path, failed, std::strerror(write_errno)));
+    remove_tree(folder);
+    return -1;
+  }
+  s.step_folder = folder;
   s.nodes = nodes;
   s.job = job;
   s.step = step;
@@ -400,18 +444,14 @@ int plan_step(spank_t sp, State& s) {
 }
 
 int finish_step(spank_t, State& s) {
-  if (s.plan_written.empty()) return 0;
+  if (s.step_folder.empty()) return 0;
   if (s.options.is_verbose() || !s.options.stats_path().empty()) {
     const std::vector<NodeStats> stats = final_stats(s);
     if (s.options.is_verbose()) print_node_summaries(stats);
     if (!s.options.stats_path().empty()) write_step_stats(s, stats);
   }
-  std::error_code ec;
-  std::filesystem::remove(s.plan_written, ec);
-  if (s.peers) remove_tree(peer_dir_path(s.config, s.job, s.step));
-  for (std::uint32_t m = 0; m < s.nodes; ++m)
-    std::filesystem::remove(agent_log_path(s.plan_written, m), ec);
-  s.plan_written.clear();
+  if (!remove_tree(s.step_folder)) error(fmt::format("could not remove {}", s.step_folder));
+  s.step_folder.clear();
   return 0;
 }
 

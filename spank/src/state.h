@@ -32,7 +32,7 @@ struct State {
 
   // srun / sbatch / salloc
   std::optional<DatasetShape> dataset;  // read in init_post_opt (solar dataset-info)
-  std::string plan_written;                     // removed in exit
+  std::string step_folder;  // plan_dir's folder of the step (plan, logs, peers); removed in exit
   bool peers = false;  // --solar-peers on several nodes: the step's peer folder, removed in exit
   std::uint32_t nodes = 0;
   std::uint32_t job = 0, step = 0;              // of the planned step

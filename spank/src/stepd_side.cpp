@@ -2,25 +2,24 @@
 // (user_init), gives every task its SOLAR_* variables (task_init), stops the agent when the
 // last local task is gone (task_exit) or at the latest in exit, and removes its folder. The job
 // epilog (slurmd) sweeps whatever a crash left.
-#include <dirent.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <thread>
 #include <vector>
 
 #include "solar/core/plan_file.h"
 #include "solar/core/remove_tree.h"
 #include "state.h"
+#include "step_folder.h"
 
 namespace solar::spank {
-namespace fs = std::filesystem;
 namespace {
 
 constexpr std::uint32_t kFirstSpecialStep = 0xfffffff0;  // batch, extern, interactive steps
@@ -48,23 +47,40 @@ std::vector<std::string> agent_environment(spank_t sp, const PluginConfig& pc) {
   return env;
 }
 
-// The plan must be the user's own file and fit this step's shape.
-void check_plan(const std::string& path, uid_t uid, std::uint32_t nodes,
-                std::uint32_t local_tasks) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    throw std::runtime_error(fmt::format("the plan {} is not visible on this node ({}): plan_dir "
-                                         "in plugstack.conf must be shared by all nodes",
+// The step's plan: the user's own regular file in the step's folder (opened without following
+// a link or blocking on a FIFO), for this step's shape and within the site's limits. The root
+// side takes what it enforces from here, not from the job's environment: srun checks the same
+// first, but srun is the user's program and its checks can be skipped.
+PlanHeader check_plan(const std::string& path, uid_t uid, std::uint32_t nodes,
+                      std::uint32_t local_tasks, const PluginConfig& pc) {
+  const int fd = open_owned_file(path, uid);
+  if (fd < 0)
+    throw std::runtime_error(fmt::format("the plan {} is not the job's user's own file ({})",
                                          path, std::strerror(errno)));
-  if (st.st_uid != uid)
-    throw std::runtime_error(fmt::format("the plan {} is not owned by the job's user", path));
-  const PlanHeader h = PlanFile::open(path).header();
+  PlanHeader h;
+  try {
+    h = PlanFile::open(fmt::format("/proc/self/fd/{}", fd)).header();  // the file checked
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
   if (h.config.nodes != nodes || h.config.ranks_per_node != local_tasks)
     throw std::runtime_error(fmt::format("the plan {} is for {} nodes x {} ranks but this node "
                                          "runs {} of the step's {} nodes' tasks: solar needs the "
                                          "same number of tasks on every node",
                                          path, h.config.nodes, h.config.ranks_per_node,
                                          local_tasks, nodes));
+  if (plan_is_transparent(h.config) && !pc.allow_transparent)
+    throw std::runtime_error(fmt::format("the plan {} is for --solar-transparent, which this "
+                                         "site does not allow (plugstack.conf transparent=no)",
+                                         path));
+  if (const auto cap = buffer_cap(pc, node_memory_bytes()); cap && h.config.buffer_bytes > *cap)
+    throw std::runtime_error(fmt::format("the plan {} buffers {} per node, above the site's "
+                                         "limit of {} on this node (plugstack.conf max_buffer=)",
+                                         path, format_bytes(h.config.buffer_bytes),
+                                         format_bytes(*cap)));
+  return h;
 }
 
 }  // namespace
@@ -76,33 +92,51 @@ int start_node_agent(spank_t sp, State& s) {
   if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS || step >= kFirstSpecialStep)
     return 0;
   if (s.options.off()) return 0;
+  // SOLAR_STEP (srun's) only says where to look; what is trusted is the step's folder.
   const auto marker = job_env(sp, "SOLAR_STEP");
   if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS || !marker ||
       *marker != fmt::format("{}.{}", job, step))
     return 0;  // srun planned nothing for this step (solar off, or variables of an outer step)
-  s.step_active = true;
   spank_get_item(sp, S_JOB_NODEID, &s.node);
   spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &s.local_tasks);
   spank_get_item(sp, S_JOB_NNODES, &nodes);
   spank_get_item(sp, S_JOB_UID, &uid);
   spank_get_item(sp, S_JOB_GID, &gid);
+  // The step's folder in plan_dir, found from the step's ids and its owner.
+  std::optional<std::string> folder;
+  try {
+    folder = find_step_folder(s.config.plan_dir, job, step, uid);
+    if (!folder)
+      throw std::runtime_error(fmt::format("the step's folder {}/{}* is not visible on this node: "
+                                           "plan_dir in plugstack.conf must be shared by all "
+                                           "nodes",
+                                           s.config.plan_dir, step_folder_prefix(job, step)));
+  } catch (const std::exception& e) {
+    s.step_active = true;
+    s.problem = e.what();
+    s.fail_tasks = true;  // without a usable plan the ranks cannot read at all
+    return 0;
+  }
+  s.step_active = true;
   set_task_env(sp, "SOLAR_NODE", std::to_string(s.node));
 
-  const std::string plan = job_env(sp, "SOLAR_PLAN").value_or("");
+  const std::string plan = plan_in(*folder);
+  PlanHeader header;
   try {
-    check_plan(plan, uid, nodes, s.local_tasks);
+    header = check_plan(plan, uid, nodes, s.local_tasks, s.config);
   } catch (const std::exception& e) {
     s.problem = e.what();
     s.fail_tasks = true;  // without a usable plan the ranks cannot read at all
     return 0;
   }
+  set_task_env(sp, "SOLAR_PLAN", plan);  // the plan checked here, whatever the job said
 
   AgentLaunch l;
   l.agent = s.config.agent;
   l.runtime_dir = s.config.runtime_dir;
   l.dir = step_runtime_dir(s.config, job, step, s.node);
   l.socket = l.dir + "/agent.sock";
-  l.log = agent_log_path(plan, s.node);
+  l.log = agent_log_in(*folder, s.node);
   l.args = {"--plan", plan, "--node", std::to_string(s.node),
             "--dataset", job_env(sp, "SOLAR_DATASET").value_or(""),
             "--labels", job_env(sp, "SOLAR_LABELS").value_or("/label"),
@@ -112,7 +146,7 @@ int start_node_agent(spank_t sp, State& s) {
   if (const auto se = job_env(sp, "SOLAR_START_EPOCH"), ss = job_env(sp, "SOLAR_START_STEP");
       se || ss) {
     try {
-      const PlanHeader h = PlanFile::open(plan).header();
+      const PlanHeader& h = header;
       auto num = [](const std::optional<std::string>& v) -> std::optional<std::uint64_t> {
         if (!v || v->empty()) return std::nullopt;
         return parse_count(*v, "SOLAR_START_STEP", 0, ~std::uint64_t{0});
@@ -127,12 +161,13 @@ int start_node_agent(spank_t sp, State& s) {
       return 0;
     }
   }
-  const bool transparent = job_env(sp, "SOLAR_TRANSPARENT").value_or("0") == "1";
+  // The modes follow from the plan checked above, never from the job's environment.
+  const bool transparent = plan_is_transparent(header.config);
   if (transparent) l.args.push_back("--transparent");
-  // --solar-peers: the folder's name follows from the admin's plan_dir and the step, not from
-  // the job's environment; the agent (as the user) refuses it unless it is the user's, 0700.
-  if (job_env(sp, "SOLAR_PEERS").value_or("0") == "1")
-    l.args.insert(l.args.end(), {"--peer-dir", peer_dir_path(s.config, job, step),
+  // --solar-peers: the folder in the step's folder; the agent (as the user) refuses it unless
+  // it is the user's, 0700.
+  if (header.config.peer_fetch)
+    l.args.insert(l.args.end(), {"--peer-dir", peer_dir_in(*folder),
                                  "--peer-provider",
                                  s.config.provider.empty() ? "tcp;ofi_rxm" : s.config.provider});
   l.env = agent_environment(sp, s.config);
@@ -145,7 +180,11 @@ int start_node_agent(spank_t sp, State& s) {
     s.agent_ready_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     // For the epilog sweep, should slurmstepd itself die; never trusted alone (kill_if_agent).
-    std::ofstream(l.dir + "/agent.pid") << s.agent.pid() << '\n';
+    if (const int fd = create_new_file(l.dir + "/agent.pid"); fd >= 0) {
+      const std::string pid = fmt::format("{}\n", s.agent.pid());
+      [[maybe_unused]] const ssize_t w = ::write(fd, pid.data(), pid.size());
+      ::close(fd);
+    }
     set_task_env(sp, "SOLAR_SOCKET", l.socket);
     if (transparent) {  // the admin's library (absolute path from plugstack.conf), never the user's
       std::string preload = s.config.preload;
@@ -193,47 +232,39 @@ int end_node_step(spank_t, State& s) {
 
 int sweep_job(spank_t sp, State& s) {
   std::uint32_t job = 0;
+  uid_t uid = 0;
   if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
-  const std::string prefix = job_prefix(job);
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(s.config.runtime_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) != 0 || !e.is_directory(ec) || e.is_symlink(ec)) continue;
-    struct stat st {};
-    if (::lstat(e.path().c_str(), &st) != 0) continue;
-    pid_t pid = 0;
-    std::ifstream(e.path() / "agent.pid") >> pid;
-    if (kill_if_agent(pid, st.st_uid, s.config.agent, (e.path() / "agent.sock").string()))
-      info(fmt::format("job {}: killed a leftover agent (pid {})", job, pid));
-    remove_tree(e.path());
+  if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS) {
+    error(fmt::format("job {}: the epilog cannot read the job's user; nothing swept", job));
+    return 0;
   }
-  // The job's files in plan_dir: each step's plan, its agents' logs and its peer folder.
-  // srun removes its step's at its exit, after reading the agents' final stats from the logs
-  // (for kFinalStatsWaitS at most). For an allocation srun made itself, that exit hook runs
-  // after srun has told slurmctld the job is complete (Slurm calls it at process exit), so this
-  // epilog can run while srun still reads them: removed under it, --solar-stats and
-  // --solar-verbose said "no agent log" for a node (a flaky CI test). So srun is given that
-  // long (and a little more) to remove them itself; what is left then (a crashed srun's) goes.
-  auto leftovers = [&] {
-    std::vector<fs::directory_entry> out;
-    std::error_code it;
-    for (const auto& e : fs::directory_iterator(s.config.plan_dir, it)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind(prefix, 0) != 0 || e.is_symlink(it)) continue;
-      if (e.is_regular_file(it) ||
-          (e.is_directory(it) && name.size() > 6 && name.ends_with(".peers")))
-        out.push_back(e);
-    }
-    return out;
-  };
+  const std::string prefix = job_prefix(job);
+  // runtime_dir is root's, so a folder solar-J.* of the user's there is a step's, made by
+  // slurmstepd; its contents are the user's. The pid file is read as a file of the user's at
+  // most (never a FIFO or a link), a few bytes, and its pid is only a candidate (kill_if_agent).
+  for (const std::string& dir : job_folders(s.config.runtime_dir, prefix, uid)) {
+    const auto text = read_owned_file(dir + "/agent.pid", uid, 32);
+    pid_t pid = 0;
+    if (text) std::from_chars(text->data(), text->data() + text->size(), pid);
+    if (kill_if_agent(pid, uid, s.config.agent, dir + "/agent.sock"))
+      info(fmt::format("job {}: killed a leftover agent (pid {})", job, pid));
+    if (!remove_tree(dir)) error(fmt::format("job {}: could not remove {} entirely", job, dir));
+  }
+  // The job's step folders in plan_dir (plan, agents' logs, peer cards): the user's folders
+  // only (another user's names there are theirs). srun removes its step's at its exit, after
+  // reading the agents' final stats from the logs (for kFinalStatsWaitS at most). For an
+  // allocation srun made itself, that exit hook runs after srun has told slurmctld the job is
+  // complete (Slurm calls it at process exit), so this epilog can run while srun still reads
+  // them: removed under it, --solar-stats and --solar-verbose said "no agent log" for a node (a
+  // flaky CI test). So srun is given that long (and a little more) to remove them itself; what
+  // is left then (a crashed srun's) goes.
   const auto until = std::chrono::steady_clock::now() +
                      std::chrono::milliseconds(static_cast<int>((kFinalStatsWaitS + 3) * 1000));
-  while (!leftovers().empty() && std::chrono::steady_clock::now() < until)
+  while (!job_folders(s.config.plan_dir, prefix, uid).empty() &&
+         std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  for (const fs::directory_entry& e : leftovers()) {
-    if (e.is_regular_file(ec)) fs::remove(e.path(), ec);  // unlink: never follows a link
-    else remove_tree(e.path());  // a peer folder: remove_tree does not follow links inside it
-  }
+  for (const std::string& dir : job_folders(s.config.plan_dir, prefix, uid))
+    if (!remove_tree(dir)) error(fmt::format("job {}: could not remove {} entirely", job, dir));
   return 0;
 }
 

@@ -217,8 +217,6 @@ TEST(StepPlan, SiteLimitClamps) {
 
 TEST(Paths, PerJobStepAndNode) {
   const PluginConfig pc = PluginConfig::parse({"plan_dir=/p", "runtime_dir=/r"});
-  EXPECT_EQ(plan_path(pc, 12, 3), "/p/solar-12.3.plan");
-  EXPECT_EQ(agent_log_path("/p/solar-12.3.plan", 1), "/p/solar-12.3.plan.node1.log");
   EXPECT_EQ(step_runtime_dir(pc, 12, 3, 1), "/r/solar-12.3.1");
   EXPECT_EQ(job_prefix(12), "solar-12.");
 }

@@ -6,6 +6,8 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,12 +22,18 @@ namespace fs = std::filesystem;
 namespace {
 constexpr const char* kVanishes = ".vanishes-while-removed";
 std::atomic<int> vanished{0};  // entries unlinked "by someone else" just before their removal
+fs::path moved_from, moved_to;  // set: moved there "by someone else" at that unlink, once
 }  // namespace
 
 // The entry disappears between the listing and the unlink: someone else removes it first.
 extern "C" int unlinkat(int dirfd, const char* path, int flags) {
   using Real = int (*)(int, const char*, int);
   static const Real real = reinterpret_cast<Real>(::dlsym(RTLD_NEXT, "unlinkat"));
+  if (std::strstr(path, kVanishes) && !moved_from.empty()) {
+    std::error_code ec;
+    fs::rename(moved_from, moved_to, ec);
+    moved_from.clear();
+  }
   if (std::strstr(path, kVanishes) && real(dirfd, path, flags) == 0) ++vanished;
   return real(dirfd, path, flags);
 }
@@ -56,4 +64,55 @@ TEST(RemoveTree, RemovesAFolderWhoseEntryVanishesWhileItIsRemoved) {
 TEST(RemoveTree, AFolderThatIsNotThereIsNoError) {
   solar::remove_tree("/tmp/solar-remove-tree-never-made");
   EXPECT_FALSE(fs::exists("/tmp/solar-remove-tree-never-made"));
+}
+
+// Issue 32: a tree deeper than the open-file limit (a user can make one in a folder of theirs
+// that root removes) is removed whole; std::filesystem::remove_all held a descriptor per level
+// and stopped at EMFILE.
+TEST(RemoveTree, RemovesATreeDeeperThanTheOpenFileLimit) {
+  char tmpl[] = "/tmp/solar-remove-tree-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path d = tmpl;
+  constexpr int kDepth = 600;
+  int fd = ::open(tmpl, O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < kDepth; ++i) {  // d/d/d/...: deeper than PATH_MAX allows by name, too
+    ASSERT_EQ(::mkdirat(fd, "dd", 0700), 0);
+    const int next = ::openat(fd, "dd", O_RDONLY | O_DIRECTORY);
+    if (i % 100 == 0) ::close(::openat(fd, "file", O_WRONLY | O_CREAT, 0600));
+    ::close(fd);
+    fd = next;
+    ASSERT_GE(fd, 0);
+  }
+  ::close(fd);
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &before), 0);
+  rlimit low = before;
+  low.rlim_cur = 64;  // far fewer than the levels
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  const bool removed = solar::remove_tree(d);
+  ::setrlimit(RLIMIT_NOFILE, &before);
+  EXPECT_TRUE(removed);
+  EXPECT_FALSE(fs::exists(d)) << "left behind: " << d;
+}
+
+// A folder of the tree moved out of it while it is removed is not followed out: the removal
+// stops rather than climb ".." into the folder it was moved to.
+TEST(RemoveTree, DoesNotClimbOutOfAFolderMovedAway) {
+  char tmpl[] = "/tmp/solar-remove-tree-XXXXXX", away[] = "/tmp/solar-remove-tree-away-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  ASSERT_NE(::mkdtemp(away), nullptr);
+  const fs::path d = tmpl, a = away;
+  fs::create_directories(d / "x" / "y");
+  std::ofstream(d / "x" / "y" / (std::string("z") + kVanishes)) << "x";
+  std::ofstream(a / "keep") << "x";
+  moved_from = d / "x";
+  moved_to = a / "x";
+  EXPECT_FALSE(solar::remove_tree(d));
+  EXPECT_TRUE(moved_from.empty()) << "the move was not made: this test checked nothing";
+  moved_from.clear();
+  EXPECT_TRUE(fs::exists(a / "keep")) << "removed a file outside the tree";
+  std::error_code ec;
+  fs::remove_all(d, ec);
+  fs::remove_all(a, ec);
 }

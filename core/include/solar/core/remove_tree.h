@@ -1,22 +1,120 @@
-// Removing a folder that other processes may be emptying at the same time.
+// Removing a folder that other processes may be emptying (or filling) at the same time, as
+// root in a folder its user controls.
 #pragma once
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
-#include <system_error>
+#include <utility>
+#include <vector>
 
 namespace solar {
 
-// std::filesystem::remove_all(path, ec) stops at the first entry that is gone by the time it
-// unlinks it (libstdc++ reports that ENOENT), leaving the entries after it and the folder: a
-// `solar run` folder whose agent removed its own socket while the folder was being removed kept
-// the agents' logs for good. This tries again while the failure is one of those races (an entry
-// gone, or one added meanwhile), a few times; any other error (permissions) stops it.
-inline void remove_tree(const std::filesystem::path& p) noexcept {
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    std::error_code ec;
-    std::filesystem::remove_all(p, ec);
-    if (!ec) return;
-    if (ec != std::errc::no_such_file_or_directory && ec != std::errc::directory_not_empty) return;
+namespace detail {
+// Empties the folder `p` (see remove_tree); false if it could not.
+inline bool empty_tree(const std::filesystem::path& p,
+                       std::chrono::steady_clock::time_point deadline) noexcept {
+  int cur = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (cur < 0) return errno == ENOENT;
+  std::vector<std::pair<dev_t, ino_t>> path;  // the folders from `p` down to `cur`
+  struct stat st {};
+  if (::fstat(cur, &st) != 0) {
+    ::close(cur);
+    return false;
+  }
+  path.emplace_back(st.st_dev, st.st_ino);
+  bool ok = true;
+  while (ok) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ok = false;
+      break;
+    }
+    // A listing of its own (openat "."): a dup would share the offset of the last one.
+    const int list_fd = ::openat(cur, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR* d = list_fd >= 0 ? ::fdopendir(list_fd) : nullptr;
+    if (!d) {
+      if (list_fd >= 0) ::close(list_fd);
+      ok = false;
+      break;
+    }
+    int child = -1;
+    while (const dirent* e = ::readdir(d)) {
+      const char* n = e->d_name;
+      if (std::strcmp(n, ".") == 0 || std::strcmp(n, "..") == 0) continue;
+      if (::unlinkat(cur, n, 0) == 0 || errno == ENOENT) continue;
+      if (errno != EISDIR && errno != EPERM) {
+        ok = false;
+        break;
+      }
+      if (::unlinkat(cur, n, AT_REMOVEDIR) == 0 || errno == ENOENT) continue;
+      if (errno != ENOTEMPTY && errno != EEXIST) {
+        ok = false;
+        break;
+      }
+      child = ::openat(cur, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (child >= 0) break;
+      if (errno != ENOENT && errno != ENOTDIR && errno != ELOOP) ok = false;  // else: replaced
+      if (!ok) break;
+    }
+    ::closedir(d);
+    if (!ok) break;
+    if (child >= 0) {  // down into a folder that is not empty, then list it from its start
+      if (::fstat(child, &st) != 0) {
+        ::close(child);
+        ok = false;
+        break;
+      }
+      path.emplace_back(st.st_dev, st.st_ino);
+      ::close(cur);
+      cur = child;
+      continue;
+    }
+    // `cur` is empty: back up, where the next listing removes it.
+    if (path.size() == 1) break;
+    const int up = ::openat(cur, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    path.pop_back();
+    if (up < 0 || ::fstat(up, &st) != 0 || st.st_dev != path.back().first ||
+        st.st_ino != path.back().second) {
+      if (up >= 0) ::close(up);
+      ok = false;  // moved out of the tree meanwhile: never follow it there
+      break;
+    }
+    ::close(cur);
+    cur = up;
+  }
+  ::close(cur);
+  return ok;
+}
+}  // namespace detail
+
+// Removes `p` and everything below it; true when it is gone. Never follows a symbolic link (one
+// at `p` itself is removed, as std::filesystem::remove_all does) and holds two descriptors at
+// most, whatever the depth: std::filesystem::remove_all keeps one per level, so a tree deeper
+// than the open-file limit (a user can make one in a folder of theirs that root removes) failed
+// with EMFILE and stayed. It walks down by openat(O_NOFOLLOW) and back up by "..", checked
+// against the (device, inode) it came down through: a folder moved elsewhere meanwhile stops
+// the removal instead of leading it out of the tree. Entries that vanish meanwhile (an agent
+// removing its own socket) are no error; entries added meanwhile are removed too, within
+// `budget`: whoever keeps filling the folder cannot hold the caller. Any other error
+// (permissions, a mount point) stops it, leaving the rest.
+inline bool remove_tree(const std::filesystem::path& p,
+                        std::chrono::steady_clock::duration budget = std::chrono::seconds(30)) noexcept {
+  const auto deadline = std::chrono::steady_clock::now() + budget;
+  for (;;) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0) return errno == ENOENT;
+    if (!S_ISDIR(st.st_mode)) return ::unlink(p.c_str()) == 0 || errno == ENOENT;
+    if (!detail::empty_tree(p, deadline)) return false;
+    if (::rmdir(p.c_str()) == 0 || errno == ENOENT) return true;
+    // Something was added since the last listing: list again, while there is time.
+    if ((errno != ENOTEMPTY && errno != EEXIST) || std::chrono::steady_clock::now() > deadline)
+      return false;
   }
 }
 
