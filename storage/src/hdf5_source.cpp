@@ -392,8 +392,12 @@ void Hdf5Source::Impl::check_unchanged() const {
   const bool ctime_moved = now.st_nlink == opened.st_nlink &&
                            (now.st_ctim.tv_sec != opened.st_ctim.tv_sec ||
                             now.st_ctim.tv_nsec != opened.st_ctim.tv_nsec);
-  if (now.st_size != opened.st_size || now.st_mtim.tv_sec != opened.st_mtim.tv_sec ||
-      now.st_mtim.tv_nsec != opened.st_mtim.tv_nsec || ctime_moved)
+  const bool content_moved = now.st_size != opened.st_size ||
+                             now.st_mtim.tv_sec != opened.st_mtim.tv_sec ||
+                             now.st_mtim.tv_nsec != opened.st_mtim.tv_nsec;
+  // A rename moves the ctime too: the path's own reason first, when it has one.
+  if (ctime_moved && !content_moved && options.check_path) check_path();
+  if (content_moved || ctime_moved)
     throw StorageError(fmt::format(
         "{}: the file changed while solar was reading it (opened as {}, now {}{}): the bytes "
         "just read may belong to the new content, so they are refused; run on a file nobody "
