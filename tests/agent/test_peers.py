@@ -160,12 +160,14 @@ def test_peer_agent_stopped_mid_run_nothing_hangs_same_bytes(tmp_path, data):
     assert sorted(peer_counts(err)) == [0, 2, 3], err
 
 
-def test_another_jobs_card_is_not_read(tmp_path):
+@pytest.mark.parametrize("own_card", [True, False], ids=["own-card-later", "no-own-card"])
+def test_another_jobs_card_is_not_read(tmp_path, own_card):
     """Two jobs of the same shape (the same plan inputs) on different datasets, each with two
     agents started by hand: job A's node0.peer copied into job B's peer folder (a reused
     --peer-dir) before B's node 0 writes its own. B's node 1 must see that the card names
     another job and dataset, say so, not read A's buffer, and take B's own card once it is
-    there; every rank of both jobs gets its own dataset's bytes."""
+    there, or, when B's node 0 never starts, read from storage after --peer-timeout; every rank
+    gets its own dataset's bytes."""
     sock_dir = pathlib.Path(tempfile.mkdtemp(prefix="solar-test-"))  # short socket paths
     procs, jobs = [], {}
     try:
@@ -180,13 +182,13 @@ def test_another_jobs_card_is_not_read(tmp_path):
             (d / "peers").mkdir(mode=0o700)
             jobs[tag] = d
 
-        def agent(tag, node):
+        def agent(tag, node, timeout="20"):
             d = jobs[tag]
             sock = sock_dir / f"{tag}{node}.sock"
             log = d / f"node{node}.log"
             p = subprocess.Popen([str(a) for a in (
                 AGENT, "--plan", d / "plan", "--node", node, "--dataset", d / "d.h5", "--socket",
-                sock, "--log", log, "--peer-dir", d / "peers", "--peer-timeout", "20")],
+                sock, "--log", log, "--peer-dir", d / "peers", "--peer-timeout", timeout)],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             procs.append(p)
             return p, sock, log
@@ -203,25 +205,25 @@ def test_another_jobs_card_is_not_read(tmp_path):
         agents = {("a", 0): agent("a", 0), ("a", 1): agent("a", 1)}
         wait_until(lambda: (jobs["a"] / "peers" / "node0.peer").exists(), what="A's card")
         shutil.copy(jobs["a"] / "peers" / "node0.peer", jobs["b"] / "peers" / "node0.peer")
-        agents[("b", 1)] = agent("b", 1)
+        agents[("b", 1)] = agent("b", 1, "20" if own_card else "2")
         b1_log = agents[("b", 1)][2]
         # B's node 1 has read (or refused) the card it found before B's node 0 starts.
         wait_until(lambda: b1_log.exists() and re.search(
             r"peer sharing over|another job", b1_log.read_text()), what="B node 1 read the cards")
-        agents[("b", 0)] = agent("b", 0)
+        if own_card:
+            agents[("b", 0)] = agent("b", 0)
         for key, a in agents.items():
             wait_until(lambda: connectable(*a), what=f"agent {key}")
 
         ranks = []
-        for tag in ("a", "b"):
-            for node in (0, 1):
-                env = dict(os.environ, SOLAR_PLAN=str(jobs[tag] / "plan"), SOLAR_NODE=str(node),
-                           SOLAR_LOCAL_RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                           RANK=str(node), WORLD_SIZE="2", SOLAR_DATASET=str(jobs[tag] / "d.h5"),
-                           SOLAR_SOCKET=str(agents[(tag, node)][1]))
-                ranks.append((tag, node, subprocess.Popen(
-                    [TRAIN, "--verify"], env=env, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, text=True)))
+        for tag, node in agents:  # one rank per agent
+            env = dict(os.environ, SOLAR_PLAN=str(jobs[tag] / "plan"), SOLAR_NODE=str(node),
+                       SOLAR_LOCAL_RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                       RANK=str(node), WORLD_SIZE="2", SOLAR_DATASET=str(jobs[tag] / "d.h5"),
+                       SOLAR_SOCKET=str(agents[(tag, node)][1]))
+            ranks.append((tag, node, subprocess.Popen(
+                [TRAIN, "--verify"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True)))
         outs = {}
         for tag, node, r in ranks:
             out, _ = r.communicate(timeout=300)
@@ -237,9 +239,13 @@ def test_another_jobs_card_is_not_read(tmp_path):
         assert re.search(r"peer node 0: the card in \S+ is another job's \(its job is plan file "
                          r"\S+/a/plan .*; its dataset is file inode .* \(this agent's: file "
                          r"inode .*\); not used", text), text
-        # It read B's node 0 once that card was there.
         m = re.search(r'"peers":\{[^}]*"samples":(\d+)', text)
-        assert m and int(m.group(1)) > 0, text
+        if own_card:  # it read B's node 0 once that card was there
+            assert m and int(m.group(1)) > 0, text
+        else:  # nothing from a peer; what it planned to read from node 0 came from storage
+            assert re.search(r"peer node 0: only another job's card in \S+ after 2 s \(its job "
+                             r"is plan file \S+/a/plan ", text), text
+            assert m and int(m.group(1)) == 0, text
         planned = re.search(r"(\d+) peer reads planned from other nodes", text)
         assert planned and int(planned.group(1)) > 0, text
     finally:
