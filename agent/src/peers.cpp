@@ -174,9 +174,9 @@ void Agent::Impl::setup_peers(const PlanFile& pf) {
   {
     const std::string plan_path =
         std::filesystem::absolute(opt_.plan).lexically_normal().string();
-    struct stat ps_st {};
-    id.job = ::stat(plan_path.c_str(), &ps_st) == 0
-                 ? fmt::format("plan file {} ({})", plan_path, storage::file_identity(ps_st))
+    struct stat plan_st {};
+    id.job = ::stat(plan_path.c_str(), &plan_st) == 0
+                 ? fmt::format("plan file {} ({})", plan_path, storage::file_identity(plan_st))
                  : fmt::format("plan file {}", plan_path);
     id.plan = fmt::format("crc32 {:08x}", header_.checksum);
     id.dataset = source_->identity();
@@ -224,9 +224,9 @@ void Agent::Impl::setup_peers(const PlanFile& pf) {
         continue;
       }
       std::string differs = c.is_object() ? card_differences(c, id) : "it is not an object";
-      if (differs.empty() && !(c.contains("node") && c["node"] == n))
+      if (differs.empty() && !(c.contains("node") && c.at("node") == n))
         differs = fmt::format("it names node {} (this agent looks for node {})",
-                              c.contains("node") ? c["node"].dump() : "(none)", n);
+                              c.contains("node") ? c.at("node").dump() : "(none)", n);
       if (!differs.empty()) {
         if (foreign[n] != differs)
           spdlog::warn("peer node {}: the card in {} is another job's ({}); not used: waiting "
