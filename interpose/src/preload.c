@@ -32,8 +32,8 @@
 
 #include "solar/transparent.h"
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
 #endif
 
 #define EXPORT __attribute__((visibility("default")))
@@ -472,11 +472,38 @@ static int locate(uint64_t pos, uint64_t *k, uint64_t *in) {
  * (measured on this project's AMD EPYC VMs: random 256 KiB copies from page-aligned blocks,
  * 13.5 GB/s into a page-aligned destination, 5.3 GB/s 16 bytes past one). The buffer's slots are
  * page aligned and a program's read buffer is wherever its allocator put it (malloc's large
- * blocks start 16 bytes past a page), so such copies go through SSE2 loads and aligned stores
- * (10.6 GB/s in the same test). */
+ * blocks start 16 bytes past a page), so such copies go through unaligned vector loads and
+ * aligned stores: AVX2 where the CPU has it (11.4-11.9 GB/s in the same test, 10.1-10.7 for an
+ * aligned memcpy), else SSE2 (9.9-10.6 GB/s). */
+#if defined(__x86_64__)
+static int have_avx2; /* set in the constructor */
+
+__attribute__((target("avx2"))) static void copy_avx2(unsigned char *d, const unsigned char *s,
+                                                      size_t n) {
+  const size_t head = (32 - ((uintptr_t)d & 31)) & 31;
+  memcpy(d, s, head);
+  d += head, s += head, n -= head;
+  for (; n >= 128; d += 128, s += 128, n -= 128) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)s);
+    const __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
+    const __m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
+    _mm256_store_si256((__m256i *)d, a);
+    _mm256_store_si256((__m256i *)(d + 32), b);
+    _mm256_store_si256((__m256i *)(d + 64), c);
+    _mm256_store_si256((__m256i *)(d + 96), e);
+  }
+  memcpy(d, s, n);
+}
+#endif
+
 static void copy_out(unsigned char *d, const unsigned char *s, size_t n) {
-#if defined(__SSE2__)
+#if defined(__x86_64__)
   if (n >= 4096 && (((uintptr_t)d - (uintptr_t)s) & 63) != 0) {
+    if (have_avx2) {
+      copy_avx2(d, s, n);
+      return;
+    }
     const size_t head = (16 - ((uintptr_t)d & 15)) & 15;
     memcpy(d, s, head);
     d += head, s += head, n -= head;
@@ -782,6 +809,10 @@ __attribute__((constructor)) static void solar_preload_init(void) {
   RESOLVE(dup2);
   RESOLVE(dup3);
   my_pid = getpid();
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  have_avx2 = __builtin_cpu_supports("avx2");
+#endif
 
   /* $SOLAR_DATASET is FILE:/dataset; the file is everything before the last ":/". */
   const char *ds = getenv("SOLAR_DATASET"), *sock = getenv("SOLAR_SOCKET");
