@@ -4,6 +4,7 @@
 #include "step_folder.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <pwd.h>
 #include <signal.h>
@@ -110,6 +111,11 @@ TEST_F(StepFolder, OpensOnlyARegularFileOfTheUserWithoutBlocking) {
 pid_t fake_agent(const char* agent, const char* socket) {
   const pid_t pid = ::fork();
   if (pid == 0) {
+    // Its own group (its sleep is ended with it) and none of the test's output pipes (ctest
+    // waits for those to close).
+    ::setpgid(0, 0);
+    const int null = ::open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; ++fd) ::dup2(null, fd);
     const char* argv[] = {agent, "-c", "sleep 100; true", "--socket", socket, nullptr};
     ::execv("/bin/sh", const_cast<char* const*>(argv));
     ::_exit(127);
@@ -140,7 +146,8 @@ TEST(KillIfAgent, SignalsThroughAPidfdAndOnlyTheAgent) {
   ASSERT_EQ(::waitpid(agent, &status, 0), agent);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   EXPECT_EQ(::waitpid(other, &status, WNOHANG), 0) << "a process that is not the agent died";
-  ::kill(other, SIGKILL);
+  ::kill(-other, SIGKILL);
+  ::kill(-agent, SIGKILL);  // the agent's sleep
   ::waitpid(other, &status, 0);
   EXPECT_FALSE(kill_if_agent(agent, ::getuid(), "/opt/solar-agent", "/run/s.sock"));  // gone
 }

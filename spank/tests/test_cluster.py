@@ -88,8 +88,9 @@ class Cluster:
 
 
 def agents_running(agent=AGENT):
-    """This module's clusters' agents (their sockets lie under a spank-test- folder): other
-    programs on this machine (a soak, `solar run` tests) may run the same binary meanwhile."""
+    """This module's clusters' processes of `agent` (an agent's socket, or a rank's working
+    folder, lies under a spank-test- folder): other programs on this machine (a soak, `solar
+    run` tests) may run the same binaries meanwhile."""
     ours = os.path.join(SCRATCH_PARENT, "spank-test-")
     found = []
     for pid in os.listdir("/proc"):
@@ -100,7 +101,11 @@ def agents_running(agent=AGENT):
                 continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().decode(errors="replace").split("\0")
-            if any(a.startswith(ours) for a in argv):
+            try:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                cwd = ""
+            if cwd.startswith(ours) or any(a.startswith(ours) for a in argv):
                 found.append(int(pid))
         except OSError:
             pass
