@@ -184,16 +184,27 @@ def test_compressed_dataset_is_refused_with_the_reason(tmp_path):
     assert "raw bytes" in p.stderr and "h5repack" in p.stderr, p.stderr
 
 
-def test_file_rewritten_in_place_mid_run_is_withdrawn(tmp_path):
-    """Another file's bytes copied over the dataset (same inode) while the script runs: the
-    agent notices within its watch period and withdraws the buffer; from then on every rank
-    reads the file itself, and each process says so once."""
+def rewrite_keeping_mtime(path, other):
+    """rewrite_in_place, then the old access and modification times put back (as `touch -r`,
+    `rsync -t` or `tar -x` leave them): only the change time tells."""
+    st = os.stat(path)
+    rewrite_in_place(path, other)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("rewrite", [rewrite_in_place, rewrite_keeping_mtime],
+                         ids=["new-mtime", "mtime-put-back"])
+def test_file_rewritten_in_place_mid_run_is_withdrawn(tmp_path, rewrite):
+    """Another file's bytes copied over the dataset (same inode) while the script runs, with a
+    new mtime or the old one put back (issue 32, finding 7: the ctime tells): the agent notices
+    within its watch period and withdraws the buffer; from then on every rank reads the file
+    itself, and each process says so once."""
     data = tmp_path / "d.h5"
     run(SOLAR, "gen", data, "--samples", "48", "--preset", "small", "--seed", "4", "--no-progress")
     other = other_dataset(tmp_path, 48, "small")
     p = run_script(tmp_path, data, "solar", "--buffer", "64%", "--transparent", epochs=40,
                    popen=True)
-    rc, out, err = interrupt(p, lambda p: rewrite_in_place(data, other),
+    rc, out, err = interrupt(p, lambda p: rewrite(data, other),
                              at_line(tmp_path / "solar-0.txt", 3), timeout=600)
     assert rc == 0, out + err
     assert "changed during the run; reading it directly" in err, err
