@@ -511,7 +511,7 @@ void Agent::Impl::peer_loop() {
         }
         if (op->phase == 1) {
           op->e1 = scratch[2 * i];
-          if (op->e1 == 0) {  // not there (yet): the source is behind; try again shortly
+          if ((op->e1 & 0xffffffffULL) == 0) {  // not there, or in flight: try again shortly
             if (Clock::now() - op->since > timeout) {
               finish(*op, false);
               continue;

@@ -83,6 +83,9 @@ void Agent::Impl::prefetch_loop() {
       // only user may be a rank that has left), its slot must not be handed to another sample
       // whose read could then be overwritten by this one.
       for (std::size_t i = 0; i < incoming.size(); ++i) table_.place(incoming[i], slots[i]);
+      // The unmodified ranks' reads of these wait for them from now on (solar/transparent.h).
+      if (xindex_)
+        for (std::uint32_t x : incoming) table_.mark_in_flight(x);
       fetched_ += static_cast<std::uint64_t>(std::count(from.begin(), from.end(), kStorage));
       // Admit the step's uses now, before later steps' evictions are looked at. Each use's hit
       // bit becomes what this agent does (the per-epoch stats count it when the batch is

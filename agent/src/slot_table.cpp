@@ -72,6 +72,11 @@ void SlotTable::publish(std::uint32_t sample, std::uint32_t slot) {
   std::atomic_ref<std::uint64_t>(entries_[sample]).store(e, std::memory_order_release);
 }
 
+void SlotTable::mark_in_flight(std::uint32_t sample) {
+  if (entries_)
+    std::atomic_ref<std::uint64_t>(entries_[sample]).store(++gen_ << 32, std::memory_order_release);
+}
+
 void SlotTable::unpublish(std::uint32_t sample) {
   if (entries_)
     std::atomic_ref<std::uint64_t>(entries_[sample]).store(0, std::memory_order_release);

@@ -66,6 +66,9 @@ class SlotTable {
   void publish(std::uint32_t sample, std::uint32_t slot);
   // The sample is no longer served (its entry is 0).
   void unpublish(std::uint32_t sample);
+  // Transparent mode: the sample is being read into a slot (its entry says so, without a slot:
+  // an interposer waits for it instead of reading the file too); publish() follows.
+  void mark_in_flight(std::uint32_t sample);
   std::uint64_t generation() const { return gen_; }
 
  private:

@@ -161,6 +161,8 @@ nlohmann::json Agent::Impl::transparent_json() const {
   return {{"hit_reads", get(x.hit_reads)},   {"hit_bytes", get(x.hit_bytes)},
           {"miss_reads", get(x.miss_reads)}, {"miss_bytes", get(x.miss_bytes)},
           {"torn", get(x.torn)},             {"attached", get(x.attached)},
+          {"waited_reads", get(x.waited_reads)},
+          {"waited_seconds", static_cast<double>(get(x.waited_ns)) * 1e-9},
           {"consumed_steps", paced_steps_}};
 }
 

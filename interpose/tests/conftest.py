@@ -146,7 +146,7 @@ class BufferIndex:
 
     def resident(self):
         entries = struct.unpack_from(f"<{self.samples}Q", self.map, self.entries_at)
-        return {k for k, e in enumerate(entries) if e}
+        return {k for k, e in enumerate(entries) if e & 0xFFFFFFFF}  # in flight: not yet
 
     def consumed(self):
         return list(struct.unpack_from(f"<{self.samples}I", self.map, self.consumed_at))
@@ -158,7 +158,8 @@ class BufferIndex:
 class Agent:
     """One real solar-agent for one node of a one-node plan over `dataset` (N samples of S)."""
 
-    def __init__(self, workdir, dataset, buffer="100%", epochs=2, seed=0, transparent=True):
+    def __init__(self, workdir, dataset, buffer="100%", epochs=2, seed=0, transparent=True,
+                 extra=(), preexec=None):
         workdir.mkdir(parents=True, exist_ok=True)
         self.plan = workdir / "plan"
         self.sock = workdir / "agent.sock"
@@ -172,9 +173,11 @@ class Agent:
                "--labels", "/label", "--socket", str(self.sock)]
         if transparent:
             cmd.append("--transparent")
+        cmd += list(extra)
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=plain_env())
+                                         stderr=subprocess.STDOUT, env=plain_env(),
+                                         preexec_fn=preexec)
         try:
             wait_until(self._listening, timeout=30, what=f"solar-agent on {self.sock}")
         except BaseException:

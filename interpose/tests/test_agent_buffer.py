@@ -12,9 +12,11 @@ must say what was served.
   the agent evicts and fetches at its own pace: bounds only. With three rows per item no step is
   ever complete (see below), the buffer stays as it was: exact counts.
 """
+import json
 import os
 import socket
 import struct
+import sys
 
 import pytest
 
@@ -278,3 +280,69 @@ def test_a_connection_that_never_reads_does_not_stop_the_agent(lib, h5file, base
         assert r.stdout == baseline[1].stdout
         assert agent.xstats()["hit_reads"] > before  # attached and served
     assert "asked for the buffer twice: closing it" in agent.log_text(), agent.log_text()
+
+
+READ_IN_FLIGHT = r'''
+import json, os, struct, sys
+sys.path.insert(0, sys.argv[5])
+from conftest import BufferIndex
+ds, offset, S, sock = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+steps = json.loads(sys.argv[6])
+fd = os.open(ds, os.O_RDONLY)  # the interposer attaches here
+ix = BufferIndex(sock)         # our own view of the agent's entries
+entry = lambda k: struct.unpack_from("<Q", ix.map, ix.entries_at + 8 * k)[0]
+pick = next((k for step in steps for k in step if entry(k) and not entry(k) & 0xFFFFFFFF), None)
+if pick is None:
+    sys.exit("no sample in flight when the reader looked")
+got = os.pread(fd, S, offset + pick * S)
+raw = os.open(ds, os.O_RDWR)   # read-write: never served
+want = os.pread(raw, S, offset + pick * S)
+print(json.dumps({"sample": pick, "right": got == want,
+                  "resident_after": bool(entry(pick) & 0xFFFFFFFF)}))
+'''
+
+
+def plan_fetches(agent):
+    """The samples each step of the plan's first epoch fetches, in step order."""
+    from conftest import SOLAR
+    r = run([SOLAR, "plan-dump", str(agent.plan)], plain_env())
+    assert r.returncode == 0, r.stderr.decode()
+    steps = {}
+    for line in r.stdout.decode().splitlines()[1:]:
+        pos, epoch, step, gstep, node, rank, lrank, sample, hit = map(int, line.split(","))
+        if pos == 0 and not hit:
+            steps.setdefault(gstep, []).append(sample)
+    return [steps[t] for t in sorted(steps)]
+
+
+def test_a_read_of_a_sample_in_flight_waits_for_it_and_is_served(lib, h5file, start_agent):
+    """Issue 33, item 2: the agent marks the samples it is reading (in flight) in its index; a
+    read of one waits for it (bounded, SOLAR_XINDEX_WAIT_NS) and is served from the buffer,
+    instead of reading it from the storage a second time. The agent reads through a 2 MiB/s
+    cap (a blkio cgroup, O_DIRECT, one step at a time: a step of 8 samples of 64 KiB takes
+    0.25 s); the reader picks a sample of the earliest step still in flight and reads it."""
+    dataset, offset = h5file
+    sys.path.insert(0, str(HERE.parent.parent / "bench"))
+    import slow_storage
+    try:
+        throttle = slow_storage.Throttle(dataset, 2 * 2**20)
+    except slow_storage.Unavailable as e:
+        pytest.skip(f"no read cap possible here: {e}")
+    agent = None
+    try:
+        agent = start_agent(dataset, buffer="100%", epochs=EPOCHS, preexec=throttle.enter,
+                            extra=["--direct-io", "--readers", "1"])
+        steps = plan_fetches(agent)
+        r = run([PYTHON, "-c", READ_IN_FLIGHT, str(dataset), str(offset), str(S),
+                 str(agent.sock), str(HERE), json.dumps(steps[1:])],
+                preload_env(lib, dataset, agent.sock))
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+        out = json.loads(r.stdout)
+        assert out["right"] and out["resident_after"], out
+        stats = agent.xstats()
+        assert stats["waited_reads"] == 1 and stats["waited_seconds"] > 0, stats
+        assert (stats["hit_reads"], stats["hit_bytes"], stats["miss_reads"]) == (1, S, 0), stats
+    finally:
+        if agent:
+            agent.stop()
+        throttle.close()

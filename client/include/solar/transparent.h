@@ -6,6 +6,9 @@
  *
  *   entry[i] == 0                  sample i is not resident
  *   entry[i] == gen << 32 | slot+1 sample i's bytes are at buffer offset slot * slot_bytes
+ *   entry[i] == gen << 32          sample i is being read into the buffer (in flight): a reader
+ *                                  waits for it, bounded (SOLAR_XINDEX_WAIT_NS), rather than
+ *                                  read it from the file as well
  *
  * The agent publishes an entry (release store) only after the slot's bytes are written, and
  * clears it (release store) before the slot is reused. A reader copies lock-free:
@@ -13,6 +16,7 @@
  *   memcpy(dst, base + slot * slot_bytes + off, n)
  *   atomic_thread_fence(acquire); e2 = load_relaxed(entry[i]); if e2 != e1: miss (use the file)
  * `gen` changes on every publication, so a slot recycled and re-filled during the copy is seen.
+ * Only the low 32 bits tell whether the bytes are there (0: not, or not yet).
  *
  * Where a sample's bytes are in the file: a contiguous dataset's sample i is at
  * data_offset + i*S (extents == 0); a chunked one's (unfiltered, whole samples per chunk, e.g.
@@ -45,6 +49,9 @@ extern "C" {
  * SOLAR_XINDEX_LEASE_NS every reader serves nothing more from its buffer. */
 #define SOLAR_XINDEX_LEASE_NS 2000000000ULL
 #define SOLAR_XINDEX_RENEW_NS 100000000ULL
+/* How long a reader waits for a sample in flight before it reads the file itself: the agent is
+ * reading it from the storage the reader would read it from. */
+#define SOLAR_XINDEX_WAIT_NS 1000000000ULL
 /* solar/protocol.h's kVersion (checked there at compile time). */
 #define SOLAR_PROTO_VERSION 5
 #define SOLAR_OP_XHELLO 11
@@ -65,7 +72,8 @@ struct solar_xstats {     /* counters readers add to; the agent reports them */
   uint64_t miss_reads, miss_bytes;  /* sample reads that went to the file */
   uint64_t torn;                    /* copies abandoned because the entry changed */
   uint64_t attached;                /* processes that mapped the buffer */
-  uint64_t reserved[10];
+  uint64_t waited_reads, waited_ns; /* reads that waited for a sample in flight, and how long */
+  uint64_t reserved[8];
 };
 
 struct solar_xextent {
