@@ -523,16 +523,18 @@ static void copy_out(unsigned char *d, const unsigned char *s, size_t n) {
 }
 
 /* Sample k is in flight (the agent is reading it into its buffer; entry e): waits until it is
- * there, for at most SOLAR_XINDEX_WAIT_NS, while the agent's lease holds and nothing is
+ * there, until *deadline (one per read, SOLAR_XINDEX_WAIT_NS after its first wait: a read of
+ * several samples waits that long in all), while the agent's lease holds and nothing is
  * withdrawn, instead of reading it from the file too (the same bytes from the same storage a
  * second time, which slows the agent's reads as much as the rank's). Returns the entry last
  * seen. */
-static uint64_t wait_in_flight(uint64_t k, uint64_t e) {
+static uint64_t wait_in_flight(uint64_t k, uint64_t e, uint64_t *deadline) {
   const int saved = errno;
   const uint64_t start = monotonic_ns();
+  if (*deadline == 0) *deadline = start + SOLAR_XINDEX_WAIT_NS;
   uint64_t now = start;
   const struct timespec nap = {.tv_sec = 0, .tv_nsec = 50000};
-  while ((e & 0xffffffffu) == 0 && e != 0 && now - start < SOLAR_XINDEX_WAIT_NS &&
+  while ((e & 0xffffffffu) == 0 && e != 0 && now < *deadline &&
          now <= atomic_load_explicit(X.lease_until, memory_order_acquire) &&
          !atomic_load_explicit(X.withdrawn, memory_order_relaxed)) {
     nanosleep(&nap, NULL);
@@ -549,11 +551,11 @@ static uint64_t wait_in_flight(uint64_t k, uint64_t e) {
  * is not resident or changed during its copy. Returns the bytes copied. */
 static size_t copy_resident(unsigned char *dst, size_t n, uint64_t pos) {
   size_t done = 0;
-  uint64_t k, in;
+  uint64_t k, in, deadline = 0;
   while (done < n && locate(pos, &k, &in)) {
     const size_t len = X.s - in < n - done ? (size_t)(X.s - in) : n - done;
     uint64_t e1 = atomic_load_explicit(&X.entries[k], memory_order_acquire);
-    if ((e1 & 0xffffffffu) == 0 && e1 != 0) e1 = wait_in_flight(k, e1);
+    if ((e1 & 0xffffffffu) == 0 && e1 != 0) e1 = wait_in_flight(k, e1, &deadline);
     const uint64_t slot = e1 & 0xffffffffu; /* slot + 1; 0: not resident */
     if (slot == 0 || slot > X.slots) break;
     copy_out(dst + done, X.base + (slot - 1) * X.slot_bytes + in, len);

@@ -139,10 +139,15 @@ class BufferIndex:
             self.map = mmap.mmap(fds[0], map_bytes, prot=mmap.PROT_READ)
         finally:
             os.close(fds[0])
+        self.index_at = index_offset
         f = XINDEX.unpack_from(self.map, index_offset)
         (magic, self.samples, self.sample_bytes, self.slot_bytes, self.data_offset, self.file_dev,
          self.file_ino, self.file_size, _, _, _, _, self.entries_at, self.consumed_at) = f
         assert magic == XINDEX_MAGIC
+
+    def lease_until(self):
+        """The agent's lease (solar_xindex::lease_until_ns, CLOCK_MONOTONIC ns)."""
+        return struct.unpack_from("<Q", self.map, self.index_at + 136)[0]
 
     def resident(self):
         entries = struct.unpack_from(f"<{self.samples}Q", self.map, self.entries_at)

@@ -14,9 +14,12 @@ must say what was served.
 """
 import json
 import os
+import signal
 import socket
 import struct
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -320,7 +323,8 @@ def test_a_read_of_a_sample_in_flight_waits_for_it_and_is_served(lib, h5file, st
     read of one waits for it (bounded, SOLAR_XINDEX_WAIT_NS) and is served from the buffer,
     instead of reading it from the storage a second time. The agent reads through a 2 MiB/s
     cap (a blkio cgroup, O_DIRECT, one step at a time: a step of 8 samples of 64 KiB takes
-    0.25 s); the reader picks a sample of the earliest step still in flight and reads it."""
+    0.25 s, its samples marked in flight as its read starts); the reader picks a sample of the
+    earliest step still in flight and reads it."""
     dataset, offset = h5file
     sys.path.insert(0, str(HERE.parent.parent / "bench"))
     import slow_storage
@@ -334,7 +338,7 @@ def test_a_read_of_a_sample_in_flight_waits_for_it_and_is_served(lib, h5file, st
                             extra=["--direct-io", "--readers", "1"])
         steps = plan_fetches(agent)
         r = run([PYTHON, "-c", READ_IN_FLIGHT, str(dataset), str(offset), str(S),
-                 str(agent.sock), str(HERE), json.dumps(steps[1:])],
+                 str(agent.sock), str(HERE), json.dumps(steps)],
                 preload_env(lib, dataset, agent.sock))
         assert r.returncode == 0, r.stderr.decode()[-2000:]
         out = json.loads(r.stdout)
@@ -346,3 +350,58 @@ def test_a_read_of_a_sample_in_flight_waits_for_it_and_is_served(lib, h5file, st
         if agent:
             agent.stop()
         throttle.close()
+
+
+READ_ON_CUE = r'''
+import os, sys
+ds, offset, S = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fd = os.open(ds, os.O_RDONLY)  # the interposer attaches here, while the agent runs
+for line in sys.stdin:         # one sample number per line: read it, say so
+    k = int(line)
+    os.pread(fd, S, offset + k * S)
+    print("read", k, flush=True)
+'''
+
+
+def test_a_stopped_agents_lease_runs_out_and_its_buffer_is_not_served(lib, h5file, start_agent):
+    """Issue 32, finding 1, the lease: an agent that stops renewing it (SIGSTOP here; SIGKILL
+    or the OOM killer alike) is no longer trusted once it runs out, though the file did not
+    change: an attached process reads the file. Once the agent runs again and renews it, the
+    buffer is served again. Counts exact: read 1 and 3 served, read 2 not."""
+    dataset, offset = h5file
+    agent = start_agent(dataset, buffer="100%", epochs=EPOCHS)
+    agent.wait_all_resident()
+    p = subprocess.Popen([PYTHON, "-c", READ_ON_CUE, str(dataset), str(offset), str(S)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env=preload_env(lib, dataset, agent.sock))
+    stopped = False
+    try:
+        def read(k):
+            p.stdin.write(f"{k}\n")
+            p.stdin.flush()
+            assert p.stdout.readline() == f"read {k}\n"
+        with agent.index() as ix:
+            read(1)
+            os.kill(agent.proc.pid, signal.SIGSTOP)
+            stopped = True
+            until = ix.lease_until()
+            wait_until(lambda: time.monotonic_ns() > until, timeout=10, what="the lease to run out")
+            read(2)
+            os.kill(agent.proc.pid, signal.SIGCONT)
+            stopped = False
+            wait_until(lambda: ix.lease_until() > time.monotonic_ns() + 10**9, timeout=10,
+                       what="the lease renewed")
+            read(3)
+        p.stdin.close()
+        assert p.wait(timeout=30) == 0
+    finally:
+        if stopped:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    stats = agent.xstats()
+    assert (stats["hit_reads"], stats["miss_reads"]) == (2, 1), stats
+    with agent.index() as ix:
+        consumed = ix.consumed()
+    assert [consumed[k] for k in (1, 2, 3)] == [1, 1, 1]  # the unserved read still counts

@@ -24,8 +24,10 @@ std::vector<std::pair<std::string, mode_t>> owned_folders(const std::string& dir
     if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) != 0) continue;
     const std::string path = dir + "/" + e->d_name;
     struct stat st {};
+    // The permission bits only: in a setgid plan_dir (a group project space) mkdtemp's folder
+    // inherits S_ISGID, which grants nobody access.
     if (::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == uid)
-      out.emplace_back(path, st.st_mode & 07777);
+      out.emplace_back(path, st.st_mode & 0777);
   }
   ::closedir(d);
   return out;

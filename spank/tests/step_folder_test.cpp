@@ -48,6 +48,18 @@ class StepFolder : public ::testing::Test {
   std::string dir_;
 };
 
+TEST_F(StepFolder, IsFoundInASetgidPlanDir) {
+  // A group project space: plan_dir setgid, so the step's folder inherits S_ISGID (02700).
+  ASSERT_EQ(::chmod(dir_.c_str(), 03777), 0);
+  const std::string made = create_step_folder(dir_, 41, 2);
+  struct stat st {};
+  ASSERT_EQ(::stat(made.c_str(), &st), 0);
+  EXPECT_TRUE(st.st_mode & S_ISGID);
+  const auto found = find_step_folder(dir_, 41, 2, ::getuid());
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(*found, made);
+}
+
 TEST_F(StepFolder, CreatedFreshPrivateAndFoundByItsOwnerOnly) {
   const std::string made = create_step_folder(dir_, 12, 3);
   struct stat st {};

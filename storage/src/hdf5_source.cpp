@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <mutex>
 #include <thread>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +47,11 @@ struct Hdf5Source::Impl {
   std::vector<std::byte> labels;  // all labels, read once at open (small)
   std::string identity;
   struct stat opened {};  // fstat of fd at open
+  // The link count and change time check_unchanged compares with: opened's, until a link
+  // count moves (a rename over the path, a hard link), which moves the ctime with it.
+  mutable std::mutex seen_mu;
+  mutable nlink_t nlink_seen = 0;
+  mutable struct timespec ctime_seen {};
 
   // Throws when the open file is no longer what was opened (rewritten in place, truncated).
   void check_unchanged() const;
@@ -178,6 +184,8 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
   ::posix_fadvise(im->fd, 0, 0, POSIX_FADV_RANDOM);
   ::fstat(im->fd, &im->opened);
   im->identity = file_identity(im->opened);
+  im->nlink_seen = im->opened.st_nlink;
+  im->ctime_seen = im->opened.st_ctim;
 
   std::lock_guard g(h5::lock());
   h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
@@ -386,12 +394,19 @@ void Hdf5Source::Impl::check_unchanged() const {
     throw StorageError(fmt::format("{}: fstat: {}", where(), std::strerror(errno)));
   // ctime too: every write sets it and nothing can set it back, so a rewrite that restores
   // the mtime (touch -d, rsync -t, tar -x) is seen. A link count that changed (the path
-  // renamed over or deleted: the open file keeps its bytes) moves it as well; then size and
-  // mtime decide, and the interposer, which compares the ctime on every read it serves, reads
-  // such a file itself.
-  const bool ctime_moved = now.st_nlink == opened.st_nlink &&
-                           (now.st_ctim.tv_sec != opened.st_ctim.tv_sec ||
-                            now.st_ctim.tv_nsec != opened.st_ctim.tv_nsec);
+  // renamed over or deleted, a hard link made: the open file keeps its bytes) moves it as
+  // well: then size and mtime decide this once, and the new ctime is the one compared from
+  // then on. (The interposer, which compares the ctime at open with every read it serves,
+  // reads such a file itself.) chmod and chown move it too, and are refused alike.
+  bool ctime_moved;
+  struct timespec was {};
+  {
+    std::lock_guard lk(seen_mu);
+    was = ctime_seen;
+    ctime_moved = now.st_nlink == nlink_seen && (now.st_ctim.tv_sec != ctime_seen.tv_sec ||
+                                                 now.st_ctim.tv_nsec != ctime_seen.tv_nsec);
+    if (now.st_nlink != nlink_seen) nlink_seen = now.st_nlink, ctime_seen = now.st_ctim;
+  }
   const bool content_moved = now.st_size != opened.st_size ||
                              now.st_mtim.tv_sec != opened.st_mtim.tv_sec ||
                              now.st_mtim.tv_nsec != opened.st_mtim.tv_nsec;
@@ -403,8 +418,8 @@ void Hdf5Source::Impl::check_unchanged() const {
         "just read may belong to the new content, so they are refused; run on a file nobody "
         "rewrites",
         where(), identity, file_identity(now),
-        ctime_moved ? fmt::format(", its change time {}.{:09} -> {}.{:09}", opened.st_ctim.tv_sec,
-                                  opened.st_ctim.tv_nsec, now.st_ctim.tv_sec, now.st_ctim.tv_nsec)
+        ctime_moved ? fmt::format(", its change time {}.{:09} -> {}.{:09}", was.tv_sec,
+                                  was.tv_nsec, now.st_ctim.tv_sec, now.st_ctim.tv_nsec)
                     : std::string()));
 }
 
