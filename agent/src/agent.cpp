@@ -86,6 +86,11 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
     }
   }();
   header_ = pf.header();
+  if (o.max_buffer && header_.config.buffer_bytes > o.max_buffer)
+    throw AgentError(fmt::format(
+        "the plan {} buffers {} per node, above this agent's limit of {} (--max-buffer, the "
+        "site's max_buffer=): it is not the plan that was checked at the step's start",
+        o.plan, format_bytes(header_.config.buffer_bytes), format_bytes(o.max_buffer)));
   if (o.node >= header_.config.nodes)
     throw AgentError(fmt::format("--node {}: the plan {} has nodes 0..{}", o.node, o.plan,
                                  header_.config.nodes - 1));

@@ -54,6 +54,10 @@ struct AgentOptions {
   // A peer that does not answer, or does not have a sample, for this long: its samples are read
   // from storage (one warning). Also how long an agent waits at start for the others' cards.
   double peer_timeout = 10;
+  // The most the plan may buffer (its buffer_bytes), checked on the plan this agent reads:
+  // slurmstepd passes the site's max_buffer, which it checked on the plan before, since the
+  // plan lies in a folder of the job's user. 0: no limit.
+  std::uint64_t max_buffer = 0;
 };
 
 // Thrown for anything that stops the agent from starting: names the input and the fix.

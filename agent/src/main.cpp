@@ -61,6 +61,9 @@ int main(int argc, char** argv) {
   app.add_option("--peer-provider", o.peer_provider,
                  "libfabric provider between agents: tcp;ofi_rxm, shm (one host), verbs;ofi_rxm "
                  "or cxi on clusters [tcp;ofi_rxm]");
+  app.add_option("--max-buffer", o.max_buffer,
+                 "Bytes: refuse a plan that buffers more per node (the Slurm plugin passes the "
+                 "site's max_buffer) [no limit]");
   app.add_option("--peer-timeout", o.peer_timeout,
                  "Seconds: a peer without a sample or an answer this long is read from storage "
                  "instead (one warning); also the wait for the others' cards at start [10]")

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -142,6 +143,10 @@ int start_node_agent(spank_t sp, State& s) {
             "--labels", job_env(sp, "SOLAR_LABELS").value_or("/label"),
             "--socket", l.socket};
   if (s.config.zero_copy) l.args.push_back("--zero-copy");
+  // The plan lies in a folder of the user's, who could replace it after check_plan: the agent
+  // checks the site's limit again on the plan it reads.
+  if (const auto cap = buffer_cap(s.config, node_memory_bytes()))
+    l.args.insert(l.args.end(), {"--max-buffer", std::to_string(*cap)});
   // Resume: srun exported the start as the ranks read it (epoch, step within it).
   if (const auto se = job_env(sp, "SOLAR_START_EPOCH"), ss = job_env(sp, "SOLAR_START_STEP");
       se || ss) {
@@ -239,6 +244,15 @@ int sweep_job(spank_t sp, State& s) {
     return 0;
   }
   const std::string prefix = job_prefix(job);
+  // One budget for all the removals of each folder kind, not one per folder: a user can make
+  // any number of folders in plan_dir and keep filling the one being removed, which would
+  // otherwise hold the epilog (and the node in COMPLETING) 30 s per folder.
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kSweepBudget = std::chrono::seconds(30);
+  auto left = [](Clock::time_point end) {
+    return std::max(Clock::duration::zero(), end - Clock::now());
+  };
+  const auto runtime_end = Clock::now() + kSweepBudget;
   // runtime_dir is root's, so a folder solar-J.* of the user's there is a step's, made by
   // slurmstepd; its contents are the user's. The pid file is read as a file of the user's at
   // most (never a FIFO or a link), a few bytes, and its pid is only a candidate (kill_if_agent).
@@ -248,7 +262,8 @@ int sweep_job(spank_t sp, State& s) {
     if (text) std::from_chars(text->data(), text->data() + text->size(), pid);
     if (kill_if_agent(pid, uid, s.config.agent, dir + "/agent.sock"))
       info(fmt::format("job {}: killed a leftover agent (pid {})", job, pid));
-    if (!remove_tree(dir)) error(fmt::format("job {}: could not remove {} entirely", job, dir));
+    if (!remove_tree(dir, left(runtime_end)))
+      error(fmt::format("job {}: could not remove {} entirely", job, dir));
   }
   // The job's step folders in plan_dir (plan, agents' logs, peer cards): the user's folders
   // only (another user's names there are theirs). srun removes its step's at its exit, after
@@ -263,8 +278,10 @@ int sweep_job(spank_t sp, State& s) {
   while (!job_folders(s.config.plan_dir, prefix, uid).empty() &&
          std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto plan_end = Clock::now() + kSweepBudget;
   for (const std::string& dir : job_folders(s.config.plan_dir, prefix, uid))
-    if (!remove_tree(dir)) error(fmt::format("job {}: could not remove {} entirely", job, dir));
+    if (!remove_tree(dir, left(plan_end)))
+      error(fmt::format("job {}: could not remove {} entirely", job, dir));
   return 0;
 }
 

@@ -185,11 +185,12 @@ def small_plan(tmp_path):
     return plan
 
 
-def agent_on(plan, data, sock, timeout=30):
+def agent_on(plan, data, sock, timeout=30, extra=()):
     """Runs an agent on `sock`; (returncode, output) once it exits. One still running after
     `timeout` seconds took the path over, a failure of these tests: it is stopped and None is
     returned as its status."""
-    proc = subprocess.Popen([AGENT, "--plan", plan, "--node", "0", "--dataset", data, "--socket", sock],
+    proc = subprocess.Popen([AGENT, "--plan", plan, "--node", "0", "--dataset", data, "--socket", sock,
+                             *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -329,3 +330,13 @@ def test_client_that_never_reads_its_replies_is_closed(one_rank_agent):
     assert got < 10000 * reply / 2, (got, reply)
     assert after["VmHWM"] - before["VmRSS"] < (100 + ASAN_QUARANTINE_MIB) * 1024, (before, after)
     assert proc.poll() is None
+
+
+def test_a_plan_above_the_max_buffer_it_was_started_with_is_refused(small_plan, dataset, sock_dir):
+    """Issue 32 (review): slurmstepd checks the site's max_buffer on the plan, which lies in a
+    folder of the job's user, who could replace it before the agent reads it; the agent checks
+    the limit it was given (--max-buffer) on the plan it reads."""
+    rc, out = agent_on(small_plan, dataset, sock_dir / "a.sock", extra=["--max-buffer", "50000"])
+    assert rc == 1, out
+    assert "above this agent's limit" in out and "--max-buffer" in out, out
+    assert not (sock_dir / "a.sock").exists(), out
