@@ -472,9 +472,10 @@ static int locate(uint64_t pos, uint64_t *k, uint64_t *in) {
  * (measured on this project's AMD EPYC VMs: random 256 KiB copies from page-aligned blocks,
  * 13.5 GB/s into a page-aligned destination, 5.3 GB/s 16 bytes past one). The buffer's slots are
  * page aligned and a program's read buffer is wherever its allocator put it (malloc's large
- * blocks start 16 bytes past a page), so such copies go through unaligned vector loads and
- * aligned stores: AVX2 where the CPU has it (11.4-11.9 GB/s in the same test, 10.1-10.7 for an
- * aligned memcpy), else SSE2 (9.9-10.6 GB/s). */
+ * blocks start 16 bytes past a page), so where the CPU has AVX2 such copies go through
+ * unaligned loads and aligned stores (11.4-11.9 GB/s in the same test, 10.1-10.7 for an
+ * aligned memcpy); an SSE2 loop was 9.9-10.6 GB/s, but x86-64 CPUs without AVX2 (before 2013)
+ * are not worth a second loop: they keep memcpy. */
 #if defined(__x86_64__)
 static int have_avx2; /* set in the constructor */
 
@@ -499,24 +500,9 @@ __attribute__((target("avx2"))) static void copy_avx2(unsigned char *d, const un
 
 static void copy_out(unsigned char *d, const unsigned char *s, size_t n) {
 #if defined(__x86_64__)
-  if (n >= 4096 && (((uintptr_t)d - (uintptr_t)s) & 63) != 0) {
-    if (have_avx2) {
-      copy_avx2(d, s, n);
-      return;
-    }
-    const size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-    memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    for (; n >= 64; d += 64, s += 64, n -= 64) {
-      const __m128i a = _mm_loadu_si128((const __m128i *)s);
-      const __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
-      const __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
-      const __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
-      _mm_store_si128((__m128i *)d, a);
-      _mm_store_si128((__m128i *)(d + 16), b);
-      _mm_store_si128((__m128i *)(d + 32), c);
-      _mm_store_si128((__m128i *)(d + 48), e);
-    }
+  if (have_avx2 && n >= 4096 && (((uintptr_t)d - (uintptr_t)s) & 63) != 0) {
+    copy_avx2(d, s, n);
+    return;
   }
 #endif
   memcpy(d, s, n);
@@ -739,7 +725,7 @@ EXPORT int __openat64_2(int dirfd, const char *path, int flags) {
 EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off) {
   const ssize_t served = serve(fd, buf, n, off);
   if (served >= 0) return served;
-  return real_pread ? real_pread(fd, buf, n, off) : sys_pread(fd, buf, n, off);
+  return file_pread(fd, buf, n, off);
 }
 
 EXPORT ssize_t pread64(int fd, void *buf, size_t n, off64_t off) {

@@ -103,7 +103,7 @@ def wait_until(pred, timeout=30, what="condition"):
 PROTO_MAGIC, OP_ERROR, OP_XHELLO, OP_XHELLO_OK = 0x524C4F53, 10, 11, 12
 PROTO_VERSION = 5  # solar/protocol.h kVersion, solar/transparent.h SOLAR_PROTO_VERSION
 XINDEX_MAGIC = 0x5844495852414C53
-XINDEX = struct.Struct("<QQQQQQQQqqqqQQ")  # solar_xindex up to consumed_offset
+XINDEX = struct.Struct("<QQQQQQQQqqqqQQQQQQ")  # solar_xindex up to lease_until_ns
 
 
 class BufferIndex:
@@ -142,12 +142,13 @@ class BufferIndex:
         self.index_at = index_offset
         f = XINDEX.unpack_from(self.map, index_offset)
         (magic, self.samples, self.sample_bytes, self.slot_bytes, self.data_offset, self.file_dev,
-         self.file_ino, self.file_size, _, _, _, _, self.entries_at, self.consumed_at) = f
+         self.file_ino, self.file_size, _, _, _, _, self.entries_at, self.consumed_at, _, _, _,
+         _) = f
         assert magic == XINDEX_MAGIC
 
     def lease_until(self):
         """The agent's lease (solar_xindex::lease_until_ns, CLOCK_MONOTONIC ns)."""
-        return struct.unpack_from("<Q", self.map, self.index_at + 136)[0]
+        return XINDEX.unpack_from(self.map, self.index_at)[-1]
 
     def resident(self):
         entries = struct.unpack_from(f"<{self.samples}Q", self.map, self.entries_at)

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from conftest import (BATCH, HERE, N, OP_XHELLO, PROTO_MAGIC, PROTO_VERSION, PYTHON, S,
+from conftest import (BATCH, HERE, N, OP_XHELLO, PROTO_MAGIC, PROTO_VERSION, PYTHON, S, SOLAR,
                       file_sample, make_h5, plain_env, preload_env, run, wait_until)
 
 LOADER = str(HERE / "loader.py")
@@ -307,7 +307,6 @@ print(json.dumps({"sample": pick, "right": got == want,
 
 def plan_fetches(agent):
     """The samples each step of the plan's first epoch fetches, in step order."""
-    from conftest import SOLAR
     r = run([SOLAR, "plan-dump", str(agent.plan)], plain_env())
     assert r.returncode == 0, r.stderr.decode()
     steps = {}

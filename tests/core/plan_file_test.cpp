@@ -12,6 +12,7 @@
 #include "solar/core/planner.h"
 #include "solar/core/replay.h"
 #include "solar/core/rng.h"
+#include "random_config.h"
 
 namespace solar {
 namespace {
@@ -272,22 +273,9 @@ TEST(PlanScheduleProperty, RandomPlansOfEveryPolicyReadBack) {
   Xoshiro256 g(3232);
   int checked = 0;
   for (int i = 0; i < 300; ++i) {
-    PlanConfig c;
-    c.nodes = 1 + static_cast<std::uint32_t>(g.bounded(4));
-    c.ranks_per_node = 1 + static_cast<std::uint32_t>(g.bounded(3));
-    c.batch = 1 + static_cast<std::uint32_t>(g.bounded(6));
-    c.samples = c.world() * c.batch + g.bounded(200);
-    c.sample_bytes = 1 + g.bounded(1000);
-    c.epochs = 1 + static_cast<std::uint32_t>(g.bounded(5));
-    c.imbalance = static_cast<std::uint32_t>(g.bounded(c.batch));
-    c.drop_last = g.bounded(2) == 1;
-    c.order = g.bounded(2) ? OrderMode::torch : OrderMode::solar;
-    c.seed = g.next();
+    PlanConfig c = random_config(g);
     c.policy = all_policies()[g.bounded(all_policies().size())];
-    c.peer_fetch = g.bounded(2) == 0;
     if (c.policy == Policy::sampler) c.imbalance = 0;
-    const std::uint64_t min_buf = std::uint64_t{c.ranks_per_node} * (c.batch + c.imbalance);
-    c.buffer_bytes = (min_buf + g.bounded(c.samples)) * c.sample_bytes;
     Plan plan;
     try {
       plan = make_plan(c);
