@@ -20,6 +20,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "step_folder.h"
+
 namespace solar::spank {
 namespace {
 
@@ -107,7 +109,7 @@ const char* describe(int stage) {
   const int null = ::open("/dev/null", O_RDWR);
   // A new file only (the step's folder is the user's, so nobody else can have placed one, but
   // never an existing name: a FIFO there would block this open).
-  const int log = ::open(l.log.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_NOFOLLOW, 0600);
+  const int log = create_new_file(l.log, O_APPEND);  // close-on-exec: dup2 below keeps it
   if (null < 0 || log < 0) child_fail(report, kLog);
   ::dup2(null, 0);
   ::dup2(log, 1);

@@ -104,8 +104,8 @@ std::optional<std::string> read_owned_file(const std::string& path, uid_t uid,
   return out;
 }
 
-int create_new_file(const std::string& path) {
-  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+int create_new_file(const std::string& path, int flags) {
+  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | flags, 0600);
 }
 
 }  // namespace solar::spank

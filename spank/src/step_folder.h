@@ -53,8 +53,9 @@ int open_owned_file(const std::string& path, uid_t uid);
 std::optional<std::string> read_owned_file(const std::string& path, uid_t uid,
                                            std::size_t max_bytes);
 
-// Creates `path` for writing, 0600, only if no entry of that name exists (O_EXCL, O_NOFOLLOW).
-// -1 with errno set otherwise.
-int create_new_file(const std::string& path);
+// Creates `path` for writing, 0600, only if no entry of that name exists (O_EXCL, O_NOFOLLOW,
+// O_CLOEXEC, and `flags`, e.g. O_APPEND). -1 with errno set otherwise. Only open(2): safe in a
+// forked child.
+int create_new_file(const std::string& path, int flags = 0);
 
 }  // namespace solar::spank
