@@ -140,6 +140,31 @@ def planned(log):
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def last(xs):
+    return xs[-1] if xs else None
+
+
+def served_per_node(stats_path):
+    """Each node's transparent-mode counters from `solar run --stats-out`: [{node, served
+    (fraction of the interposer's reads served from the buffer), miss_bytes, waited_reads}],
+    or [] when the file is missing (srun)."""
+    if not os.path.exists(stats_path):
+        return []
+    out = []
+    for n in json.load(open(stats_path))["nodes"]:
+        t = n.get("transparent") or {}
+        reads = t.get("hit_reads", 0) + t.get("miss_reads", 0)
+        out.append({"node": n["node"], "served": t.get("hit_reads", 0) / reads if reads else 0.0,
+                    "miss_bytes": t.get("miss_bytes", 0),
+                    "waited_reads": t.get("waited_reads", 0),
+                    "waited_seconds": t.get("waited_seconds", 0),
+                    "cpu_seconds": n.get("cpu_seconds") or 0,
+                    # per epoch: the interposer's counts and how far ahead the agent was
+                    "epochs": [{"file_reads": e.get("file_reads"), "lead": e.get("lead")}
+                               for e in n.get("epochs", [])]})
+    return out
+
+
 def fmt_list(xs):
     return "[" + ", ".join(f"{x:.4f}" for x in xs) + "]"
 
@@ -166,6 +191,7 @@ def add_common_args(ap):
     ap.add_argument("--zero-copy", action="store_true",
                     help="solar run's agents hand out cache slots (no per-rank rings)")
     ap.add_argument("--rank", choices=["baseline", "solar"], help=argparse.SUPPRESS)
+    ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)  # rank: keep cache
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--library", help=argparse.SUPPRESS)
 
@@ -252,7 +278,7 @@ def rank_main(a):
     for epoch in range(a.epochs):
         set_epoch(epoch)
         dist.barrier()
-        if rank == 0:
+        if rank == 0 and not a.warm:
             drop_cache(path)
         dist.barrier()
         t = time.perf_counter()
@@ -281,12 +307,16 @@ def main():
     add_common_args(ap)
     ap.add_argument("--workers", default="0,1,2,4",
                     help="DataLoader num_workers values to try for the baseline [0,1,2,4]")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run every mode this many times, in rotation, and compare the runs of "
-                         "median total (this machine is noisy) [1]")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="run every mode this many times, in rotation (baseline, transparent, "
+                         "solar, baseline, ...), and report each rotation's ratio with the "
+                         "median and the worst of them; the per-epoch figures shown are the "
+                         "runs of median total (this machine is noisy) [5]")
     ap.add_argument("--modes", default="baseline,transparent,solar",
-                    help="which loaders to run (baseline is always run) "
-                         "[baseline,transparent,solar]")
+                    help="which loaders to run (baseline is always run); `floor` adds the "
+                         "plain script with the dataset already in the page cache and never "
+                         "dropped: the script's own cost (h5py, collate), which no loader that "
+                         "serves the script's file reads can beat [baseline,transparent,solar]")
     ap.add_argument("--peers", action="store_true",
                     help="agents share their buffers (solar run --peers; several --nodes)")
     ap.add_argument("--json", metavar="FILE",
@@ -300,8 +330,9 @@ def main():
     if a.repeat < 1:
         sys.exit("pytorch_io: --repeat must be at least 1")
     modes = [m for m in a.modes.split(",") if m]
-    if not set(modes) <= {"baseline", "transparent", "solar"}:
-        sys.exit(f"pytorch_io: --modes {a.modes}: choose from baseline, transparent, solar")
+    if not set(modes) <= {"baseline", "transparent", "solar", "floor"}:
+        sys.exit(f"pytorch_io: --modes {a.modes}: choose from baseline, transparent, solar, "
+                 f"floor")
     tool, lib = find_build(a.build)
     tmp = tempfile.mkdtemp(prefix="solar-bench-", dir=os.environ.get("SOLAR_BENCH_DIR"))
     global THROTTLE
@@ -321,11 +352,15 @@ def main():
             subprocess.run([tool, "--version"], check=True, capture_output=True)
         workers = [int(x) for x in a.workers.split(",")]
         runs = {w: [] for w in workers}
-        disk = {}  # mode -> bytes the cgroup read from the disk in its (last) run
+        disk = {}  # mode -> bytes the cgroup read from the disk in each of its runs
+        spread = {}  # transparent mode -> per run: each node's served fraction (served_per_node)
         if "transparent" in modes:
             runs.update({("transparent", w): [] for w in workers})
+            spread.update({("transparent", w): [] for w in workers})
         if "solar" in modes:
             runs["solar"] = []
+        if "floor" in modes:
+            runs["floor"] = []
         agent_ranks = 0
         plans = {}
         head_start = None
@@ -338,7 +373,7 @@ def main():
             log = solar_run(tool, path, a, rank_argv, extra)
             wall.setdefault(mode, []).append(time.monotonic() - t0)
             if THROTTLE:
-                disk[mode] = THROTTLE.counters()[0] - before[0]
+                disk.setdefault(mode, []).append(THROTTLE.counters()[0] - before[0])
             return log
 
         for k in range(a.repeat):  # in rotation, so that drifts in load hit every mode alike
@@ -353,22 +388,48 @@ def main():
                 runs[w].append(gather(out, a.ranks * a.nodes)["load"])
                 print(f"baseline num_workers={w}: total {sum(runs[w][-1]):.4f} s "
                       f"{fmt_list(runs[w][-1])}")
+            if "floor" in modes:  # the script's own cost: its file in memory all along
+                out = os.path.join(tmp, f"floor-{k}")
+                os.makedirs(out)
+                with open(path, "rb") as f:
+                    while f.read(16 << 20):
+                        pass
+                w = workers[0]
+                run("floor", [me, "--rank", "baseline", "--workers", str(w), "--out", out,
+                              "--library", lib, "--seed", str(a.seed), "--batch", str(a.batch),
+                              "--epochs", str(a.epochs), "--warm"], extra=["--no-agent"])
+                runs["floor"].append(gather(out, a.ranks * a.nodes)["load"])
+                print(f"floor (the script, dataset in the page cache) num_workers={w}: total "
+                      f"{sum(runs['floor'][-1]):.4f} s {fmt_list(runs['floor'][-1])}")
             for w in workers if "transparent" in modes else []:
                 # The very same rank program, unmodified, served transparently.
                 out = os.path.join(tmp, f"transparent-{w}-{k}")
                 os.makedirs(out)
                 drop_cache(path)
+                stats = os.path.join(out, "stats.json")
                 log = run(("transparent", w), [me, "--rank", "baseline", "--workers", str(w),
                                                "--out", out, "--library", lib, "--seed",
                                                str(a.seed), "--batch", str(a.batch), "--epochs",
-                                               str(a.epochs)], extra=["--transparent"])
+                                               str(a.epochs)],
+                          extra=["--transparent"] +
+                          ([] if a.launcher == "srun" else ["--stats-out", stats]))
                 plans["transparent"] = planned(log)
                 runs[("transparent", w)].append(gather(out, a.ranks * a.nodes)["load"])
-                served = [l for l in log.splitlines() if "file reads served" in l]
                 print(f"transparent num_workers={w}: total {sum(runs[('transparent', w)][-1]):.4f} s "
                       f"{fmt_list(runs[('transparent', w)][-1])}")
-                for line in served:
-                    print("  " + line.split(": ", 1)[1] if ": " in line else line)
+                served = served_per_node(stats)
+                spread[("transparent", w)].append(served)
+                if served:
+                    print("  file reads served per node: " + ", ".join(
+                        f"{n['node']}: {100 * n['served']:.1f}%" for n in served) +
+                        f"; fallen through {sum(n['miss_bytes'] for n in served) / 2**20:.1f} "
+                        f"MiB, {sum(n['waited_reads'] for n in served)} reads waited for an "
+                        f"in-flight fetch; agents' CPU {sum(n['cpu_seconds'] for n in served):.2f} "
+                        f"s" + (f"; read {disk[('transparent', w)][-1] / 2**20:.1f} "
+                                              f"MiB from the disk" if THROTTLE else ""))
+                for line in log.splitlines():
+                    if line.startswith("solar run: node") and "fell through" in line:
+                        print("  " + line)
             if "solar" in modes:
                 out = os.path.join(tmp, f"solar-{k}")
                 os.makedirs(out)
@@ -407,7 +468,8 @@ def main():
                   "sample_bytes": sb, "dataset_bytes": nbytes,
                   "modes": {"baseline": {"per_epoch_s": base, "total_s": sum(base),
                                          "num_workers": best,
-                                         "disk_bytes": disk.get(("baseline", best)),
+                                         "disk_bytes": last(disk.get(("baseline", best))),
+                                         "disk_runs_bytes": disk.get(("baseline", best)),
                                          **walls(("baseline", best))}}}
         print()
         if a.repeat > 1:
@@ -429,10 +491,17 @@ def main():
             speed = sum(base) / max(sum(t), 1e-9)
             line = (f"speedup {m}: {speed:.2f}x in total over {a.epochs} epochs "
                     f"({sum(base):.4f} s vs {sum(t):.4f} s)")
+            key = m if m == "solar" else ("transparent", best_t)
+            # Each rotation's own ratio: the baseline's and this mode's runs ran back to back.
+            ratios = [sum(b) / max(sum(x), 1e-9) for b, x in zip(runs[best], runs[key])]
             entry = {"per_epoch_s": t, "total_s": sum(t), "speedup": speed,
                      "head_start": head_start if m == "solar" else None,
-                     "disk_bytes": disk.get(m if m == "solar" else ("transparent", best_t)),
-                     **walls(m if m == "solar" else ("transparent", best_t))}
+                     "disk_bytes": last(disk.get(key)), "disk_runs_bytes": disk.get(key),
+                     "ratios": ratios, "median_ratio": sorted(ratios)[len(ratios) // 2],
+                     "worst_ratio": min(ratios),
+                     **walls(key)}
+            if m == "transparent":
+                entry["served_per_node_runs"] = spread[key]
             if plans.get(m):
                 fetches, accesses = plans[m]
                 limit = accesses / max(fetches, 1)
@@ -447,6 +516,38 @@ def main():
                                       if plans.get(m) else ""))
             result["modes"][m] = entry
             print(line)
+            if len(ratios) > 1:
+                print(f"  {m} / baseline, each of {len(ratios)} rotations: "
+                      + ", ".join(f"{x:.2f}" for x in ratios)
+                      + f"; median {entry['median_ratio']:.2f}x, worst {entry['worst_ratio']:.2f}x")
+            if m == "transparent" and any(spread[key]):
+                least = [min(n["served"] for n in s) for s in spread[key] if s]
+                full = sum(x >= 0.98 for x in least)
+                print(f"  least-served node in each run: "
+                      + ", ".join(f"{100 * x:.1f}%" for x in least)
+                      + f"; every node served >= 98% of its reads in {full} of {len(least)} runs")
+                entry["least_served_runs"] = least
+            if entry["disk_runs_bytes"] and plans.get(m):
+                over = [d / max(fetches * sb, 1) for d in entry["disk_runs_bytes"]]
+                print(f"  disk bytes / planned bytes, each run: "
+                      + ", ".join(f"{x:.2f}" for x in over) + f"; worst {max(over):.2f}")
+                entry["disk_over_planned_runs"] = over
+        if "floor" in modes:
+            fl = median["floor"]
+            ratios = [sum(b) / max(sum(x), 1e-9) for b, x in zip(runs[best], runs["floor"])]
+            result["modes"]["floor"] = {"per_epoch_s": fl, "total_s": sum(fl), "ratios": ratios,
+                                        "speedup": sum(base) / max(sum(fl), 1e-9)}
+            print(f"floor (the plain script, its dataset in memory): {sum(fl):.4f} s "
+                  f"{fmt_list(fl)}: at most {sum(base) / max(sum(fl), 1e-9):.2f}x for any "
+                  f"loader serving the script's own reads (each rotation: "
+                  + ", ".join(f"{x:.2f}" for x in ratios) + ")")
+            if "transparent" in shown:
+                of = [sum(f) / max(sum(x), 1e-9) for f, x in
+                      zip(runs["floor"], runs[("transparent", best_t)])]
+                result["modes"]["transparent"]["of_floor_runs"] = of
+                print(f"  transparent achieved, of the floor, each rotation: "
+                      + ", ".join(f"{x:.2f}" for x in of)
+                      + f"; median {sorted(of)[len(of) // 2]:.2f}, worst {min(of):.2f}")
         # The whole job as a user waits for it: launch (solar run) to exit, planning, agents,
         # Python and torch start-up included.
         walls = ", ".join(f"{m} {e['wall_s']:.2f} s" for m, e in result["modes"].items()

@@ -61,6 +61,29 @@ std::string transparent_line(const nlohmann::json& t, std::uint64_t total_steps)
                              : "");
 }
 
+// When an agent's unmodified ranks read more than 2% of their reads from the file: says so,
+// and whether the agent was behind them (its per-epoch lead figures), else "".
+std::string fell_through_line(const nlohmann::json& a, const nlohmann::json& t) {
+  const double served = t["hit_reads"].get<double>(), missed = t["miss_reads"].get<double>();
+  if (served + missed <= 0 || missed <= 0.02 * (served + missed)) return "";
+  std::uint64_t steps = 0, first = 0, storage = 0, peer = 0;
+  for (const auto& e : a.value("per_epoch", nlohmann::json::array())) {
+    const auto& l = e.value("lead", nlohmann::json());
+    if (!l.is_object()) continue;
+    steps += l.value("steps", 0ULL);
+    first += l.value("rank_first", 0ULL);
+    storage += l.value("storage_late", 0ULL);
+    peer += l.value("peer_late", 0ULL);
+  }
+  return fmt::format(
+      "{:.1f}% of the script's file reads fell through to storage (more than 2%; {} read "
+      "there instead of from the buffer): the rank began {} of {} steps before the agent had "
+      "read them ({} waiting on storage reads, {} on peers' buffers); per epoch: `lead` in the "
+      "stats (--stats-out, solar stat --json)",
+      100 * missed / (served + missed), format_bytes(t["miss_bytes"].get<std::uint64_t>()), first,
+      steps, storage, peer);
+}
+
 // "; X from the device" when the agent's kernel counted its block reads (device_read_bytes).
 std::string device_bytes(const nlohmann::json& a) {
   const auto it = a.find("device_read_bytes");
@@ -93,9 +116,12 @@ void print_summary(const LaunchResult& r) {
                  "solar run: node {}: started at step {}: steps before it neither read nor "
                  "served; {} samples read that the plan had in the buffer by then\n",
                  a["node"].get<int>(), start, a.value("unplanned_fetched_samples", 0ULL));
-    if (const auto& t = a.value("transparent", nlohmann::json()); t.is_object())
+    if (const auto& t = a.value("transparent", nlohmann::json()); t.is_object()) {
       fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(),
                  transparent_line(t, a["total_steps"].get<std::uint64_t>()));
+      if (const auto behind = fell_through_line(a, t); !behind.empty())
+        fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(), behind);
+    }
     if (const auto& p = a.value("peers", nlohmann::json()); p.is_object())
       fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(), peers_line(p));
   }

@@ -100,6 +100,7 @@ class Agent::Impl {
     std::uint64_t cursor = 0;    // next step to hand out
     std::uint64_t asked = 0;     // steps < asked were asked for (next); cursor..asked-1 wait
     std::uint64_t released = 0;  // steps < released are released
+    double begun_at = -1;        // transparent: when step `released` was first seen begun
     double stall_seconds = 0;
     // When the rank began to wait for step `released` (it had released every earlier step and
     // asked for this one): the later of that release and that request. A step handed out
@@ -320,6 +321,11 @@ class Agent::Impl {
     std::uint32_t ranks_done = 0;       // ranks that released its last step
     std::uint64_t file_reads[4] = {};   // transparent: the interposers' counters, see stats.cpp
     std::uint64_t peer_samples = 0;     // read from other agents' buffers (peers.cpp)
+    // Transparent mode, per (step, rank): the lead, when the rank began the step (its first
+    // sample consumed, seen by pace_loop within 1 ms) minus when the step's last storage and
+    // peer reads landed; negative: the rank was there first (it waited, or read the file).
+    std::vector<float> lead;
+    std::uint64_t late_storage = 0, late_peer = 0;  // (step, rank)s begun before that part
   };
   std::vector<EpochStats> epochs_;
   std::vector<double> epoch_rank_stall_;  // [e·R + r]: rank r's stall in epoch e
@@ -338,6 +344,10 @@ class Agent::Impl {
                           std::uint64_t hits, double wait);
   void note_released_locked(std::uint64_t t, Clock::time_point now);
   void note_read_locked(std::uint64_t t, std::uint64_t samples, std::uint64_t runs, double secs);
+  // Transparent mode: rank r began step t at `at` (seconds since ready_at_): its lead.
+  void note_begun_locked(std::uint64_t t, double at);
+  // Per step, seconds since ready_at_ when its last storage read / peer read landed (-1: none).
+  std::vector<float> storage_landed_, peer_landed_;
   void read_xstats(std::uint64_t out[4]) const;
 
   asio::io_context io_;

@@ -314,6 +314,7 @@ void Agent::Impl::peer_done_locked(const PeerJob& j, bool ok) {
     table_.publish(j.sample, j.slot);
     ++peer_samples_;
     ++epochs_[epoch_of(j.step)].peer_samples;
+    if (j.step < peer_landed_.size()) peer_landed_[j.step] = static_cast<float>(seconds_since(ready_at_));
     drop_use_locked(j.sample);  // the read pin (prefetch_loop)
     if (--outstanding_[j.step] == 0) complete_steps_locked();
   } else {

@@ -3,6 +3,7 @@
 // agent/README.md (the fields and their units).
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +23,15 @@ namespace {
 
 double since(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
+}
+
+// This process's CPU time so far, user and system, all threads: on a machine whose cores the
+// ranks share, what the agent took from them.
+double cpu_seconds() {
+  struct rusage ru {};
+  if (::getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
 }
 
 // A measured value, or null where the mode does not measure it.
@@ -132,11 +142,22 @@ void Agent::Impl::note_released_locked(std::uint64_t t, Clock::time_point now) {
 void Agent::Impl::note_read_locked(std::uint64_t t, std::uint64_t samples, std::uint64_t runs,
                                    double secs) {
   EpochStats& e = epochs_[epoch_of(t)];
+  if (t < storage_landed_.size())
+    storage_landed_[t] = static_cast<float>(since(ready_at_, Clock::now()));
   e.fetched_samples += samples;
   e.storage_reads += runs;
   e.read_seconds += secs;
   fetched_done_ += samples;
   if (startup_.first_read == Clock::time_point{}) startup_.first_read = Clock::now();
+}
+
+void Agent::Impl::note_begun_locked(std::uint64_t t, double at) {
+  if (t >= storage_landed_.size()) return;
+  EpochStats& e = epochs_[epoch_of(t)];
+  const double s = storage_landed_[t], p = peer_landed_[t];
+  if (s > at) ++e.late_storage;
+  if (p > at) ++e.late_peer;
+  e.lead.push_back(static_cast<float>(at - std::max({s, p, 0.0})));
 }
 
 void Agent::Impl::read_xstats(std::uint64_t out[4]) const {
@@ -211,6 +232,7 @@ nlohmann::json Agent::Impl::stats_document() {
          {"storage_reads", reads_},
          {"storage_requests", source_->requests()},
          {"read_seconds", read_seconds_},
+         {"cpu_seconds", cpu_seconds()},
          {"slot_wait_seconds", slot_wait_seconds_},
          {"slots", buf_.slots},
          {"cache_slots", buf_.cache_slots},
@@ -275,6 +297,22 @@ nlohmann::json Agent::Impl::stats_document() {
                          {"hit_bytes", fr[1]},
                          {"miss_reads", fr[2]},
                          {"miss_bytes", fr[3]}};
+      // How far ahead of the ranks the agent was: per (step, rank), when the rank began the
+      // step minus when its reads had landed (storage and peers); the rank first where < 0.
+      std::vector<float> lead = x.lead;
+      std::sort(lead.begin(), lead.end());
+      auto q = [&](double f) {
+        return lead.empty() ? nlohmann::json()
+                            : nlohmann::json(lead[static_cast<std::size_t>(f * static_cast<double>(lead.size() - 1))]);
+      };
+      o["lead"] = {{"steps", lead.size()},
+                   {"rank_first", std::count_if(lead.begin(), lead.end(),
+                                                [](float v) { return v < 0; })},
+                   {"storage_late", x.late_storage},
+                   {"peer_late", x.late_peer},
+                   {"min_seconds", q(0)},
+                   {"p10_seconds", q(0.1)},
+                   {"median_seconds", q(0.5)}};
     }
     per_epoch.push_back(std::move(o));
     tot.hits += x.hits;
@@ -370,7 +408,10 @@ void Agent::Impl::write_stats_out(const nlohmann::json& doc) {
       {"epochs", doc["per_epoch"]},
       {"head_start", doc["head_start"]},
       {"startup", doc["startup"]},
-      {"totals", doc["totals"]}};
+      {"totals", doc["totals"]},
+      {"transparent", doc["transparent"]},
+      {"peers", doc["peers"]},
+      {"cpu_seconds", doc["cpu_seconds"]}};
   const std::string text = file.dump(1) + "\n";
   if (const char* failed = write_file_atomically(opt_.stats_out, text, 0600)) {
     spdlog::error("--stats-out {}: {}: {}", opt_.stats_out, failed, std::strerror(errno));

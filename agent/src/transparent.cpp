@@ -70,6 +70,8 @@ void Agent::Impl::setup_index() {
   // need_[i]: how many times access i's sample has been used on this node up to and including
   // access i, in plan order; once its consumed counter reaches that, access i has happened.
   std::vector<std::uint32_t> count(N, 0);
+  storage_landed_.assign(T_, -1.0F);
+  peer_landed_.assign(T_, -1.0F);
   need_.resize(plan_.accesses.size());
   for (std::size_t i = 0; i < plan_.accesses.size(); ++i)
     need_[i] = ++count[plan_.accesses[i] & kSampleMask];
@@ -148,6 +150,9 @@ void Agent::Impl::pace_loop() {
             done = std::atomic_ref<std::uint32_t>(xconsumed_[acc[k] & kSampleMask])
                        .load(std::memory_order_relaxed) >= need_[at + k];
           if (!done) break;
+          // Begun and done within one pass: begun now, as far as we can tell.
+          note_begun_locked(rs.released, rs.begun_at >= 0 ? rs.begun_at : seconds_since(ready_at_));
+          rs.begun_at = -1;
           std::uint64_t hits = 0;
           for (std::uint32_t a : acc) {
             drop_use_locked(a & kSampleMask);
@@ -161,14 +166,17 @@ void Agent::Impl::pace_loop() {
           note_released_locked(rs.released, now);
           rs.cursor = ++rs.released;
         }
-        // A step begun (any of its samples consumed) starts its epoch and the head start.
-        if (rs.released < T_ && (!head_.requested || epochs_[epoch_of(rs.released)].start < 0)) {
+        // A step begun (any of its samples consumed) starts its epoch and the head start, and
+        // is the moment its lead is measured at.
+        if (rs.released < T_ && rs.begun_at < 0) {
           const std::uint64_t at = plan_.rank_offsets[rs.released * R_ + r];
           const auto acc = accesses(rs.released, r);
           for (std::size_t k = 0; k < acc.size(); ++k)
             if (std::atomic_ref<std::uint32_t>(xconsumed_[acc[k] & kSampleMask])
                     .load(std::memory_order_relaxed) >= need_[at + k]) {
-              note_request_locked(rs.released, Clock::now());
+              const auto now = Clock::now();
+              rs.begun_at = seconds_since(ready_at_);
+              note_request_locked(rs.released, now);
               break;
             }
         }

@@ -15,6 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "slurm_examples", "train_h5py_ddp.py")
 PY = "/usr/bin/python3"
 SERVED = re.compile(r"file reads served from the buffer (\d+) \(.*?\), fallen through (\d+)")
+FELL = re.compile(r"([\d.]+)% of the script's file reads fell through to storage \(more than 2%")
 
 
 def digests(tmp_path, tag, world):
@@ -89,6 +90,11 @@ def test_wrong_seed_same_bytes_and_the_mismatch_is_reported(tmp_path, datasets):
     assert solar.returncode == 0, solar.stdout + solar.stderr
     assert digests(tmp_path, "solar", 4) == digests(tmp_path, "plain", 4)
     assert "the script's order differs from the plan" in solar.stderr, solar.stderr
+    # Each node that read more than 2% from the file says so, with its share of the reads.
+    per_node = [tuple(map(int, m.groups())) for m in SERVED.finditer(solar.stderr)]
+    said = [float(x) for x in FELL.findall(solar.stderr)]
+    expect = [100 * miss / (hit + miss) for hit, miss in per_node if miss > 0.02 * (hit + miss)]
+    assert expect and said == pytest.approx(expect, abs=0.06), solar.stderr
 
 
 def test_agent_killed_mid_epoch_same_bytes(tmp_path, datasets):
@@ -171,6 +177,7 @@ def test_whole_dataset_resident_no_sample_byte_from_the_file(tmp_path, datasets,
     m = SERVED.search(p.stderr)
     assert m and int(m.group(1)) > 0 and int(m.group(2)) == 0, p.stderr
     assert "fallen through 0 (0 B)" in p.stderr, p.stderr
+    assert not FELL.search(p.stderr), p.stderr
 
 
 def test_compressed_dataset_is_refused_with_the_reason(tmp_path):
