@@ -83,6 +83,12 @@ void Agent::Impl::prefetch_loop() {
       // only user may be a rank that has left), its slot must not be handed to another sample
       // whose read could then be overwritten by this one.
       for (std::size_t i = 0; i < incoming.size(); ++i) table_.place(incoming[i], slots[i]);
+      // Transparent mode: from now on the unmodified ranks' reads of these samples wait for
+      // them (solar/transparent.h: at most SOLAR_XINDEX_WAIT_NS a read) rather than read the
+      // file too: the same bytes from the same storage twice, which slows the agent's reads
+      // as much as the rank's. Peer reads as well: they wait for the peer's own fetch.
+      if (xindex_)
+        for (const std::uint32_t x : incoming) table_.mark_in_flight(x);
       fetched_ += static_cast<std::uint64_t>(std::count(from.begin(), from.end(), kStorage));
       // Admit the step's uses now, before later steps' evictions are looked at. Each use's hit
       // bit becomes what this agent does (the per-epoch stats count it when the batch is
@@ -343,14 +349,6 @@ void Agent::Impl::reader_loop() {
         batch.push_back(std::move(jobs_.front()));
         jobs_.pop_front();
       }
-      // Transparent mode: the unmodified ranks' reads of these samples wait for them from now
-      // on, as this thread reads them (solar/transparent.h); not before, when the read may be
-      // queued behind others, nor for peer reads, which wait for the peer's own fetch.
-      if (xindex_ && batch.front().assemble_rank < 0)
-        for (const ReadJob& job : batch)
-          for (const auto& run : job.runs)
-            for (std::uint64_t x = run.first; x < run.first + run.count; ++x)
-              table_.mark_in_flight(static_cast<std::uint32_t>(x));
     }
     try {
       if (batch.front().assemble_rank >= 0) {

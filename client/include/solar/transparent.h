@@ -6,9 +6,11 @@
  *
  *   entry[i] == 0                  sample i is not resident
  *   entry[i] == gen << 32 | slot+1 sample i's bytes are at buffer offset slot * slot_bytes
- *   entry[i] == gen << 32          sample i is being read into the buffer (in flight): a reader
- *                                  waits for it, bounded (SOLAR_XINDEX_WAIT_NS), rather than
- *                                  read it from the file as well
+ *   entry[i] == gen << 32          sample i is coming (in flight): the agent has given it a
+ *                                  slot and queued or started its read, from storage or a
+ *                                  peer; a reader waits for it, bounded
+ *                                  (SOLAR_XINDEX_WAIT_NS), rather than read it from the file
+ *                                  as well
  *
  * The agent publishes an entry (release store) only after the slot's bytes are written, and
  * clears it (release store) before the slot is reused. A reader copies lock-free:
