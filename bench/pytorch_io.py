@@ -12,7 +12,7 @@ under solar's transparent mode (libsolar_preload.so), same HDF5 file, same ranks
         --throttle 400M,2000 --modes baseline,transparent --peers     # buffers shared
 
 --throttle BPS[,IOPS] runs every mode inside one blkio cgroup capped at that read bandwidth
-(and IOPS) on the disk holding the dataset (root; cgroup v1, see shared/notes/io.md): the
+(and IOPS) on the disk holding the dataset (root; cgroup v1 blkio, as bench/slow_storage.py): the
 page cache is dropped at every epoch start, so every loader reads "remote" storage at the
 cap; the agents read with O_DIRECT there (solar run --direct-io), since simulated nodes share
 one page cache and one node's fetch would otherwise be another's free hit. Each solar mode's

@@ -6,7 +6,7 @@ the kernel, and count what it read from that disk.
 
 CMD and everything it starts run in a fresh cgroup whose reads of the disk holding --data are
 capped (cgroup v1 blkio.throttle.read_{bps,iops}_device, or cgroup v2 io.max: whichever this
-machine has; ../shared/notes/io.md). Page-cache hits are not throttled: --evict drops --data's
+machine has). Page-cache hits are not throttled: --evict drops --data's
 cached pages first, so the first read of every byte comes from the "storage". At the end it
 prints the bytes and requests the cgroup read from that disk (the kernel's own counter, an
 independent check of what a loader says it read) and, with --json FILE, writes them.

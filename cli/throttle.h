@@ -2,8 +2,9 @@
 // starts afterwards) joins a fresh cgroup whose reads of the disk holding a file are capped by
 // the kernel (cgroup v1 blkio.throttle.read_{bps,iops}_device, or cgroup v2 io.max), and the
 // cgroup's own counters say what was read from that disk. The same mechanism as
-// bench/slow_storage.py (scripts/slow-storage), which the Python benchmarks use; see
-// ../shared/notes/io.md for the controllers' facts.
+// bench/slow_storage.py (scripts/slow-storage), which the Python benchmarks use: a child
+// cgroup whose throttle caps every process in it, children and buffered reads included, but
+// not page-cache hits.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 # What `cmake --install` and `cpack -G DEB` put where. One place for every install rule, read
-# after the whole project (README.md, "Installing"):
+# after the whole project (docs/user-guide.md, "Installing"):
 #
 #   <bindir>                 solar, solar-agent, solar-stored, solar-example-train
 #   <libdir>                 libsolar.so.0 (+ libsolar.so), libsolar-direct.so (libsolar's
@@ -86,6 +86,8 @@ endif()
 
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR}
         COMPONENT runtime)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs
+        COMPONENT runtime FILES_MATCHING PATTERN "*.md")
 install(FILES ${PROJECT_SOURCE_DIR}/slurm_examples/README.md
               ${PROJECT_SOURCE_DIR}/slurm_examples/plugstack.conf
               ${PROJECT_SOURCE_DIR}/slurm_examples/train-example.sbatch

@@ -13,7 +13,7 @@
 
 #include <sys/uio.h>
 
-#include <utility>  // before asio: g++ 12 + C++20 (see shared/notes/io.md)
+#include <utility>  // before asio: with g++ 12 and C++20, Boost.Asio 1.74 uses std::exchange unincluded
 #include <boost/asio.hpp>
 #include <chrono>
 #include <condition_variable>

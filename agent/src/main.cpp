@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   app.add_option("--readers", o.readers, "Steps read concurrently [4]");
   app.add_option("--staging-steps", o.staging_steps,
                  "Batches in each rank's ring: its next batches are copied there ahead of "
-                 "its requests (at least 1; rings of batches up to 512 KiB are at least 4 "
+                 "its requests (at least 1; rings of batches up to 512 KiB are at least 8 "
                  "deep, beyond the plan's budget if need be) [2]");
   app.add_flag("--zero-copy", o.zero_copy,
                "Hand out the cache slots themselves instead of copying each batch into the "

@@ -1,4 +1,4 @@
-// One function per policy; each computes a whole Plan. See README "Policies".
+// One function per policy; each computes a whole Plan. See core/README.md, "Policies".
 #pragma once
 
 #include "solar/core/plan.h"

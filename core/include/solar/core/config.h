@@ -17,7 +17,7 @@ enum class OrderMode : std::uint8_t {
 };
 
 // How a plan decides assignment, epoch order and eviction. `solar` is ours; the rest are the
-// baselines it is compared with (see README: "Policies").
+// baselines it is compared with (see core/README.md, "Policies").
 enum class Policy : std::uint8_t {
   none = 0,         // no buffer: every access reads remote storage
   lru = 1,          // DistributedSampler assignment, per-node LRU buffer
@@ -152,7 +152,7 @@ PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t 
                              std::uint64_t label_bytes, std::uint64_t budget_bytes,
                              bool peers = false, bool rings = true);
 
-// The presets of `solar plan --scenario` (README: "Scenarios").
+// The presets of `solar plan --scenario` (core/README.md, "Scenarios").
 struct Scenario {
   std::string name;
   std::uint64_t samples;
