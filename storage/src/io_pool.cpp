@@ -1,12 +1,21 @@
 #include "io_pool.h"
 
+#include <algorithm>
 #include <atomic>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
 
 namespace solar::storage {
 
+// One run(): its parts are taken one at a time, by index, by the caller and by the pool's
+// helpers alike. A helper that starts after the last part was taken finds nothing to do (it
+// holds the job, never `part`, which only lives while run() does).
 struct IoPool::Job {
-  std::size_t n;
-  const std::function<void(std::size_t)>* part;
+  std::size_t n = 0;
+  const std::function<void(std::size_t)>* part = nullptr;
   std::atomic<std::size_t> next{0};
   std::atomic<std::size_t> done{0};
   std::atomic<bool> failed{false};
@@ -15,17 +24,15 @@ struct IoPool::Job {
   std::exception_ptr error;
 };
 
-IoPool::IoPool(unsigned threads) {
-  for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { worker(); });
+IoPool::IoPool(unsigned threads) : threads_(threads) {
+  if (threads_ > 0) pool_ = std::make_unique<boost::asio::thread_pool>(threads_);
 }
 
 IoPool::~IoPool() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
+  if (pool_) {
+    pool_->stop();  // helpers still queued would find their jobs done: they need not run
+    pool_->join();
   }
-  cv_.notify_all();
-  for (auto& t : threads_) t.join();
 }
 
 void IoPool::work_on(Job& job) {
@@ -48,49 +55,23 @@ void IoPool::work_on(Job& job) {
   }
 }
 
-void IoPool::worker() {
-  for (;;) {
-    std::shared_ptr<Job> job;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-      if (stop_) return;
-      job = jobs_.front();
-      if (job->next.load() >= job->n) {
-        jobs_.pop_front();
-        continue;
-      }
-    }
-    work_on(*job);
-  }
-}
-
 void IoPool::run(std::size_t n, const std::function<void(std::size_t)>& part) {
   if (n == 0) return;
   auto job = std::make_shared<Job>();
   job->n = n;
   job->part = &part;
-  if (n > 1 && !threads_.empty()) {
-    {
-      std::lock_guard lock(mu_);
-      jobs_.push_back(job);
-    }
-    cv_.notify_all();
+  // At most one helper per part beyond the caller's first, and no more than the pool has.
+  if (n > 1 && pool_) {
+    const std::size_t helpers = std::min<std::size_t>(threads_, n - 1);
+    for (std::size_t h = 0; h < helpers; ++h)
+      boost::asio::post(*pool_, [job] { work_on(*job); });
   }
   work_on(*job);
   {
     std::unique_lock lock(job->mu);
     job->cv.wait(lock, [&] { return job->done.load() == job->n; });
   }
-  {
-    std::lock_guard lock(mu_);
-    for (auto it = jobs_.begin(); it != jobs_.end(); ++it)
-      if (*it == job) {
-        jobs_.erase(it);
-        break;
-      }
-  }
-  // Taken out of the job under its lock: a worker still holding the job must not be the one
+  // Taken out of the job under its lock: a helper still holding the job must not be the one
   // that drops the last reference to the exception while this thread reads it (the count
   // lives in libstdc++, which TSan does not see: scripts/sanitize thread reported it).
   std::exception_ptr error;
