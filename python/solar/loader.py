@@ -9,11 +9,14 @@ loader's own memory when it reads directly) and are valid until the batch is rel
 next batch is taken, by `release()`, or when the loader closes); after that they raise
 `BatchReleasedError`.
 """
+from __future__ import annotations
+
 import ctypes
 import os
 import threading
 import warnings
 import weakref
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -51,6 +54,28 @@ def _check_text(name, value):
     if "\0" in value:
         raise ValueError(f"solar.Loader: {name} contains a NUL character")
     return value
+
+
+# DataLoader arguments and what solar does with them (solar.Loader(**kw) refuses the others
+# with the flag that sets the same thing; those here are accepted).
+#   batch_size: checked against the plan's batch per rank
+#   shuffle: True is what the plan does (False has no solar equivalent)
+#   num_workers, prefetch_factor, persistent_workers, timeout: nothing to do (the node agent
+#     reads ahead; batches are gathered in this process), accepted and ignored
+_REFUSED = {
+    "sampler": "the plan assigns samples to ranks (solar run --order torch|solar, --seed; srun "
+               "--solar-order, --solar-seed); loader.sampler.set_epoch(e) works as with a "
+               "DistributedSampler",
+    "batch_sampler": "the plan makes the batches (solar run --batch, srun --solar-batch)",
+    "collate_fn": "batches come gathered as one array; pass transform=fn(data, labels) to "
+                  "change them",
+    "drop_last": "the plan decides the tail (solar run --drop-last, srun --solar-drop-last)",
+    "worker_init_fn": "solar has no worker processes: do that set-up in this process",
+    "multiprocessing_context": "solar has no worker processes",
+    "generator": "the plan's order comes from its seed (solar run --seed, srun --solar-seed)",
+    "pin_memory_device": "use solar.torch.Loader(pin_memory=True, device=...)",
+}
+_IGNORED = ("num_workers", "prefetch_factor", "persistent_workers", "timeout")
 
 
 def split_dataset_spec(spec):
@@ -346,10 +371,31 @@ class Loader:
     next batch is taken; use `batch.views()` to read samples without any copy.
     """
 
-    def __init__(self, *, plan=None, node=None, local_rank=None, dataset=None, labels=None,
-                 socket=None, shape=None, dtype=None, label_dtype=None, transform=None,
-                 zero_copy=False):
+    def __init__(self, *, plan: Optional[Union[str, os.PathLike]] = None,
+                 node: Optional[int] = None, local_rank: Optional[int] = None,
+                 dataset: Optional[Union[str, os.PathLike]] = None,
+                 labels: Optional[str] = None, socket: Optional[str] = None,
+                 shape: Optional[Sequence[int]] = None, dtype: Any = None,
+                 label_dtype: Any = None,
+                 transform: Optional[Callable[[Any, Any], tuple]] = None,
+                 zero_copy: bool = False, batch_size: Optional[int] = None,
+                 shuffle: Optional[bool] = None, **dataloader_kw: Any) -> None:
         self._handle = None
+        self._open_epoch = None  # an epoch whose iteration stopped before its end
+        self._epoch_set = False  # set_epoch was called since the last iteration began
+        for k in dataloader_kw:
+            if k in _REFUSED:
+                raise TypeError(f"solar.Loader: {k}= is not taken: {_REFUSED[k]}")
+            if k not in _IGNORED:
+                raise TypeError(f"solar.Loader: unexpected argument {k}= (see "
+                                f"help(solar.Loader))")
+        if shuffle is False:
+            raise ValueError("solar.Loader: shuffle=False: the plan's batches are always "
+                             "shuffled (by its --seed); solar has no unshuffled order")
+        if dataset is not None and not isinstance(dataset, (str, os.PathLike)):
+            raise TypeError(f"solar.Loader: dataset= is the dataset's path (FILE.h5[:/name], "
+                            f"as solar run --dataset), not a {type(dataset).__name__}: solar "
+                            "reads the file itself, not through a Dataset object")
         self._agent = False
         self._held = None
         self._taken = 0          # the global step of the next batch (= batches taken/skipped)
@@ -435,6 +481,11 @@ class Loader:
         except Exception:
             self.close()
             raise
+        if batch_size is not None and batch_size != self.batch_size:
+            self.close()
+            raise ValueError(f"solar.Loader: batch_size={batch_size}, but the plan's batch per "
+                             f"rank is {self.batch_size}: the plan sets it (solar run --batch, "
+                             "srun --solar-batch); drop batch_size= or plan again")
         self._pool = _ArrayPool(1, self.shape, self.dtype)
         self.dataset = DatasetInfo(self.dataset_spec, labels_name if self.label_bytes else None,
                                    self.samples, self.shape, self.dtype)
@@ -518,9 +569,23 @@ class Loader:
             raise SolarError(f"solar: {_lib.last_error()}")
         self._taken = int(step)
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Batches per epoch."""
         return self.steps_per_epoch
+
+    @property
+    def sampler(self) -> "EpochSampler":
+        """A stand-in for DistributedSampler: `loader.sampler.set_epoch(e)` is
+        `loader.set_epoch(e)`; len() is this rank's samples per epoch."""
+        return EpochSampler(self)
+
+    def _peeked(self, epoch):
+        """True when only the epoch's first batch was taken and it is still held: an iteration
+        of that epoch starts with it again, as a DataLoader's would (same order)."""
+        first = epoch * self.steps_per_epoch
+        h = self._held
+        return (self._taken == first + 1 and h is not None and not h.released
+                and h.step == first)
 
     @property
     def epoch(self):
@@ -543,24 +608,42 @@ class Loader:
         if not 0 <= epoch < self.epochs:
             raise ValueError(f"solar.Loader.set_epoch: epoch {epoch} is outside the plan's "
                              f"0..{self.epochs - 1}")
-        if epoch * self.steps_per_epoch < self._taken and not self._resuming(epoch):
+        if epoch * self.steps_per_epoch < self._taken and not self._resuming(epoch) \
+                and not self._peeked(epoch):
             current = (self._taken - 1) // self.steps_per_epoch
             raise ValueError(f"solar.Loader.set_epoch: epoch {epoch} has already been served "
                              f"(the loader has reached epoch {current}, next step "
                              f"{self._taken}); solar plans the whole run ahead, so epochs run "
                              "forward only: open a new loader to restart")
         self._next_epoch = int(epoch)
+        self._epoch_set = True
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator["Batch"]:
         """Yields the batches of epoch `self.epoch`, then moves on to the next epoch. Each batch
-        stays held until the next one is taken (so `b = next(iter(loader))` is usable)."""
+        stays held until the next one is taken (so `b = next(iter(loader))` is usable). After
+        such a peek, iterating that epoch again starts with the peeked batch, as a DataLoader
+        does. An iteration left before the epoch's end is not silently skipped: iterating again
+        raises, unless set_epoch said which epoch comes next."""
         self._need_open()
+        if self._open_epoch is not None and not self._epoch_set:
+            left = self._open_epoch
+            if self._peeked(left):
+                self._next_epoch = left
+            else:
+                done = self._taken - left * self.steps_per_epoch
+                raise SolarError(
+                    f"solar.Loader: the iteration of epoch {left} stopped after {done} of "
+                    f"{self.steps_per_epoch} batches, and each step is served once; finish it "
+                    f"(iterate on the same iterator), or call set_epoch({left + 1}) to skip "
+                    "the rest of it")
+        self._epoch_set = False
         if self._next_epoch >= self.epochs:
             raise SolarError(f"solar.Loader: all {self.epochs} epochs of the plan are done")
         epoch = self._next_epoch
         first = epoch * self.steps_per_epoch
         end = first + self.steps_per_epoch
-        if self._taken > first and not self._resuming(epoch):
+        replay = self._peeked(epoch)
+        if self._taken > first and not self._resuming(epoch) and not replay:
             raise SolarError(f"solar.Loader: epoch {epoch} was already started (its step "
                              f"{self._taken - 1} was taken by an earlier iteration, e.g. "
                              "next(iter(loader))); each step is served once, so iterate on "
@@ -571,11 +654,16 @@ class Loader:
             self._skip_to(first, f"released when the loader skipped to epoch {epoch}")
         self._next_epoch = epoch + 1
         self._resume_at = None
+        self._open_epoch = epoch
+        if replay:
+            yield self._held
         while self._taken < end:
             b = self.next_batch()
             if b is None:
                 break
             yield b
+        if self._open_epoch == epoch:
+            self._open_epoch = None
 
     # --- checkpoints ------------------------------------------------------------------------
     def state_dict(self):
@@ -652,3 +740,32 @@ class Loader:
                                  "(load_state_dict)")
         self._resume_at = self._taken
         self._next_epoch = min(self._taken // self.steps_per_epoch, self.epochs)
+
+
+class EpochSampler:
+    """`loader.sampler`: what a training loop written for DistributedSampler calls on it."""
+
+    def __init__(self, loader: Loader) -> None:
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._loader.epoch
+
+    @property
+    def num_replicas(self) -> int:
+        return self._loader.world_size
+
+    @property
+    def rank(self) -> int:
+        return self._loader.rank
+
+    def __len__(self) -> int:
+        return self._loader.batch_size * self._loader.steps_per_epoch
+
+    def __iter__(self):
+        raise TypeError("solar.Loader's sampler only stands in for set_epoch(); the plan's "
+                        "sample indices come with each batch (batch.indices)")

@@ -9,7 +9,11 @@ Each batch's `data` is one (len, *shape) tensor gathered straight from the share
 memcpy per sample, no pickling, no worker processes), optionally into pinned memory and on to
 a device. `sample(i)` / `views()` give zero-copy tensors valid until the batch is released.
 """
+from __future__ import annotations
+
+import os
 import warnings
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch as _torch
@@ -73,17 +77,35 @@ class Loader(_loader.Loader):
     pin_memory: gather each batch into page-locked memory (ignored with a warning without CUDA,
     like DataLoader). device: move data and labels there (e.g. "cuda:0"); non-blocking when
     pinned. transform(data, labels) gets the tensors after that move. Labels are int64 tensors
-    by default (what CrossEntropyLoss takes). Other arguments: see solar.Loader.
+    by default (what CrossEntropyLoss takes). dtype/label_dtype may be torch dtypes. Other
+    arguments, DataLoader's included (batch_size, shuffle, num_workers, ...): see
+    solar.Loader.
     """
 
-    def __init__(self, *, pin_memory=False, device=None, **kw):
-        for k in ("dtype", "label_dtype"):  # torch dtypes too (torch.int32 as well as "int32")
-            if isinstance(kw.get(k), _torch.dtype):
-                np_dt = _NUMPY_DTYPES.get(kw[k])
+    def __init__(self, *, plan: Optional[Union[str, os.PathLike]] = None,
+                 node: Optional[int] = None, local_rank: Optional[int] = None,
+                 dataset: Optional[Union[str, os.PathLike]] = None,
+                 labels: Optional[str] = None, socket: Optional[str] = None,
+                 shape: Optional[Sequence[int]] = None,
+                 dtype: Union[None, str, np.dtype, _torch.dtype] = None,
+                 label_dtype: Union[None, str, np.dtype, _torch.dtype] = None,
+                 transform: Optional[Callable[[Any, Any], tuple]] = None,
+                 zero_copy: bool = False, pin_memory: bool = False,
+                 device: Union[None, str, _torch.device] = None,
+                 batch_size: Optional[int] = None, shuffle: Optional[bool] = None,
+                 **dataloader_kw: Any) -> None:
+        dts = {"dtype": dtype, "label_dtype": label_dtype}
+        for k, v in dts.items():  # torch dtypes too (torch.int32 as well as "int32")
+            if isinstance(v, _torch.dtype):
+                np_dt = _NUMPY_DTYPES.get(v)
                 if np_dt is None:
-                    raise TypeError(f"solar.torch.Loader: {k}={kw[k]} has no numpy equivalent")
-                kw[k] = np_dt
-        super().__init__(**kw)
+                    raise TypeError(f"solar.torch.Loader: {k}={v} has no numpy equivalent")
+                dts[k] = np_dt
+        super().__init__(plan=plan, node=node, local_rank=local_rank, dataset=dataset,
+                         labels=labels, socket=socket, shape=shape, dtype=dts["dtype"],
+                         label_dtype=dts["label_dtype"], transform=transform,
+                         zero_copy=zero_copy, batch_size=batch_size, shuffle=shuffle,
+                         **dataloader_kw)
         try:
             self.torch_dtype = torch_dtype(self.dtype, "sample")
             if self.label_bytes:

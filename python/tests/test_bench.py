@@ -22,7 +22,8 @@ def epochs(out, label):
 
 
 def test_io_benchmark_prints_the_artifact_format():
-    out = run(sys.executable, os.path.join(REPO, "bench", "pytorch_io.py"), *SMALL).stdout
+    out = run(sys.executable, os.path.join(REPO, "bench", "pytorch_io.py"), *SMALL,
+              "--repeat", "2").stdout
     assert len(epochs(out, "DataLoading time baseline")) == 3
     assert len(epochs(out, "DataLoading time SOLAR")) == 3
     assert len(epochs(out, "DataLoading time transparent")) == 3
@@ -30,9 +31,16 @@ def test_io_benchmark_prints_the_artifact_format():
     for mode in ("solar", "transparent"):
         assert re.search(rf"speedup {mode}: \d+\.\d+x in total over 3 epochs .*; limit "
                          rf"\d+\.\d+x \(plain bytes / planned bytes", out), out
-    # The unmodified DataLoader under --transparent got reads served from the buffer.
-    served = [int(n) for n in re.findall(r"file reads served from the buffer (\d+)", out)]
-    assert served and sum(served) > 0, out
+    # Each rotation's ratio, with their median and the worst.
+    m = re.search(r"transparent / baseline, each of 2 rotations: ([\d.]+), ([\d.]+); median "
+                  r"([\d.]+)x, worst ([\d.]+)x", out)
+    assert m, out
+    ratios = sorted(float(x) for x in m.group(1, 2))
+    assert float(m.group(4)) == ratios[0] and float(m.group(3)) == ratios[1], out
+    # The unmodified DataLoader under --transparent got reads served from the buffer, per node.
+    served = [float(n) for n in re.findall(r"file reads served per node: 0: ([\d.]+)%", out)]
+    assert len(served) == 2 and min(served) > 0, out
+    assert re.search(r"least-served node in each run: [\d.]+%, [\d.]+%", out), out
 
 
 def test_e2e_benchmark_trains_on_the_same_global_batches():

@@ -156,13 +156,13 @@ def test_next_iter_gives_a_usable_batch(plan, dataset, clean_env):
                 raw, label = expected(SEED, int(idx), loader.sample_bytes)
                 assert x[k].tobytes() == raw and int(y[k]) == label
                 assert b.sample(k).tobytes() == raw  # held: views too
-            # Starting epoch 0 again is refused with the real cause.
-            with pytest.raises(ValueError, match="epoch 0 has already been served"):
-                loader.set_epoch(0)
+            # Epoch 0 again, as after a DataLoader peek: the peeked batch first, then the rest.
+            loader.set_epoch(0)
+            again = list(loader)
+            assert again[0] is b and [x.step for x in again] == list(range(len(loader)))
             # A whole epoch collected in a list stays valid (copies), as with a DataLoader.
             loader.set_epoch(1)
-            with pytest.warns(UserWarning, match="skipping"):
-                batches = list(loader)
+            batches = list(loader)
             assert b.released
             if not zero_copy:
                 for batch in batches:
@@ -408,3 +408,69 @@ def test_standalone_process_is_node_0_local_rank_0(workdir, dataset, clean_env):
     with pytest.raises(solar.SolarError, match=r"SOLAR_LOCAL_RANK \(or LOCAL_RANK\) is not set "
                                                r"but this process is one of several"):
         solar.Loader(plan=two, dataset=dataset)
+
+
+def test_peek_then_iterate_replays_it_once_a_second_batch_is_refused(plan, dataset, clean_env):
+    """A plain re-iteration after `next(iter(loader))` starts with the peeked batch (same order
+    as a DataLoader's new pass); after two batches, epoch 0 cannot start again."""
+    with open_direct(plan, dataset) as loader:
+        peek = next(iter(loader))
+        steps = [b.step for b in loader]  # no set_epoch: the same epoch, from the peek
+        assert steps == list(range(len(loader))) and peek.step == 0
+        it = iter(loader)
+        first, second = next(it), next(it)
+        assert (first.step, second.step) == (len(loader), len(loader) + 1)
+        with pytest.raises(ValueError, match="epoch 1 has already been served"):
+            loader.set_epoch(1)
+
+
+def test_an_iteration_left_half_way_is_not_silently_skipped(plan, dataset, clean_env):
+    with open_direct(plan, dataset) as loader:
+        for batch in loader:
+            if batch.step == 3:
+                break
+        with pytest.raises(solar.SolarError,
+                           match=r"epoch 0 stopped after 4 of \d+ batches.*set_epoch\(1\)"):
+            next(iter(loader))
+        assert loader.next_batch().step == 4  # nothing was skipped or lost
+        loader.set_epoch(1)  # said: the rest of epoch 0 goes
+        with pytest.warns(UserWarning, match="skipping"):
+            assert next(iter(loader)).step == len(loader)
+
+
+def test_dataloader_arguments_accepted_or_refused_naming_the_flag(plan, dataset, clean_env):
+    with open_direct(plan, dataset, batch_size=8, shuffle=True, num_workers=4,
+                     persistent_workers=True, prefetch_factor=2) as loader:
+        assert loader.batch_size == 8
+    with pytest.raises(ValueError, match=r"batch_size=16, but the plan's batch per rank is 8.*"
+                                         r"solar run --batch, srun --solar-batch"):
+        open_direct(plan, dataset, batch_size=16)
+    with pytest.raises(ValueError, match="shuffle=False"):
+        open_direct(plan, dataset, shuffle=False)
+    for kw, says in (({"sampler": object()}, "--order"), ({"collate_fn": len}, "transform="),
+                     ({"drop_last": True}, "--drop-last"), ({"generator": None}, "--seed"),
+                     ({"worker_init_fn": len}, "no worker processes")):
+        with pytest.raises(TypeError, match=f"{next(iter(kw))}= is not taken: .*{says}"):
+            open_direct(plan, dataset, **kw)
+    with pytest.raises(TypeError, match="unexpected argument bogus="):
+        open_direct(plan, dataset, bogus=1)
+    with pytest.raises(TypeError, match="dataset= is the dataset's path"):
+        solar.Loader(plan=plan, node=0, local_rank=0, dataset=[1, 2], socket="")
+
+
+def test_sampler_set_epoch_and_signatures(plan, dataset, clean_env):
+    import inspect
+    import solar.torch
+    with open_direct(plan, dataset) as loader:
+        loader.sampler.set_epoch(1)  # the DistributedSampler habit
+        assert loader.epoch == 1 and loader.sampler.epoch == 1
+        assert len(loader.sampler) == loader.batch_size * len(loader)
+        assert (loader.sampler.rank, loader.sampler.num_replicas) == (0, 2)
+        with pytest.warns(UserWarning, match="skipping"):
+            assert next(iter(loader)).epoch == 1
+    params = inspect.signature(solar.torch.Loader).parameters
+    for name in ("plan", "dataset", "transform", "zero_copy", "pin_memory", "device",
+                 "batch_size", "shuffle"):
+        assert name in params, list(params)
+    assert params["pin_memory"].annotation == "bool"
+    assert os.path.isfile(os.path.join(os.path.dirname(solar.__file__), "py.typed"))
