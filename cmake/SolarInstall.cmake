@@ -84,8 +84,9 @@ if(TARGET solar_spank)
   install(TARGETS solar_spank LIBRARY DESTINATION ${SOLAR_SLURM_PLUGIN_DIR} COMPONENT runtime)
 endif()
 
-install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR}
-        COMPONENT runtime)
+install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/LICENSE
+              ${PROJECT_SOURCE_DIR}/packaging/debian/copyright
+        DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT runtime)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs
         COMPONENT runtime FILES_MATCHING PATTERN "*.md")
 install(FILES ${PROJECT_SOURCE_DIR}/slurm_examples/README.md
@@ -132,6 +133,7 @@ set(CPACK_PACKAGE_DESCRIPTION
     "solar plans a shuffled training run's whole access order before the job starts and runs one node agent per node that fills a shared-memory buffer ahead of the ranks: a Slurm SPANK plugin (--solar-* options), solar-agent, solar-stored, libsolar (C, C++, Python), and the LD_PRELOAD interposer of the job-transparent mode.")
 set(CPACK_PACKAGE_CONTACT "solar developers <solar@localhost>")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
 # Debian packages live under /usr whatever this build's prefix (/usr/local by default): every
 # path above is relative to the prefix or to the installed file itself, so the tree is the same.
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)

@@ -85,6 +85,15 @@ def test_plugin_and_interposer_are_where_the_docs_say(stage):
     assert (stage / "usr" / "share" / "doc" / "solar" / "examples" / "plugstack.conf").is_file()
 
 
+def test_license_and_copyright_file(stage):
+    doc = stage / "usr" / "share" / "doc" / "solar"
+    copyright = (doc / "copyright").read_text()
+    assert copyright.startswith("Format: https://www.debian.org/doc/packaging-manuals/"
+                                "copyright-format/1.0/"), copyright[:200]
+    assert "License: Apache-2.0" in copyright
+    assert "Apache License" in (doc / "LICENSE").read_text()
+
+
 def test_find_package_and_pkg_config_build_a_rank_program(stage, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
