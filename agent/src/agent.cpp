@@ -74,6 +74,7 @@ void prepare_socket_path(const std::string& path) {
 }  // namespace
 
 Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
+  const auto started = Clock::now();
   check_stats_out(o.stats_out);  // now, not at exit
   prepare_socket_path(o.socket);  // before anything is allocated
   // Plan: the header and this node's section (with --peer-dir, setup_peers reads what the
@@ -112,9 +113,17 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
                                  "supported",
                                  o.start_step));
   start_ = o.start_step;
-  startup_.plan_read = Clock::now();
-  epochs_.resize(header_.config.epochs);
-  epoch_rank_stall_.assign(std::uint64_t{header_.config.epochs} * R_, 0.0);
+  NodeStats::Config sc;
+  sc.node = o.node;
+  sc.mode = o.transparent ? "transparent" : o.zero_copy ? "zero_copy" : "ring";
+  sc.epochs = header_.config.epochs;
+  sc.steps_per_epoch = header_.layout.steps;
+  sc.ranks = R_;
+  sc.total_steps = T_;
+  sc.sample_bytes = header_.config.sample_bytes;
+  sc.start_step = start_;
+  stats_ = NodeStats(sc, started);
+  stats_.mark(NodeStats::Stage::plan_read);
 
   // Source: must match the plan.
   storage::SourceOptions so;
@@ -140,7 +149,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
         header_.config.sample_bytes));
   sample_bytes_ = info.sample_bytes;
   label_bytes_ = info.has_labels ? info.label_bytes : 0;
-  startup_.source_opened = Clock::now();
+  stats_.mark(NodeStats::Stage::source_opened);
 
   // Buffer: the plan's resident set, then the ranks' rings (see buffer_layout.cpp).
   if (!o.zero_copy && o.staging_steps == 0)
@@ -182,9 +191,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   ranks_.resize(R_);
   for (RankState& rs : ranks_) rs.cursor = rs.asked = rs.released = rs.assembled = start_;
   admitted_ = ready_ = start_;
-  startup_.first_batch.resize(R_);
-  startup_.last_batch.resize(R_);
-  startup_.buffer_ready = Clock::now();
+  stats_.mark(NodeStats::Stage::buffer_ready);
 
   // Socket: private to this user (its path was checked above).
   boost::system::error_code bec;
@@ -195,7 +202,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   if (bec) throw AgentError(fmt::format("{}: cannot bind: {}", o.socket, bec.message()));
   ::chmod(o.socket.c_str(), 0600);
   acceptor_.listen();
-  startup_.listening = Clock::now();
+  stats_.mark(NodeStats::Stage::listening);
   if (bo.peers) setup_peers(pf);
   reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (start_ > 0)
@@ -232,7 +239,7 @@ Agent::Impl::~Impl() {
 
 int Agent::Impl::run() {
   outstanding_.assign(T_, 0);
-  ready_at_ = Clock::now();
+  stats_.set_ready();
   prefetch_ = std::thread([this] { prefetch_loop(); });
   for (unsigned i = 0; i < std::max(1U, opt_.readers); ++i)
     readers_.emplace_back([this] { reader_loop(); });

@@ -6,7 +6,8 @@
 //   serving.cpp      batches handed to ranks (batch mode for libsolar)
 //   control.cpp      the Unix socket: sessions, hellos (libsolar and interposer), messages
 //   transparent.cpp  the shared sample index (extent mode for the interposer) and pacing
-//   stats.cpp        per-epoch statistics, the stats reply and --stats-out
+//   node_stats.*     what the agent measured (per epoch, head start, start-up) and its JSON
+//   stats.cpp        the stats document (the node's state and NodeStats), reply, --stats-out
 //   peers.cpp        peer sharing: other agents' buffers read over libfabric RMA, ours served
 // Internal to solar-agent.
 #pragma once
@@ -31,6 +32,7 @@
 
 #include "agent.h"
 #include "buffer_layout.h"
+#include "node_stats.h"
 #include "request_reader.h"
 #include "slot_table.h"
 #include "solar/protocol.h"
@@ -215,12 +217,12 @@ class Agent::Impl {
   // no allocation), the rest (if the socket is full) copied into the queue.
   void send(const std::shared_ptr<Session>& s, std::span<const std::uint8_t> msg);
   void write_front(const std::shared_ptr<Session>& s);  // io thread; s->out not empty
-  // The stats document (stats.cpp): the run totals, the per-epoch records (per_epoch), the
-  // head start and their totals. The stats reply is it, cut to fit one message; the log's last
-  // line ("stopped: {...}") is all of it; --stats-out writes its measured part to a file.
+  // The stats document (stats.cpp): the node's state (ranks, slots, peers, error) and what
+  // stats_ measured (the run totals, the per-epoch records, the head start and their totals).
+  // The stats reply is it, cut to fit one message; the log's last line ("stopped: {...}") is
+  // all of it; --stats-out writes its measured part to a file.
   nlohmann::json stats_document();
-  std::string stats_reply();
-  nlohmann::json transparent_json() const;
+  std::string stats_reply() { return NodeStats::reply(stats_document()); }
   void write_stats_out(const nlohmann::json& doc);
   void shutdown_io();
 
@@ -240,9 +242,6 @@ class Agent::Impl {
   std::condition_variable slot_freed_;
   SlotTable table_;  // the cache slots: free, resident, pinned, zombie
   std::uint64_t start_ = 0;     // --start-step: the first step read and served
-  // Samples read because a step needed them though the plan has them resident (after a start
-  // at step > 0: the plan's buffer at that step, which a restarted agent does not have).
-  std::uint64_t unplanned_ = 0;
   std::uint64_t admitted_ = 0;  // steps < admitted_ have slots and count their uses
   std::uint64_t ready_ = 0;     // steps < ready_ are read and servable
   struct ReadJob {
@@ -292,63 +291,9 @@ class Agent::Impl {
   nlohmann::json peers_json() const;
   std::string fatal_;  // set when prefetching failed
 
-  // Metrics: run totals.
-  std::uint64_t hits_ = 0, fetched_ = 0, bytes_read_ = 0, reads_ = 0;
-  double read_seconds_ = 0, slot_wait_seconds_ = 0;
-  Clock::time_point started_ = Clock::now();  // the agent's start
-  Clock::time_point ready_at_ = started_;     // run(): prefetching starts, requests are served
-  // Start-up as it happened ("startup" in the stats, agent/README.md): steady_clock is
-  // CLOCK_MONOTONIC, so `solar run` places these on its own timeline (cli/cmd_run.cpp).
-  struct Startup {
-    Clock::time_point plan_read, source_opened, buffer_ready, listening, first_read;
-    std::vector<Clock::time_point> first_batch, last_batch;  // per local rank (batch mode)
-  } startup_;
-
-  // Per-epoch records (stats.cpp), measured as the agent works: updated with mu_ held where the
-  // totals are (no lock of their own), reported by stats_json() and --stats-out. The epoch of
-  // step t is t / steps_per_epoch (its position in the run). Every hit bit in plan_.accesses is
-  // rewritten at admission to what the agent did: set when the sample was already in a slot,
-  // clear when it was read for that step (the plan's own bits are counted in hits_ first).
-  struct EpochStats {
-    std::uint64_t hits = 0;             // samples served without a read for their step
-    std::uint64_t fetched_samples = 0;  // read from storage for its steps (reads completed)
-    std::uint64_t storage_reads = 0;    // coalesced storage requests of those reads
-    std::uint64_t samples_served = 0, batches_served = 0;
-    double read_seconds = 0;            // reader threads' time in those reads, summed
-    double stall_seconds = 0;           // sum over requests of request → batch ready
-    double stall_max_wait_seconds = 0;  // the longest of those waits
-    double start = -1, end = -1;        // since ready_at_: first request, last release so far
-    std::uint32_t ranks_done = 0;       // ranks that released its last step
-    std::uint64_t file_reads[4] = {};   // transparent: the interposers' counters, see stats.cpp
-    std::uint64_t peer_samples = 0;     // read from other agents' buffers (peers.cpp)
-    // Transparent mode, per (step, rank): the lead, when the rank began the step (its first
-    // sample consumed, seen by pace_loop within 1 ms) minus when the step's last storage and
-    // peer reads landed; negative: the rank was there first (it waited, or read the file).
-    std::vector<float> lead;
-    std::uint64_t late_storage = 0, late_peer = 0;  // (step, rank)s begun before that part
-  };
-  std::vector<EpochStats> epochs_;
-  std::vector<double> epoch_rank_stall_;  // [e·R + r]: rank r's stall in epoch e
-  std::uint64_t epochs_done_ = 0;         // epochs < epochs_done_: released by every rank
-  std::uint64_t fetched_done_ = 0;        // samples whose reads completed
-  std::uint64_t xsnap_[4] = {};           // transparent: counters when an epoch last completed
-  struct HeadStart {
-    bool requested = false;  // a rank asked for its first batch (transparent: began reading)
-    double seconds = 0;      // from ready_at_ to that request
-    std::uint64_t fetched_samples = 0, fetched_bytes = 0, ready_steps = 0;  // by then
-  } head_;
-  std::uint64_t epoch_of(std::uint64_t t) const { return t / header_.layout.steps; }
-  void note_request_locked(std::uint64_t t, Clock::time_point now);
-  // wait < 0: not measured (transparent mode).
-  void note_served_locked(std::uint64_t t, std::uint32_t r, std::uint64_t samples,
-                          std::uint64_t hits, double wait);
-  void note_released_locked(std::uint64_t t, Clock::time_point now);
-  void note_read_locked(std::uint64_t t, std::uint64_t samples, std::uint64_t runs, double secs);
-  // Transparent mode: rank r began step t at `at` (seconds since ready_at_): its lead.
-  void note_begun_locked(std::uint64_t t, double at);
-  // Per step, seconds since ready_at_ when its last storage read / peer read landed (-1: none).
-  std::vector<float> storage_landed_, peer_landed_;
-  void read_xstats(std::uint64_t out[4]) const;
+  // What the agent measured (node_stats.h): noted with mu_ held by every thread that works
+  // (readers, io thread, pacer, peer thread); the stats document copies it under mu_.
+  NodeStats stats_;
 
   asio::io_context io_;
   stream::acceptor acceptor_;

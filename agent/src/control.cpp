@@ -285,7 +285,7 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
                                   protocol::kMaxStepsAsked));
       if (rs.asked++ == waits_for(rs)) {  // it holds nothing older: it waits for this one now
         rs.wait_since = Clock::now();
-        note_request_locked(n.step, rs.wait_since);
+        stats_.note_request(n.step, rs.wait_since, ready_);
       }
       serve_due_ = true;  // once every request read with it is handled (read_more)
       return;
@@ -305,10 +305,10 @@ void Agent::Impl::on_message(const std::shared_ptr<Session>& s, protocol::Op op,
           drop_use_locked(a & kSampleMask);
       ++rs.released;  // its ring entry can take a later batch
       const auto now = Clock::now();
-      note_released_locked(rl.step, now);
+      stats_.note_released(rl.step, now);
       if (const std::uint64_t w = waits_for(rs); w < rs.asked && w < T_) {  // asked ahead
         rs.wait_since = now;  // it waits for it now
-        note_request_locked(w, now);
+        stats_.note_request(w, now, ready_);
       }
       // Its ring entry is copied once every request read with it is handled (read_more),
       // after the replies.

@@ -313,13 +313,12 @@ void Agent::Impl::peer_done_locked(const PeerJob& j, bool ok) {
   if (ok) {
     table_.publish(j.sample, j.slot);
     ++peer_samples_;
-    ++epochs_[epoch_of(j.step)].peer_samples;
-    if (j.step < peer_landed_.size()) peer_landed_[j.step] = static_cast<float>(seconds_since(ready_at_));
+    stats_.note_peer_read(j.step);
     drop_use_locked(j.sample);  // the read pin (prefetch_loop)
     if (--outstanding_[j.step] == 0) complete_steps_locked();
   } else {
     ++peer_fallbacks_;
-    ++fetched_;  // from storage after all
+    stats_.note_fetching(1);  // from storage after all
     ReadJob job;
     job.step = j.step;
     job.runs.push_back({j.sample, 1});

@@ -62,7 +62,7 @@ void Agent::Impl::prefetch_loop() {
           if (std::find(incoming.begin(), incoming.end(), x) != incoming.end()) continue;
           incoming.push_back(x);
           from.push_back(kStorage);
-          ++unplanned_;
+          stats_.note_unplanned();
         }
       }
       // The step's slots, all at once: its reads are queued only when it has all of them.
@@ -78,7 +78,7 @@ void Agent::Impl::prefetch_loop() {
         if (stopping_ || !fatal_.empty()) return;
       }
       for (std::size_t i = 0; i < incoming.size(); ++i) slots.push_back(table_.take_free());
-      slot_wait_seconds_ += seconds_since(wait_from);
+      stats_.note_slot_wait(seconds_since(wait_from));
       // A sample being read is pinned like a use: were it evicted before its read lands (its
       // only user may be a rank that has left), its slot must not be handed to another sample
       // whose read could then be overwritten by this one.
@@ -89,7 +89,8 @@ void Agent::Impl::prefetch_loop() {
       // as much as the rank's. Peer reads as well: they wait for the peer's own fetch.
       if (xindex_)
         for (const std::uint32_t x : incoming) table_.mark_in_flight(x);
-      fetched_ += static_cast<std::uint64_t>(std::count(from.begin(), from.end(), kStorage));
+      stats_.note_fetching(
+          static_cast<std::uint64_t>(std::count(from.begin(), from.end(), kStorage)));
       // Admit the step's uses now, before later steps' evictions are looked at. Each use's hit
       // bit becomes what this agent does (the per-epoch stats count it when the batch is
       // served): set when its sample is already here, clear when it is read for this step.
@@ -102,7 +103,7 @@ void Agent::Impl::prefetch_loop() {
           std::uint32_t& a = plan_.accesses[k];
           const std::uint32_t x = a & kSampleMask;
           table_.add_use(x);
-          if (a & kHitBit) ++hits_;  // the plan's
+          if (a & kHitBit) stats_.note_plan_hit();  // the plan's
           a = std::binary_search(reading.begin(), reading.end(), x) ? x : (x | kHitBit);
         }
       }
@@ -385,10 +386,7 @@ void Agent::Impl::reader_loop() {
         }
         // A merged read's time, shared by its jobs by their samples.
         const double share = secs * static_cast<double>(job.slots.size()) / static_cast<double>(n);
-        read_seconds_ += share;
-        reads_ += job.runs.size();
-        bytes_read_ += job.slots.size() * sample_bytes_;
-        note_read_locked(job.step, job.slots.size(), job.runs.size(), share);
+        stats_.note_read(job.step, job.slots.size(), job.runs.size(), share);
         for (const auto& run : job.runs)  // read: the read pins go (see prefetch_loop)
           for (std::uint64_t x = run.first; x < run.first + run.count; ++x)
             drop_use_locked(static_cast<std::uint32_t>(x));

@@ -41,7 +41,7 @@ void Agent::Impl::put_batch_locked(RankState& rs, std::uint32_t r,
   // ahead was not.
   const double wait = waits_for(rs) == t ? seconds_since(rs.wait_since) : 0.0;
   rs.stall_seconds += wait;
-  note_served_locked(t, r, acc.size(), hits, wait);
+  stats_.note_served(t, r, acc.size(), hits, wait);
   ++rs.cursor;
 }
 

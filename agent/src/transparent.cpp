@@ -70,8 +70,8 @@ void Agent::Impl::setup_index() {
   // need_[i]: how many times access i's sample has been used on this node up to and including
   // access i, in plan order; once its consumed counter reaches that, access i has happened.
   std::vector<std::uint32_t> count(N, 0);
-  storage_landed_.assign(T_, -1.0F);
-  peer_landed_.assign(T_, -1.0F);
+  stats_.attach_xstats(&x->stats);
+  stats_.track_landing();
   need_.resize(plan_.accesses.size());
   for (std::size_t i = 0; i < plan_.accesses.size(); ++i)
     need_[i] = ++count[plan_.accesses[i] & kSampleMask];
@@ -151,7 +151,7 @@ void Agent::Impl::pace_loop() {
                        .load(std::memory_order_relaxed) >= need_[at + k];
           if (!done) break;
           // Begun and done within one pass: begun now, as far as we can tell.
-          note_begun_locked(rs.released, rs.begun_at >= 0 ? rs.begun_at : seconds_since(ready_at_));
+          stats_.note_begun(rs.released, rs.begun_at >= 0 ? rs.begun_at : stats_.since_ready());
           rs.begun_at = -1;
           std::uint64_t hits = 0;
           for (std::uint32_t a : acc) {
@@ -161,9 +161,9 @@ void Agent::Impl::pace_loop() {
           // The rank's consumption of the step is its request, service and release at once
           // (no request to time: stall is not measured in this mode).
           const auto now = Clock::now();
-          note_request_locked(rs.released, now);
-          note_served_locked(rs.released, r, acc.size(), hits, -1);
-          note_released_locked(rs.released, now);
+          stats_.note_request(rs.released, now, ready_);
+          stats_.note_served(rs.released, r, acc.size(), hits, -1);
+          stats_.note_released(rs.released, now);
           rs.cursor = ++rs.released;
         }
         // A step begun (any of its samples consumed) starts its epoch and the head start, and
@@ -175,8 +175,8 @@ void Agent::Impl::pace_loop() {
             if (std::atomic_ref<std::uint32_t>(xconsumed_[acc[k] & kSampleMask])
                     .load(std::memory_order_relaxed) >= need_[at + k]) {
               const auto now = Clock::now();
-              rs.begun_at = seconds_since(ready_at_);
-              note_request_locked(rs.released, now);
+              rs.begun_at = stats_.since_ready();
+              stats_.note_request(rs.released, now, ready_);
               break;
             }
         }
