@@ -6,7 +6,7 @@
 // read directly from the server's mapped file; chunked ones through a staging buffer the server
 // fills on request. Up to `queue_depth` fi_reads are in flight, of every thread's reads of
 // the source together (read() and read_labels() may be called from several threads at once:
-// one thread drives the connection for all, see fabric_source.cpp). A read that fails (a CQ error, no
+// one thread drives the connection for all, see fabric_sharing.cpp). A read that fails (a CQ error, no
 // progress within `timeout_s`, the server closing the bootstrap connection) is retried on a new
 // connection, again and again with backoff (0.1 s doubling to 2 s) until `reconnect_s` have
 // passed since the server was lost: a restarted solar-stored is picked up where the read

@@ -1,0 +1,213 @@
+// solar verify: read a source and check every byte against the generator.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cmd_storage.h"
+#include "commands.h"
+#include "options.h"
+#include "progress.h"
+#include "solar/core/config.h"
+#include "solar/core/rng.h"
+#include "solar/storage/content.h"
+#include "solar/storage/fabric_source.h"
+#include "solar/storage/hdf5_writer.h"
+#include "solar/storage/sample_source.h"
+#include "storage_reads.h"
+
+namespace solar::cli {
+namespace {
+
+using storage::SampleRun;
+using storage::StorageError;
+
+struct VerifyOptions {
+  std::string source;
+  std::optional<std::string> range;
+  std::optional<std::uint64_t> sample;
+  std::optional<std::uint64_t> seed;
+  std::string batch = "64M";
+  bool progress = true;
+  bool json = false;
+  SourceFlags flags;
+};
+
+void run_verify(const VerifyOptions& o) {
+  std::unique_ptr<storage::SampleSource> src;
+  std::uint64_t batch_bytes = 0;
+  std::vector<SampleRun> runs;
+  std::uint64_t seed = 0;
+  try {
+    batch_bytes = parse_bytes(o.batch, "--batch-bytes");
+    if (batch_bytes == 0) throw ConfigError("--batch-bytes", "must be > 0");
+    if (o.range && o.sample) throw ConfigError("--sample", "give --range or --sample, not both");
+    try {
+      src = o.flags.open(o.source);
+    } catch (const StorageError& e) {
+      throw ConfigError("SOURCE", e.what());
+    }
+    const auto& info = src->info();
+    if (o.seed) seed = *o.seed;
+    else if (info.seed) seed = *info.seed;
+    else
+      throw ConfigError("--seed", fmt::format("{} carries no solar_seed attribute (not written by "
+                                              "`solar gen`?); pass the seed it was written with",
+                                              src->describe()));
+    std::uint64_t first = 0, last = info.samples;
+    if (o.range) {
+      const auto colon = o.range->find(':');
+      try {
+        if (colon == std::string::npos) throw std::invalid_argument("");
+        std::size_t used = 0;
+        const std::string a = o.range->substr(0, colon), b = o.range->substr(colon + 1);
+        if (!a.empty()) first = std::stoull(a, &used);
+        if (!a.empty() && used != a.size()) throw std::invalid_argument("");
+        if (!b.empty()) last = std::stoull(b, &used);
+        if (!b.empty() && used != b.size()) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        throw ConfigError("--range", fmt::format("'{}' is not FIRST:END (e.g. 0:100)", *o.range));
+      }
+      if (first >= last || last > info.samples)
+        throw ConfigError("--range", fmt::format("{}:{} is outside the dataset's samples 0:{}",
+                                                 first, last, info.samples));
+    }
+    if (o.sample) {
+      if (*o.sample == 0 || *o.sample > info.samples)
+        throw ConfigError("--sample", fmt::format("must be in 1..{}", info.samples));
+      std::vector<std::uint32_t> perm(info.samples);
+      solar_permutation(seed + 1, 0, perm);
+      runs = storage::coalesce({perm.begin(), perm.begin() + static_cast<std::ptrdiff_t>(*o.sample)});
+    } else if (info.samples) {
+      runs = {{first, last - first}};
+    }
+  } catch (const ConfigError& e) {
+    exit_code() = usage("verify", e.what());
+    return;
+  }
+  const auto& info = src->info();
+  const std::uint64_t sb = info.sample_bytes;
+  const bool check_labels = info.has_labels && info.label_dtype == storage::DType::int32 &&
+                            info.label_bytes == 4;
+  const auto parts = batches(runs, sb, batch_bytes);
+  std::vector<std::byte> buf(std::min(batch_bytes, storage::total_samples(runs) * sb) + sb);
+  std::vector<std::int32_t> labels;
+  std::vector<std::uint64_t> bad, bad_labels;
+  std::uint64_t checked = 0;
+  const std::uint64_t total = storage::total_samples(runs);
+  double read_s = 0;
+  const auto t0 = Clock::now();
+  try {
+    ProgressBar bar("verifying", o.progress && !o.json);
+    for (const auto& part : parts) {
+      const std::uint64_t n = storage::total_samples(part);
+      const auto tr = Clock::now();
+      src->read(part, buf.data());
+      read_s += since(tr);
+      if (check_labels) {
+        labels.resize(n);
+        src->read_labels(part, reinterpret_cast<std::byte*>(labels.data()));
+      }
+      std::vector<std::uint64_t> ids;
+      for (const auto& r : part)
+        for (std::uint64_t i = 0; i < r.count; ++i) ids.push_back(r.first + i);
+      std::vector<char> ok(n, 1);
+      std::atomic<std::size_t> next{0};
+      auto work = [&] {
+        for (std::size_t i; (i = next.fetch_add(1)) < n;)
+          ok[i] = storage::content::check_sample(seed, ids[i], buf.data() + i * sb, sb);
+      };
+      std::thread helper(work);
+      work();
+      helper.join();
+      for (std::uint64_t i = 0; i < n; ++i) {
+        if (!ok[i]) bad.push_back(ids[i]);
+        if (check_labels && labels[i] != storage::content::label(seed, ids[i]))
+          bad_labels.push_back(ids[i]);
+      }
+      checked += n;
+      bar(checked, total);
+    }
+  } catch (const StorageError& e) {
+    std::fprintf(stderr, "solar verify: %s\n", e.what());
+    exit_code() = kExitFailure;
+    return;
+  }
+  const double s = since(t0);
+  const std::uint64_t bytes = checked * sb;
+  const bool all_ok = bad.empty() && bad_labels.empty();
+  if (o.json) {
+    fmt::print("{}\n", nlohmann::json{{"source", src->describe()},
+                                      {"samples", checked},
+                                      {"bytes", bytes},
+                                      {"bad_samples", bad},
+                                      {"bad_labels", bad_labels},
+                                      {"labels_checked", check_labels},
+                                      {"seconds", s},
+                                      {"read_gbps", gbps(bytes, read_s)},
+                                      {"ok", all_ok}}
+                           .dump(2));
+  } else {
+    fmt::print("{}: {} {} samples of {} {} ({}){}, seed {}\n", src->describe(),
+               all_ok ? "verified" : "checked", checked, info.shape_string(),
+               storage::to_string(info.dtype), format_bytes(bytes),
+               check_labels ? " and their labels" : "", seed);
+    fmt::print("read {:.2f} GB/s, overall {:.2f} GB/s ({:.2f} s)\n", gbps(bytes, read_s),
+               gbps(bytes, s), s);
+    auto list = [](const std::vector<std::uint64_t>& v) {
+      std::string out;
+      for (std::size_t i = 0; i < std::min<std::size_t>(v.size(), 10); ++i)
+        out += (i ? ", " : "") + std::to_string(v[i]);
+      return out + (v.size() > 10 ? ", ..." : "");
+    };
+    if (!bad.empty())
+      fmt::print("MISMATCH: {} sample(s) differ from the generator: {}\n", bad.size(), list(bad));
+    if (!bad_labels.empty())
+      fmt::print("MISMATCH: {} label(s) differ: {}\n", bad_labels.size(), list(bad_labels));
+    if (all_ok) fmt::print("all match\n");
+  }
+  exit_code() = all_ok ? kExitOk : kExitFailure;
+}
+
+
+}  // namespace
+
+void add_verify_command(CLI::App& app) {
+  auto v = std::make_shared<VerifyOptions>();
+  CLI::App* verify = app.add_subcommand(
+      "verify",
+      "Read samples through a source and check every byte (and label) against the generator\n"
+      "of `solar gen`. Exit code 0: all match; 1: a mismatch or a read failed; 2: bad input.");
+  verify->add_option("source", v->source, "FILE.h5:/dataset (default /data) or fabric://HOST:PORT/NAME")
+      ->type_name(kSource)
+      ->required();
+  verify->add_option("--range", v->range, "Only samples FIRST:END (END exclusive)")
+      ->type_name("UINT:UINT");
+  verify->add_option("--sample", v->sample, "Only this many samples, chosen at random")
+      ->type_name(kUint);
+  verify->add_option("--seed", v->seed, "Content seed (default: the file's solar_seed attribute)")
+      ->type_name(kUint);
+  verify->add_option("--batch-bytes", v->batch, "Bytes read per request batch [64M]")
+      ->type_name(kBytes);
+  verify->add_flag("--json", v->json, "Print machine-readable results");
+  verify->add_flag_callback("--no-progress", [v] { v->progress = false; }, "No progress bar");
+  v->flags.add(verify);
+  verify->callback([v] { run_verify(*v); });
+}
+
+}  // namespace solar::cli
