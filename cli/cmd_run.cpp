@@ -1,5 +1,4 @@
 // solar run: the whole data path on one machine (plan, agents, ranks, teardown).
-// solar stat: an agent's live metrics.
 #include <fmt/format.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <string_view>
 #include <thread>
 
+#include "agent_lines.h"
 #include "commands.h"
 #include "launcher.h"
 #include "options.h"
@@ -42,63 +42,6 @@ struct RunOptions {
   double peer_timeout = 10;
   std::vector<std::string> command;
 };
-
-// An agent's transparent-mode counters for people: reads served and fallen through, and
-// whether the script followed the plan (`solar run`'s summary and `solar stat`).
-std::string transparent_line(const nlohmann::json& t, std::uint64_t total_steps) {
-  const double served = t["hit_reads"].get<double>(), missed = t["miss_reads"].get<double>();
-  const auto consumed = t["consumed_steps"].get<std::uint64_t>();
-  return fmt::format(
-      "file reads served from the buffer {:.0f} ({}), fallen through {:.0f} ({}), {:.1f}% "
-      "served ({} processes attached, {} copies abandoned); {} of {} steps consumed as "
-      "planned{}",
-      served, format_bytes(t["hit_bytes"].get<std::uint64_t>()), missed,
-      format_bytes(t["miss_bytes"].get<std::uint64_t>()),
-      served + missed > 0 ? 100 * served / (served + missed) : 0.0,
-      t["attached"].get<std::uint64_t>(), t["torn"].get<std::uint64_t>(), consumed, total_steps,
-      consumed < total_steps ? " (the script's order differs from the plan: check --seed, "
-                               "--batch, --epochs, --drop-last)"
-                             : "");
-}
-
-// When an agent's unmodified ranks read more than 2% of their reads from the file: says so,
-// and whether the agent was behind them (its per-epoch lead figures), else "".
-std::string fell_through_line(const nlohmann::json& a, const nlohmann::json& t) {
-  const double served = t["hit_reads"].get<double>(), missed = t["miss_reads"].get<double>();
-  if (served + missed <= 0 || missed <= 0.02 * (served + missed)) return "";
-  std::uint64_t steps = 0, first = 0, storage = 0, peer = 0;
-  for (const auto& e : a.value("per_epoch", nlohmann::json::array())) {
-    const auto& l = e.value("lead", nlohmann::json());
-    if (!l.is_object()) continue;
-    steps += l.value("steps", 0ULL);
-    first += l.value("rank_first", 0ULL);
-    storage += l.value("storage_late", 0ULL);
-    peer += l.value("peer_late", 0ULL);
-  }
-  return fmt::format(
-      "{:.1f}% of the script's file reads fell through to storage (more than 2%; {} read "
-      "there instead of from the buffer): the rank began {} of {} steps before the agent had "
-      "read them ({} waiting on storage reads, {} on peers' buffers); per epoch: `lead` in the "
-      "stats (--stats-out, solar stat --json)",
-      100 * missed / (served + missed), format_bytes(t["miss_bytes"].get<std::uint64_t>()), first,
-      steps, storage, peer);
-}
-
-// "; X from the device" when the agent's kernel counted its block reads (device_read_bytes).
-std::string device_bytes(const nlohmann::json& a) {
-  const auto it = a.find("device_read_bytes");
-  if (it == a.end() || !it->is_number_unsigned()) return "";
-  return fmt::format("; {} read from the device", format_bytes(it->get<std::uint64_t>()));
-}
-
-// An agent's peer-sharing counters for people (`solar run`'s summary and `solar stat`).
-std::string peers_line(const nlohmann::json& p) {
-  return fmt::format("{} samples read from peers' buffers ({}), {} from storage instead (peer "
-                     "unreachable or without the sample){}",
-                     p.value("samples", 0ULL), format_bytes(p.value("bytes", 0ULL)),
-                     p.value("fallbacks", 0ULL),
-                     p.value("disabled", false) ? "; peer sharing was turned off" : "");
-}
 
 void print_summary(const LaunchResult& r) {
   for (const auto& a : r.agents) {
@@ -396,161 +339,6 @@ void run_run(const RunOptions& o) {
   }
 }
 
-// The agents `solar stat` asks: the sockets given, a solar run's folder of node*.sock, a Slurm
-// step's sockets on this node (runtime_dir/solar-JOB.STEP.*/agent.sock), or $SOLAR_SOCKET.
-std::vector<std::string> stat_sockets(const std::vector<std::string>& given, const std::string& job,
-                                      const std::string& runtime_dir) {
-  namespace fs = std::filesystem;
-  std::vector<std::string> out;
-  auto add_dir = [&](const fs::path& dir, const std::string& prefix) {
-    std::vector<std::string> found;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
-      if (!prefix.empty()) {
-        if (name.rfind(prefix, 0) == 0 && fs::exists(e.path() / "agent.sock"))
-          found.push_back((e.path() / "agent.sock").string());
-      } else if (name.rfind("node", 0) == 0 && name.size() > 5 &&
-                 name.substr(name.size() - 5) == ".sock") {
-        found.push_back(e.path().string());
-      }
-    }
-    std::sort(found.begin(), found.end());
-    out.insert(out.end(), found.begin(), found.end());
-    return !found.empty();
-  };
-  if (!job.empty()) {
-    if (!add_dir(runtime_dir, "solar-" + job + "."))
-      throw ConfigError("--job", fmt::format("no agent of step {} on this node (looked for "
-                                             "{}/solar-{}.*/agent.sock; give --runtime-dir if the "
-                                             "site's plugstack.conf sets runtime_dir)",
-                                             job, runtime_dir, job));
-    return out;
-  }
-  for (const std::string& g : given) {
-    std::error_code ec;
-    if (fs::is_directory(g, ec)) {
-      if (!add_dir(g, ""))
-        throw ConfigError("SOCKET", fmt::format("{}: a folder without node*.sock (give a solar "
-                                                "run's folder, shown by solar run -v)", g));
-    } else {
-      out.push_back(g);
-    }
-  }
-  if (out.empty()) {
-    const char* env = std::getenv("SOLAR_SOCKET");
-    if (!env || !*env)
-      throw ConfigError("SOCKET", "give an agent's socket, a solar run's folder (solar run -v "
-                                  "prints it) or --job JOB.STEP (under Slurm, on the node)");
-    out.push_back(env);
-  }
-  return out;
-}
-
-// One agent's report: the node line, rates since the last report, and a bar per rank.
-struct StatTrack {
-  double served = 0, t = 0;             // samples served at the last report, and when
-  double min_step = 0;                  // slowest rank's step then
-  bool have = false;
-};
-
-std::string stat_block(const nlohmann::json& s, StatTrack& tr, double now) {
-  const std::uint64_t spe = s["steps_per_epoch"], total = s["total_steps"];
-  const std::uint64_t epochs = s["epochs"];
-  const nlohmann::json totals = s.value("totals", nlohmann::json::object());
-  const double served = totals.value("samples_served", 0.0);
-  const double sample_bytes = s.value("sample_bytes", 0.0);
-  double min_step = static_cast<double>(total);
-  for (const auto& r : s["ranks"])
-    min_step = std::min(min_step, r["step"].get<double>());
-  std::string rate = "", eta = "";
-  if (tr.have && now > tr.t) {
-    const double dt = now - tr.t, sps = (served - tr.served) / dt;
-    rate = fmt::format(", {:.0f} samples/s, {:.2f} GB/s", sps, sps * sample_bytes / 1e9);
-    const double steps_per_s = (min_step - tr.min_step) / dt;
-    if (steps_per_s > 0)
-      eta = fmt::format(", ETA {:.0f} s", (static_cast<double>(total) - min_step) / steps_per_s);
-  }
-  tr = {served, now, min_step, true};
-  const double hits = totals.value("hits", s["hits"].get<double>());
-  const double fetched = totals.value("fetched_samples", s["fetched_samples"].get<double>());
-  std::string out = fmt::format(
-      "node {}: {} of {} steps prefetched, {} ahead; hit rate {:.1f}%, {} fetched ({}) in {} "
-      "reads, {:.2f} s; ranks stalled {:.2f} s{}{}\n",
-      s["node"].get<int>(), s["ready_steps"].get<std::uint64_t>(), total,
-      s["ahead_steps"].get<std::int64_t>(),
-      hits + fetched > 0 ? 100 * hits / (hits + fetched) : 0.0,
-      s["fetched_samples"].get<std::uint64_t>(),
-      format_bytes(s["bytes_read"].get<std::uint64_t>()),
-      s["storage_reads"].get<std::uint64_t>(), s["read_seconds"].get<double>(),
-      totals.value("stall_seconds", 0.0), rate, eta);
-  if (const auto& t = s.value("transparent", nlohmann::json()); t.is_object())
-    out += fmt::format("  {}\n", transparent_line(t, total));
-  if (const auto& p = s.value("peers", nlohmann::json()); p.is_object())
-    out += fmt::format("  {}\n", peers_line(p));
-  for (const auto& r : s["ranks"]) {
-    const std::uint64_t step = r["step"];
-    const std::uint64_t e = std::min<std::uint64_t>(step / std::max<std::uint64_t>(spe, 1),
-                                                    epochs - 1);
-    const std::uint64_t in_epoch = step >= total ? spe : step % spe;
-    out += fmt::format("  rank {:>3} epoch {:>3}/{} [{}] {:>6} steps, stalled {:.2f} s{}\n",
-                       r["local_rank"].get<int>(), e + 1, epochs, bar_text(in_epoch, spe), step,
-                       r["stall_seconds"].get<double>(),
-                       r["attached"].get<bool>() ? "" : " (left)");
-  }
-  return out;
-}
-
-void run_stat(const std::vector<std::string>& given, const std::string& job,
-              const std::string& runtime_dir, bool json, bool watch) {
-  std::vector<std::string> sockets;
-  try {
-    sockets = stat_sockets(given, job, runtime_dir);
-  } catch (const ConfigError& e) {
-    std::fprintf(stderr, "solar stat: %s\n", e.what());
-    exit_code() = kExitUsage;
-    return;
-  }
-  // On a terminal, --watch redraws the same lines; into a pipe or file it appends reports.
-  const bool redraw = watch && !json && ::isatty(1) == 1;
-  std::vector<StatTrack> track(sockets.size());
-  std::vector<bool> done(sockets.size(), false);
-  std::size_t drawn_lines = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (bool first = true;; first = false) {
-    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::string report;
-    std::size_t alive = 0;
-    for (std::size_t i = 0; i < sockets.size(); ++i) {
-      if (done[i]) {
-        report += fmt::format("{}: finished\n", sockets[i]);
-        continue;
-      }
-      nlohmann::json s;
-      try {
-        s = agent_stats(sockets[i]);
-      } catch (const std::exception& e) {
-        if (watch && !first) {  // it was there: the agent finished
-          done[i] = true;
-          report += fmt::format("{}: finished\n", sockets[i]);
-          continue;
-        }
-        std::fprintf(stderr, "solar stat: %s\n", e.what());
-        exit_code() = kExitFailure;
-        return;
-      }
-      ++alive;
-      report += json ? s.dump() + "\n" : stat_block(s, track[i], now);
-    }
-    if (redraw && drawn_lines > 0) fmt::print("\x1b[{}F\x1b[J", drawn_lines);
-    fmt::print("{}", report);
-    if (watch && !redraw && !json) fmt::print("\n");
-    drawn_lines = static_cast<std::size_t>(std::count(report.begin(), report.end(), '\n'));
-    std::fflush(stdout);
-    if (!watch || alive == 0) return;
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-}
 
 }  // namespace
 
@@ -654,30 +442,6 @@ void add_run_commands(CLI::App& app) {
   run->add_option("command", o->command, "The rank program and its arguments (after --)")
       ->required();
   run->callback([o] { run_run(*o); });
-
-  auto sock = std::make_shared<std::vector<std::string>>();
-  auto job = std::make_shared<std::string>();
-  auto runtime_dir = std::make_shared<std::string>("/run/solar");
-  auto json = std::make_shared<bool>(false);
-  auto watch = std::make_shared<bool>(false);
-  CLI::App* stat = app.add_subcommand(
-      "stat", "Show running agents' progress: per node steps prefetched, hit rate, samples/s, "
-              "GB/s, ranks' stall and ETA, a bar per rank");
-  stat->add_option("socket", *sock,
-                   "Agents' sockets, or a solar run's folder (solar run -v prints it) for all "
-                   "its agents [$SOLAR_SOCKET]")
-      ->type_name("SOCKET|DIR...");
-  stat->add_option("--job", *job,
-                   "Under Slurm, on a node of the job: the agent of step JOB.STEP there (e.g. "
-                   "srun --jobid 42 --overlap -w node1 solar stat --job 42.0 --watch)")
-      ->type_name("JOB.STEP");
-  stat->add_option("--runtime-dir", *runtime_dir,
-                   "The plugin's runtime_dir (plugstack.conf) for --job [/run/solar]")
-      ->type_name("DIR");
-  stat->add_flag("--json", *json, "One JSON object per agent and report");
-  stat->add_flag("--watch", *watch,
-                 "Report every second until the agents exit (redrawn in place on a terminal)");
-  stat->callback([=] { run_stat(*sock, *job, *runtime_dir, *json, *watch); });
 }
 
 }  // namespace solar::cli

@@ -24,8 +24,10 @@ inline double median(std::vector<double> v) {
 
 void add_plan_commands(CLI::App& app);     // plan, plan-dump (cmd_plan.cpp)
 void add_storage_commands(CLI::App& app);  // gen, verify, bench io (cmd_storage.cpp)
-void add_run_commands(CLI::App& app);      // run, stat (cmd_run.cpp)
+void add_run_commands(CLI::App& app);      // run (cmd_run.cpp)
+void add_stat_command(CLI::App& app);      // stat (cmd_stat.cpp)
 void add_bench_loader_command(CLI::App& app);  // bench loader (cmd_bench_loader.cpp)
+void add_bench_serve_command(CLI::App& app);   // bench serve (cmd_bench_serve.cpp)
 void add_report_command(CLI::App& app);  // report (cmd_report.cpp)
 
 }  // namespace solar::cli

@@ -1,12 +1,7 @@
 #include "launcher.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <pthread.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -21,14 +16,15 @@
 #include <map>
 #include <optional>
 #include <memory>
-#include <sstream>
-#include <mutex>
 #include <stdexcept>
 #include <thread>
 
+#include "line_labeller.h"
+#include "run_dir.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/remove_tree.h"
 #include "solar/protocol.h"
+#include "subprocess.h"
 
 extern char** environ;
 
@@ -64,364 +60,6 @@ std::string tail_of(const fs::path& file, std::size_t lines = 5) {
                              : all[i]);
   return out;
 }
-
-// fork + exec with signals unblocked; stdout/stderr inherited unless `log` is given, or
-// `out`/`err` (descriptors to put there; >= 0). The child gets SIGTERM when this thread dies
-// (PR_SET_PDEATHSIG): agents and ranks never outlive a `solar run` that was killed.
-pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-            const std::string& log, int out = -1, int err = -1) {
-  std::vector<char*> args, envp;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(128 + SIGTERM);  // it died before the line above
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::signal(SIGPIPE, SIG_DFL);
-    if (!log.empty()) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-    }
-    if (out >= 0) ::dup2(out, 1);
-    if (err >= 0) ::dup2(err, 2);
-    ::execvpe(args[0], args.data(), envp.data());
-    std::fprintf(stderr, "solar run: cannot run %s: %s\n", args[0], std::strerror(errno));
-    ::_exit(127);
-  }
-  return pid;
-}
-
-void write_all(int fd, const char* p, std::size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;  // EPIPE (SIGPIPE is blocked in this thread) and the like: drop it
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-}
-
-// `solar run -l`: reads every rank's stdout and stderr through pipes, on one thread, and
-// writes each complete line to our stdout/stderr with the rank's label in one write, so lines
-// are never cut or mixed. A line without its newline is written when the rank closes the pipe
-// (with a newline added), or when it grows past kMaxLine bytes.
-class LineLabeller {
- public:
-  static constexpr std::size_t kMaxLine = 1 << 20;
-
-  LineLabeller() {
-    if (::pipe2(stop_, O_CLOEXEC) != 0)
-      throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
-  }
-  ~LineLabeller() {
-    finish(0);
-    for (auto& s : streams_)
-      if (s.fd >= 0) ::close(s.fd);
-    ::close(stop_[0]);
-    ::close(stop_[1]);
-  }
-  LineLabeller(const LineLabeller&) = delete;
-  LineLabeller& operator=(const LineLabeller&) = delete;
-
-  // A pipe whose write end goes to a rank as its fd 1 or 2; returns that write end (the
-  // caller closes it once the rank is started).
-  int add(int dest, std::string label) {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0)
-      throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
-    streams_.push_back({p[0], dest, std::move(label), {}});
-    return p[1];
-  }
-
-  void start() {
-    thread_ = std::thread([this] { loop(); });
-  }
-
-  // After the ranks exited: waits up to `grace` seconds for their pipes to close (a child
-  // they left behind may hold them), then forwards whatever is buffered and stops.
-  void finish(double grace) {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard g(mu_);
-      grace_ = grace;
-    }
-    const char x = 0;
-    [[maybe_unused]] const ssize_t w = ::write(stop_[1], &x, 1);
-    thread_.join();
-  }
-
- private:
-  struct Stream {
-    int fd;
-    int dest;
-    std::string label, partial;
-  };
-
-  void emit(Stream& s, std::string_view line) {
-    std::string out;
-    out.reserve(s.label.size() + line.size() + 1);
-    out.append(s.label).append(line).push_back('\n');
-    write_all(s.dest, out.data(), out.size());
-  }
-
-  enum class Got { data, nothing, end };
-
-  // Reads what is there and forwards its complete lines.
-  Got pump(Stream& s) {
-    char buf[65536];
-    const ssize_t n = ::read(s.fd, buf, sizeof buf);
-    if (n < 0) return errno == EINTR || errno == EAGAIN ? Got::nothing : Got::end;
-    if (n == 0) return Got::end;
-    s.partial.append(buf, static_cast<std::size_t>(n));
-    std::size_t from = 0;
-    for (std::size_t nl; (nl = s.partial.find('\n', from)) != std::string::npos; from = nl + 1)
-      emit(s, std::string_view(s.partial).substr(from, nl - from));
-    s.partial.erase(0, from);
-    if (s.partial.size() >= kMaxLine) {
-      emit(s, s.partial);
-      s.partial.clear();
-    }
-    return Got::data;
-  }
-
-  void close_stream(Stream& s) {
-    if (!s.partial.empty()) emit(s, s.partial);
-    s.partial.clear();
-    ::close(s.fd);
-    s.fd = -1;
-  }
-
-  void loop() {
-    sigset_t pipe_sig;
-    sigemptyset(&pipe_sig);
-    sigaddset(&pipe_sig, SIGPIPE);
-    ::pthread_sigmask(SIG_BLOCK, &pipe_sig, nullptr);
-    std::optional<Clock::time_point> until;
-    for (;;) {
-      std::vector<pollfd> fds;
-      std::vector<Stream*> who;
-      for (auto& s : streams_)
-        if (s.fd >= 0) {
-          fds.push_back({s.fd, POLLIN, 0});
-          who.push_back(&s);
-        }
-      if (fds.empty()) return;
-      if (!until) fds.push_back({stop_[0], POLLIN, 0});
-      int timeout = -1;
-      if (until) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*until -
-                                                                                Clock::now());
-        if (left.count() <= 0) break;
-        timeout = static_cast<int>(left.count());
-      }
-      if (::poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) break;
-      for (std::size_t i = 0; i < who.size(); ++i)
-        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR))
-          if (pump(*who[i]) == Got::end) close_stream(*who[i]);
-      if (!until && (fds.back().revents & POLLIN)) {
-        std::lock_guard g(mu_);
-        until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double>(grace_));
-      }
-    }
-    // Past the grace period: take what is in the pipes now and stop.
-    for (auto& s : streams_) {
-      if (s.fd < 0) continue;
-      ::fcntl(s.fd, F_SETFL, ::fcntl(s.fd, F_GETFL) | O_NONBLOCK);
-      while (pump(s) == Got::data) {
-      }
-      close_stream(s);
-    }
-  }
-
-  std::vector<Stream> streams_;
-  int stop_[2] = {-1, -1};
-  std::thread thread_;
-  std::mutex mu_;
-  double grace_ = 0;
-};
-
-int exit_code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
-// Waits for `pid` up to `seconds`; true when it exited (status stored).
-bool wait_for(pid_t pid, double seconds, int* status) {
-  const auto until = Clock::now() + std::chrono::duration<double>(seconds);
-  for (;;) {
-    const pid_t r = ::waitpid(pid, status, WNOHANG);
-    if (r == pid || (r < 0 && errno == ECHILD)) return true;
-    if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
-// ---- the run folder after a kill -------------------------------------------------------------
-//
-// `solar run` removes its folder (plan, sockets, logs) when it ends, also after Ctrl-C or
-// SIGTERM. When it is killed outright (SIGKILL, the OOM killer) its agents and ranks get SIGTERM
-// (spawn's PR_SET_PDEATHSIG) and a watchdog, forked when the folder is made, removes the folder
-// once they are gone. A folder left anyway (the whole process group killed, the watchdog too)
-// carries its owner in solar-run.owner, and the next `solar run` of the same user with the same
-// TMPDIR removes it if that owner is dead.
-
-constexpr const char* kOwnerFile = "solar-run.owner";
-
-std::string read_first_line(const std::string& path) {
-  std::ifstream f(path);
-  std::string line;
-  std::getline(f, line);
-  return line;
-}
-
-// A process's start time (clock ticks after boot, /proc/PID/stat field 22); "" if it is gone.
-std::string start_time(pid_t pid) {
-  const std::string stat = read_first_line(fmt::format("/proc/{}/stat", pid));
-  const auto paren = stat.rfind(')');
-  if (paren == std::string::npos) return {};
-  std::istringstream rest(stat.substr(paren + 1));
-  std::string field;
-  for (int i = 3; i <= 22 && (rest >> field); ++i) {
-    if (i == 3 && field == "Z") return {};  // a zombie is gone
-    if (i == 22) return field;
-  }
-  return {};
-}
-
-// Who owns a run folder: this boot, this pid namespace, this process and its start time (a pid
-// alone may be reused).
-std::string owner_line(pid_t pid) {
-  std::error_code ec;
-  return fmt::format("boot={} pidns={} pid={} start={}",
-                     read_first_line("/proc/sys/kernel/random/boot_id"),
-                     fs::read_symlink("/proc/self/ns/pid", ec).string(), pid, start_time(pid));
-}
-
-// Removes the run folders under `base` that a killed `solar run` of this user left: only those
-// with an owner file naming a process of this boot and pid namespace that no longer runs.
-void sweep_leftover_run_dirs(const fs::path& base) {
-  std::error_code ec;
-  const std::string mine = owner_line(::getpid());
-  const std::string here = mine.substr(0, mine.find(" pid="));
-  for (const auto& e : fs::directory_iterator(base, ec)) {
-    const std::string name = e.path().filename().string();
-    struct stat st {};
-    if (name.rfind("solar-run-", 0) != 0 || ::lstat(e.path().c_str(), &st) != 0 ||
-        !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
-      continue;
-    const std::string owner = read_first_line((e.path() / kOwnerFile).string());
-    const auto at = owner.find(" pid=");
-    if (at == std::string::npos || owner.substr(0, at) != here) continue;
-    pid_t pid = 0;
-    char start[64] = {};
-    if (std::sscanf(owner.c_str() + at, " pid=%d start=%63s", &pid, start) < 1 || pid <= 0)
-      continue;
-    if (start[0] && start_time(pid) == start) continue;  // still running
-    if (!start[0] && ::kill(pid, 0) == 0) continue;
-    remove_tree(e.path());
-  }
-}
-
-// The watchdog's side: waits on `in` for the agents' pids; at the all-clear (pid 0) it exits,
-// at end-of-file (the launcher died) it waits for the agents to stop, then removes `dir`.
-[[noreturn]] void watch_run_dir(int in, const std::string& dir) {
-  // Ctrl-C and the like are for the launcher, which cleans up itself and gives the all-clear.
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::signal(sig, SIG_IGN);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  // Hold nothing of the launcher's: not its caller's pipes, not the ranks' output.
-  ::dup2(in, 3);
-  const int null = ::open("/dev/null", O_RDWR);
-  for (int fd = 0; fd < 3; ++fd)
-    if (null >= 0 && null != fd) ::dup2(null, fd);
-  if (::syscall(SYS_close_range, 4U, ~0U, 0U) != 0)
-    for (int fd = 4; fd < 65536; ++fd) ::close(fd);
-  ::prctl(PR_SET_NAME, "solar-run-watch");
-  std::vector<pid_t> agents;
-  std::vector<int> pidfds;
-  for (;;) {
-    std::int32_t pid = 0;
-    const ssize_t n = ::recv(3, &pid, sizeof pid, MSG_WAITALL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n != sizeof pid) break;  // the launcher is gone
-    if (pid == 0) ::_exit(0);    // all clear: it removes the folder itself, or keeps it
-    agents.push_back(pid);
-    pidfds.push_back(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
-  }
-  // The agents got SIGTERM with their parent's death; they write into the folder until they stop.
-  auto gone = [&](std::size_t i) {
-    if (pidfds[i] >= 0) {
-      pollfd p{pidfds[i], POLLIN, 0};
-      return ::poll(&p, 1, 0) == 1;
-    }
-    return ::kill(agents[i], 0) != 0 || start_time(agents[i]).empty();
-  };
-  const auto until = Clock::now() + std::chrono::seconds(10);
-  for (std::size_t i = 0; i < agents.size(); ++i) {
-    while (!gone(i) && Clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (!gone(i)) {
-      if (pidfds[i] >= 0)
-        ::syscall(SYS_pidfd_send_signal, pidfds[i], SIGKILL, nullptr, 0U);
-      else
-        ::kill(agents[i], SIGKILL);
-    }
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  remove_tree(dir);
-  ::_exit(0);
-}
-
-// The launcher's side of the watchdog: forked at once (the process has one thread here).
-class RunDirWatch {
- public:
-  explicit RunDirWatch(const fs::path& dir) {
-    int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-      throw std::runtime_error(fmt::format("socketpair: {}", std::strerror(errno)));
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      ::close(sv[0]);
-      ::close(sv[1]);
-      throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
-    }
-    if (pid == 0) {
-      ::close(sv[0]);
-      watch_run_dir(sv[1], dir.string());
-    }
-    ::close(sv[1]);
-    pid_ = pid;
-    fd_ = sv[0];
-  }
-  ~RunDirWatch() {
-    agent(0);  // all clear
-    ::close(fd_);
-    ::waitpid(pid_, nullptr, 0);  // exits at once (unless the run loop reaped it already)
-  }
-  RunDirWatch(const RunDirWatch&) = delete;
-  RunDirWatch& operator=(const RunDirWatch&) = delete;
-  void agent(pid_t pid) {
-    const std::int32_t v = pid;
-    [[maybe_unused]] const ssize_t n = ::send(fd_, &v, sizeof v, MSG_NOSIGNAL);
-  }
-
- private:
-  pid_t pid_ = -1;
-  int fd_ = -1;
-};
 
 }  // namespace
 
@@ -633,7 +271,9 @@ LaunchResult launch(const LaunchSpec& spec) {
           argv.push_back((dir / fmt::format("node{}.stats.json", m)).string());
         }
         result.times.agent_spawned.push_back(Clock::now());
-        agents[m] = spawn(argv, base_env, log);
+        SpawnOptions to_log;
+        to_log.log = log;
+        agents[m] = spawn(argv, base_env, to_log);
         if (watch) watch->agent(agents[m]);
       }
       // Ready when its socket accepts a connection.
@@ -717,7 +357,10 @@ LaunchResult launch(const LaunchSpec& spec) {
           const int out = labeller->add(1, label), err = labeller->add(2, label);
           const pid_t pid = [&] {
             try {
-              return spawn(spec.command, env, "", out, err);
+              SpawnOptions to_pipes;
+              to_pipes.out = out;
+              to_pipes.err = err;
+              return spawn(spec.command, env, to_pipes);
             } catch (...) {
               ::close(out);
               ::close(err);
@@ -728,7 +371,7 @@ LaunchResult launch(const LaunchSpec& spec) {
           ::close(err);
           ranks.push_back(pid);
         } else {
-          ranks.push_back(spawn(spec.command, env, ""));
+          ranks.push_back(spawn(spec.command, env));
         }
       }
     if (labeller) labeller->start();

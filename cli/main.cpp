@@ -59,7 +59,9 @@ int main(int argc, char** argv) {
 #ifdef SOLAR_HAVE_STORAGE
   solar::cli::add_storage_commands(app);
   solar::cli::add_run_commands(app);
+  solar::cli::add_stat_command(app);
   solar::cli::add_bench_loader_command(app);
+  solar::cli::add_bench_serve_command(app);
 #endif
   try {
     app.parse(argc, argv);
