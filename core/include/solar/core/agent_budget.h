@@ -1,0 +1,45 @@
+// How a node agent's memory budget becomes a plan: its slots and staging rings, the buffer
+// that fits, and the settings of job-transparent mode and peer sharing.
+#pragma once
+
+#include <cstdint>
+
+#include "solar/core/plan_config.h"
+
+namespace solar {
+
+// How a node agent spends its memory: slots of one sample, rounded up to 64 bytes, each with
+// its label in an array after the slots (agent_slot_bytes: the two together); the plan's
+// resident set plus `staging_steps` steps of the node's ranks (each rank's
+// ring of that many batches, into which its next batches are copied ahead of its requests).
+inline constexpr std::uint32_t kAgentStagingSteps = 2;
+std::uint64_t agent_slot_bytes(std::uint64_t sample_bytes, std::uint64_t label_bytes);
+// A slot's share of that: the sample's bytes rounded up to 64 (the distance between slots).
+std::uint64_t agent_sample_slot_bytes(std::uint64_t sample_bytes);
+// Sets c.buffer_bytes (the plan's resident set) so that the agent's whole buffer fits in
+// `budget_bytes` per node. c must already hold the sample size, batch, ranks and δ.
+// Throws ConfigError("--buffer") naming the minimum when the budget is too small.
+void fit_plan_to_agent_budget(PlanConfig& c, std::uint64_t budget_bytes,
+                              std::uint64_t label_bytes,
+                              std::uint32_t staging_steps = kAgentStagingSteps);
+
+// The job-transparent mode's plan (`solar run --transparent`, `--solar-transparent`): an
+// unmodified script reads in its own DistributedSampler order with equal batches and decides
+// which rank reads what, so the plan is torch order, δ = 0, policy sampler. Call on the config
+// for agents; `order_given`: the user named an order. Throws ConfigError("--order" or
+// "--imbalance") when the settings contradict the script's.
+void follow_the_script(PlanConfig& c, bool order_given);
+
+// The plan config `solar run` and the SPANK plugin use: c's epochs, nodes, ranks, batch, δ,
+// seed and order, for a dataset of `samples` × `sample_bytes` (+ `label_bytes` per label), with
+// `budget_bytes` of agent memory per node. Checks everything but the buffer first (so a bad
+// batch is named as such), then fits the buffer; policy solar. Throws ConfigError.
+// peers: the nodes' agents share their buffers (c.peer_fetch is set); with rings (neither zero
+// copy nor transparent) each agent then keeps kPeerHandoverSteps more steps of slots for the
+// samples handed over to peers, out of the budget (agent/README.md, "Peers"; the agent's
+// buffer_layout counts the same).
+inline constexpr std::uint32_t kPeerHandoverSteps = 1;
+PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t sample_bytes,
+                             std::uint64_t label_bytes, std::uint64_t budget_bytes,
+                             bool peers = false, bool rings = true);
+}  // namespace solar

@@ -1,0 +1,92 @@
+// What a plan is computed from (PlanConfig), its orders and policies, and the limits its
+// check enforces.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "solar/core/config_error.h"
+
+namespace solar {
+
+// The order every epoch's samples come in.
+enum class OrderMode : std::uint8_t {
+  solar = 0,  // solar's portable RNG (rng.h)
+  torch = 1,  // exactly torch.utils.data.DistributedSampler(shuffle=True, seed) + set_epoch(e)
+};
+
+// How a plan decides assignment, epoch order and eviction. `solar` is ours; the rest are the
+// baselines it is compared with (see core/README.md, "Policies").
+enum class Policy : std::uint8_t {
+  none = 0,         // no buffer: every access reads remote storage
+  lru = 1,          // DistributedSampler assignment, per-node LRU buffer
+  solar_paper = 2,  // the published SOLAR artifact: FIFO, PSO epoch order, owner reassignment
+  nopfs = 3,        // static assignment, per-node static cache of most frequent samples
+  solar = 4,        // locality-steered assignment + clairvoyant (farthest next use) eviction
+  sampler = 5,      // DistributedSampler assignment + clairvoyant per-node eviction (the plan of
+                    // job-transparent mode, where the unmodified script decides who reads what)
+};
+
+std::string_view to_string(OrderMode m);
+std::string_view to_string(Policy p);
+std::optional<OrderMode> parse_order_mode(std::string_view s);
+std::optional<Policy> parse_policy(std::string_view s);
+const std::vector<Policy>& all_policies();
+
+struct PlanConfig {
+  std::uint64_t samples = 0;       // N
+  std::uint64_t sample_bytes = 0;  // bytes of one sample
+  std::uint32_t epochs = 0;        // E
+  std::uint32_t nodes = 1;         // M
+  std::uint32_t ranks_per_node = 1;  // R
+  std::uint32_t batch = 0;         // b, per rank
+  bool drop_last = false;          // DistributedSampler(drop_last) and DataLoader(drop_last)
+  std::uint64_t seed = 0;
+  OrderMode order = OrderMode::solar;
+  std::uint64_t buffer_bytes = 0;  // per node
+  std::uint32_t imbalance = 0;     // δ: each rank gets between b-δ and b+δ samples per step
+  bool peer_fetch = false;         // allow a node to take a sample from a peer node's buffer
+  Policy policy = Policy::solar;
+
+  std::uint64_t world() const { return std::uint64_t{nodes} * ranks_per_node; }
+  std::uint64_t global_batch() const { return world() * batch; }
+  // C: whole samples that fit one node's buffer.
+  std::uint64_t buffer_samples() const { return sample_bytes ? buffer_bytes / sample_bytes : 0; }
+
+  // Throws ConfigError naming the first bad input. Checks ranges, overflow and that the buffer
+  // holds at least one step of one node's ranks (R·(b+δ) samples).
+  void validate() const;
+};
+
+// The buffer capacity (samples per node) the plan's policy works with: the configured buffer,
+// or for `none` (no buffer) one step of the node's ranks passing through. The replay and the
+// plan file's readers hold plans to it.
+inline std::uint64_t effective_capacity(const PlanConfig& c) {
+  return c.policy == Policy::none ? std::uint64_t{c.ranks_per_node} * c.batch
+                                  : c.buffer_samples();
+}
+
+// Limits enforced by validate(); exposed so messages and tests agree on them.
+inline constexpr std::uint64_t kMaxSamples = (1ULL << 31) - 1;  // sample ids are 31-bit
+// epochs × accesses per epoch (the samples, or more when DistributedSampler pads them to a
+// multiple of the world size): every access time of a plan fits a 32-bit eviction key.
+inline constexpr std::uint64_t kMaxAccesses = (1ULL << 32) - (1ULL << 26);
+inline constexpr std::uint64_t kMaxSampleBytes = 1ULL << 40;
+inline constexpr std::uint32_t kMaxNodes = 65535;
+inline constexpr std::uint32_t kMaxRanksPerNode = 1024;
+inline constexpr std::uint32_t kMaxEpochs = 1000000;
+
+// The global step a resumed run starts at (solar run --start-epoch/--start-step, srun
+// --solar-start-epoch/--solar-start-step, libsolar's SOLAR_START_EPOCH/SOLAR_START_STEP):
+// epoch × steps_per_epoch + step. `step` is the step within `epoch`; without an epoch it may
+// be any global step. The start may be the plan's end (nothing left), not beyond it: throws
+// ConfigError naming the flag and the plan's length.
+std::uint64_t start_global_step(std::optional<std::uint64_t> epoch,
+                                std::optional<std::uint64_t> step, std::uint32_t steps_per_epoch,
+                                std::uint32_t epochs, const std::string& epoch_flag,
+                                const std::string& step_flag);
+
+}  // namespace solar
