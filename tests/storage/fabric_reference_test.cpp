@@ -18,17 +18,10 @@ namespace {
 using nlohmann::json;
 using test::StoredProcess;
 using test::TempDir;
+using test::write;
 
-std::string write(const TempDir& dir, const std::string& name, Layout layout) {
-  GenSpec s;
-  s.path = dir.file(name);
-  s.samples = 64;
-  s.shape = {4, 16, 16, 16};  // int16: 32 KiB samples
-  s.layout = layout;
-  s.seed = 5;
-  write_dataset(s);
-  return s.path;
-}
+// Its datasets: 64 samples of 32 KiB (4x16x16x16 int16).
+constexpr std::uint64_t kSamples = 64;
 
 json bench(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {SOLAR_CLI, "bench", "io"};
@@ -44,8 +37,8 @@ class Reference : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Reference, BenchIoMeasuresTheFabricBesideEveryPhase) {
   TempDir dir;
-  write(dir, "c.h5", Layout::contiguous);
-  write(dir, "k.h5", Layout::chunked);
+  write(dir, "c.h5", Layout::contiguous, kSamples);
+  write(dir, "k.h5", Layout::chunked, kSamples);
   StoredProcess server(dir, {"--provider", GetParam(), "--export", "c=" + dir.file("c.h5"),
                              "--export", "k=" + dir.file("k.h5")});
   ASSERT_TRUE(server.start()) << server.log();
@@ -97,7 +90,7 @@ INSTANTIATE_TEST_SUITE_P(Storage, Reference, ::testing::Values("tcp;ofi_rxm", "s
 
 TEST(FabricReference, ReadsLongerThanTheServersBufferAreRefused) {
   TempDir dir;
-  write(dir, "c.h5", Layout::contiguous);
+  write(dir, "c.h5", Layout::contiguous, kSamples);
   StoredProcess server(dir, {"--export", "c=" + dir.file("c.h5")});
   ASSERT_TRUE(server.start()) << server.log();
   auto src = FabricSource::connect(server.uri("c"));
@@ -137,8 +130,8 @@ TEST(FabricReference, ReadsLongerThanTheServersBufferAreRefused) {
 // the dataset, no buffer lent), and a staged export, which has none, is refused by name.
 TEST(FabricReference, ReadsTheExportsOwnMemoryWhenAsked) {
   TempDir dir;
-  write(dir, "c.h5", Layout::contiguous);
-  write(dir, "k.h5", Layout::chunked);
+  write(dir, "c.h5", Layout::contiguous, kSamples);
+  write(dir, "k.h5", Layout::chunked, kSamples);
   StoredProcess server(dir, {"--provider", "shm", "--export", "c=" + dir.file("c.h5"),
                              "--export", "k=" + dir.file("k.h5")});
   ASSERT_TRUE(server.start()) << server.log();
@@ -186,7 +179,7 @@ std::uint64_t rss_of(pid_t pid) {
 
 TEST(FabricReference, TheBufferIsAsLargeAsAskedKeptForTheNextMeasureAndGoesWithTheSource) {
   TempDir dir;
-  write(dir, "c.h5", Layout::contiguous);
+  write(dir, "c.h5", Layout::contiguous, kSamples);
   StoredProcess server(dir, {"--export", "c=" + dir.file("c.h5")});
   ASSERT_TRUE(server.start()) << server.log();
   const std::uint64_t idle = rss_of(server.pid());

@@ -6,12 +6,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+
+#include "solar/storage/content.h"
 
 extern char** environ;
 
@@ -137,5 +141,42 @@ std::string StoredProcess::uri(const std::string& name) const {
 }
 
 std::string StoredProcess::log() const { return slurp(log_); }
+
+std::string write(const TempDir& dir, const std::string& name, Layout layout,
+                  std::uint64_t samples, std::vector<std::uint64_t> shape) {
+  GenSpec s;
+  s.path = dir.file(name);
+  s.samples = samples;
+  s.shape = std::move(shape);
+  s.layout = layout;
+  s.seed = 5;
+  write_dataset(s);
+  return s.path;
+}
+
+void expect_all(SampleSource& src, const std::vector<SampleRun>& runs) {
+  const auto& info = src.info();
+  std::vector<std::byte> buf(total_samples(runs) * info.sample_bytes);
+  src.read(runs, buf.data());
+  std::vector<std::int32_t> labels(total_samples(runs));
+  src.read_labels(runs, reinterpret_cast<std::byte*>(labels.data()));
+  std::size_t k = 0;
+  for (const auto& r : runs)
+    for (std::uint64_t i = r.first; i < r.first + r.count; ++i, ++k) {
+      ASSERT_TRUE(content::check_sample(5, i, buf.data() + k * info.sample_bytes,
+                                        info.sample_bytes))
+          << src.describe() << " sample " << i;
+      ASSERT_EQ(labels[k], content::label(5, i));
+    }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const StorageError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 }  // namespace solar::storage::test

@@ -6,8 +6,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "solar/storage/hdf5_writer.h"
+#include "solar/storage/sample_source.h"
 
 namespace solar::storage::test {
 
@@ -48,5 +52,15 @@ class StoredProcess {
   pid_t pid_ = -1;
   std::uint16_t port_ = 0;
 };
+
+// A generated dataset NAME in `dir` (seed 5, content checkable with content::check_sample).
+std::string write(const TempDir& dir, const std::string& name, Layout layout,
+                  std::uint64_t samples = 48, std::vector<std::uint64_t> shape = {4, 16, 16, 16});
+
+// Reads `runs` (samples and labels) through `src` and checks every byte against seed 5.
+void expect_all(SampleSource& src, const std::vector<SampleRun>& runs);
+
+// The message of the StorageError f() throws, "(no error)" when it throws none.
+std::string error_of(const std::function<void()>& f);
 
 }  // namespace solar::storage::test
