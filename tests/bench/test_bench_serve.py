@@ -1,13 +1,11 @@
 """`solar bench serve --repeat N`: N real runs (an agent and its ranks each time), the median of
 each figure, and every run's own figures beside it, so that a run disturbed by the machine can
 be told from the build."""
-import os
 import re
 import statistics
 import subprocess
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOLAR = os.environ.get("SOLAR_BIN") or os.path.join(HERE, "..", "..", "build", "cli", "solar")
+from testlib import SOLAR
 
 
 def serve(*args):

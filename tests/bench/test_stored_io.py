@@ -5,9 +5,9 @@ import json
 import os
 import subprocess
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "bench", "stored_io.py")
-SOLAR = os.environ.get("SOLAR_BIN") or os.path.join(HERE, "..", "..", "build", "cli", "solar")
+from testlib import ROOT, SOLAR
+
+SCRIPT = os.path.join(ROOT, "bench", "stored_io.py")
 BUILD = os.path.dirname(os.path.dirname(os.path.abspath(SOLAR)))
 
 

@@ -14,8 +14,10 @@ import time
 
 import pytest
 
-from test_data_path import (AGENT, MAGIC, OP_HELLO, OP_NEXT, OP_STATS, SOLAR, TRAIN, VERSION, _try_stats,
-                            check_sequences, children, dataset, frame, lines, run, wait_until)  # noqa: F401
+from test_data_path import (_try_stats, check_sequences, children, dataset,  # noqa: F401
+                            lines)
+from testlib import (AGENT, MAGIC, OP_HELLO, OP_NEXT, OP_STATS, SOLAR, TRAIN, VERSION, frame, run,
+                     wait_until)
 
 # Under scripts/sanitize address the agent's freed memory stays in ASan's quarantine (256 MiB by
 # default) instead of going back to its allocator, so its peak RSS may grow by that much more.

@@ -6,7 +6,8 @@ with a wrapper named solar-agent decides what each node's agent does, at a known
 import os
 import shutil
 
-from test_data_path import AGENT, SOLAR, TRAIN, check_sequences, run, shm_entries
+from test_data_path import check_sequences, shm_entries
+from testlib import AGENT, SOLAR, TRAIN, run
 
 
 def solar_with_agent(tmp_path, script):

@@ -17,8 +17,8 @@ import tempfile
 import h5py
 import pytest
 
-from test_data_path import (AGENT, OP_STATS, OP_STATS_REPLY, SOLAR, TRAIN, frame, recorded, run,
-                            wait_until)
+from test_data_path import recorded
+from testlib import AGENT, OP_STATS, OP_STATS_REPLY, SOLAR, TRAIN, frame, run, wait_until
 
 SAMPLES, SAMPLE_BYTES, EPOCHS, RANKS, BATCH = 600, 4096, 3, 2, 4
 STEPS = SAMPLES // (RANKS * BATCH)  # per epoch, one node

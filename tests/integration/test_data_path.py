@@ -14,35 +14,13 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from collections import defaultdict
 
 import pytest
 
-BIN = os.environ.get("SOLAR_BIN_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
-SOLAR = os.environ.get("SOLAR_BIN") or os.path.join(BIN, "cli", "solar")
-AGENT = os.environ.get("SOLAR_AGENT") or os.path.join(BIN, "agent", "solar-agent")
-TRAIN = os.environ.get("SOLAR_EXAMPLE_TRAIN") or os.path.join(BIN, "slurm_examples", "solar-example-train")
-STORED = os.environ.get("SOLAR_STORED") or os.path.join(BIN, "storage", "solar-stored")
-
-MAGIC, VERSION = 0x524C4F53, 5  # solar/protocol.h kVersion
-OP_HELLO, OP_HELLO_OK, OP_NEXT, OP_BATCH, OP_STATS, OP_STATS_REPLY = 1, 2, 3, 4, 7, 8
-
-
-def run(*args, check=True, timeout=300, **kw):
-    p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{args} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-def wait_until(pred, timeout=30, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+from testlib import (AGENT, MAGIC, OP_BATCH, OP_ERROR, OP_HELLO, OP_HELLO_OK, OP_NEXT, OP_RELEASE,
+                     OP_STATS, OP_STATS_REPLY, SOLAR, STORED, TRAIN, VERSION, frame, run,
+                     wait_until)
 
 
 def shm_entries():
@@ -281,10 +259,6 @@ def agent(tmp_path, dataset):
         yield proc, sock, log
 
 
-def frame(op, payload=b""):
-    return struct.pack("<IHHII", MAGIC, VERSION, op, len(payload), 0) + payload
-
-
 def stats(sock):
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(10)
@@ -336,7 +310,6 @@ def test_rank_may_ask_for_steps_ahead(agent):
     step needs the release of the one sixteen before it; the hello says to ask 7 ahead, and to
     hold releases back), and refuses a ninth."""
     proc, sock, _ = agent
-    OP_RELEASE, OP_ERROR = 6, 10
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(10)
         s.connect(str(sock))
@@ -394,7 +367,7 @@ def test_other_protocol_version_is_told_why(agent):
         s.sendall(struct.pack("<IHHII", MAGIC, 1, OP_HELLO, 8, 0) + struct.pack("<II", 0, os.getpid()))
         head = s.recv(16, socket.MSG_WAITALL)
         magic, ver, op, length, _ = struct.unpack("<IHHII", head)
-        assert (magic, ver, op) == (MAGIC, VERSION, 10)  # error, in the agent's version
+        assert (magic, ver, op) == (MAGIC, VERSION, OP_ERROR)  # error, in the agent's version
         why = s.recv(length, socket.MSG_WAITALL).decode()
         assert f"speaks protocol version {VERSION}" in why and "request version 1" in why, why
         assert s.recv(16) == b""  # then closed

@@ -13,11 +13,10 @@ import tempfile
 
 import pytest
 
-from test_data_path import (AGENT, BIN, SOLAR, TRAIN, children, interrupt, lines, run,
-                            wait_until, wrong_counts)
-from test_transparent import PY, SCRIPT, digests
+from test_data_path import children, interrupt, lines, wrong_counts
+from test_transparent import SCRIPT, digests
+from testlib import AGENT, PEER_PROBE as PROBE, PY, SOLAR, TRAIN, run, wait_until
 
-PROBE = os.environ.get("SOLAR_PEER_PROBE") or os.path.join(BIN, "tests", "solar_peer_probe")
 PEERS = re.compile(r"node (\d+): (\d+) samples read from peers' buffers \(.*?\), (\d+) from "
                    r"storage instead")
 

@@ -6,8 +6,9 @@ import json
 import os
 import subprocess
 
-from test_data_path import (RUN, SOLAR, TRAIN, dataset, plan_sequences, recorded,  # noqa: F401
-                            run, standalone_agent)
+from test_data_path import (RUN, dataset, plan_sequences, recorded,  # noqa: F401
+                            standalone_agent)
+from testlib import SOLAR, TRAIN, run
 
 WORLD, NODES, RANKS_PER_NODE = 4, 2, 2
 

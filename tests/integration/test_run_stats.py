@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from test_data_path import SOLAR, TRAIN, run
+from testlib import SOLAR, TRAIN, run
 
 SAMPLES, EPOCHS = 400, 3
 SVG = "{http://www.w3.org/2000/svg}"

@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from test_data_path import (SOLAR, agents_up, at_line, dataset, interrupt,  # noqa: F401
-                            other_dataset, rewrite_in_place, run, solar_run)
+from test_data_path import (agents_up, at_line, dataset, interrupt,  # noqa: F401
+                            other_dataset, rewrite_in_place, solar_run)
+from testlib import SOLAR, run
 
 NOT_THE_PLANS = "not the dataset the plan was computed for"
 

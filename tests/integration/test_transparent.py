@@ -8,12 +8,12 @@ import subprocess
 
 import pytest
 
-from test_data_path import (SOLAR, agents_up, at_line, interrupt, kill_agent, other_dataset,
-                            rewrite_in_place, run)
+from test_data_path import (agents_up, at_line, interrupt, kill_agent, other_dataset,
+                            rewrite_in_place)
+from testlib import PY, SOLAR, run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "slurm_examples", "train_h5py_ddp.py")
-PY = "/usr/bin/python3"
 SERVED = re.compile(r"file reads served from the buffer (\d+) \(.*?\), fallen through (\d+)")
 FELL = re.compile(r"([\d.]+)% of the script's file reads fell through to storage \(more than 2%")
 

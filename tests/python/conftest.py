@@ -1,16 +1,17 @@
 import os
 import shutil
-import subprocess
+import sys
 
 import pytest
 
+# The shared helpers, tests/testlib.py: its folder on sys.path before the test files import.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import testlib  # noqa: E402
+
 
 def solar_bin():
-    path = os.environ.get("SOLAR_BIN") or shutil.which("solar")
-    if not path:
-        here = os.path.dirname(os.path.abspath(__file__))
-        path = os.path.join(here, "..", "..", "build", "cli", "solar")
-    return os.path.abspath(path)
+    """SOLAR_BIN, else an installed `solar`, else the build's (testlib.SOLAR's default)."""
+    return os.path.abspath(os.environ.get("SOLAR_BIN") or shutil.which("solar") or testlib.SOLAR)
 
 
 @pytest.fixture(scope="session")
@@ -19,9 +20,6 @@ def solar():
     assert os.access(path, os.X_OK), f"solar binary not found at {path}: build first (scripts/build)"
 
     def run(*args, check=True):
-        p = subprocess.run([path, *map(str, args)], capture_output=True, text=True, timeout=600)
-        if check and p.returncode != 0:
-            raise AssertionError(f"solar {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
-        return p
+        return testlib.run(path, *args, check=check, timeout=600)
 
     return run

@@ -1,0 +1,6 @@
+"""The bench scripts' tests share tests/testlib.py (the built programs' paths): its folder goes
+on sys.path before pytest imports the test files."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
