@@ -27,6 +27,7 @@
 #include "solar/core/config.h"
 #include "solar/core/rng.h"
 #include "solar/storage/content.h"
+#include "solar/storage/fabric_reference.h"
 #include "solar/storage/fabric_source.h"
 #include "solar/storage/hdf5_writer.h"
 #include "solar/storage/sample_source.h"
@@ -91,7 +92,10 @@ void run_bench_io(const BenchOptions& o) {
   const std::uint64_t bytes = k * sb;
   const std::uint64_t per_batch = std::min(batch_bytes, bytes);
   auto* served = dynamic_cast<storage::FabricSource*>(src.get());
-  auto* fabric = o.reference ? served : nullptr;
+  // The reference keeps its own session (and the server memory it reads) from one measure to
+  // the next, until it goes, before the source.
+  std::optional<storage::RawFabricReference> fabric;
+  if (o.reference && served) fabric.emplace(*served);
   // The raw fabric's reference: the same server, provider and bytes in plain fi_reads of the
   // phase's request sizes (one sample each; runs and the sequential range in reads of at most
   // --reference-op), --queue-depth in flight, from the server's plain memory (as large as the
@@ -118,8 +122,8 @@ void run_bench_io(const BenchOptions& o) {
   // two batch buffers for the coalesced and sequential phases, page-aligned (Destination). The
   // reference's reads land in the same memory (the ring, the first batch buffer): on this VM
   // solar's shm 256 KiB reads into a buffer allocated for the run took 4.7-5.6 GB/s, into the
-  // ring (then a std::vector, 16 bytes into a page) 3.4-3.6 (measure_fabric in
-  // fabric_source.h).
+  // ring (then a std::vector, 16 bytes into a page) 3.4-3.6 (the reference in
+  // fabric_reference.h).
   const std::uint64_t ring_slots = std::max<std::uint64_t>(window, o.workers);
   const Destination ring(ring_slots * sb);
   const Destination batch_bufs[2] = {Destination(per_batch + sb), Destination(per_batch + sb)};
@@ -171,8 +175,8 @@ void run_bench_io(const BenchOptions& o) {
       for (unsigned rep = 0; rep < o.repeat; ++rep) {
         auto reference = [&] {
           if (!fabric) return;
-          p.reference = fabric->measure_fabric(p.reference_reads, window, p.reference_local,
-                                               remote_bytes, reference_memory);
+          p.reference = fabric->measure(p.reference_reads, window, p.reference_local,
+                                        remote_bytes, reference_memory);
           p.reference_seconds.push_back(p.reference->seconds);
         };
         // Every other run measures the reference first: neither side always runs on what

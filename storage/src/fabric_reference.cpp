@@ -1,14 +1,24 @@
-// FabricSource::measure_fabric: the raw fabric under a source, measured as fabtests'
-// fi_rma_bw does.
+// RawFabricReference: the raw fabric under a source, measured as fabtests' fi_rma_bw does.
+#include "solar/storage/fabric_reference.h"
+
 #include "fabric_source_impl.h"
 
 namespace solar::storage {
 
-FabricReference FabricSource::measure_fabric(std::span<const FabricRead> reads, unsigned window,
-                                             std::span<std::byte> local,
-                                             std::uint64_t remote_bytes,
-                                             ReferenceMemory memory) {
-  Impl& im = *impl_;
+// The session and the server memory it reads, kept from one measure to the next.
+struct RawFabricReference::Kept {
+  std::unique_ptr<Session> s;
+  ReferenceMemory memory = ReferenceMemory::plain;
+  std::uint64_t asked = 0, key = 0, base = 0, bytes = 0;
+};
+
+RawFabricReference::RawFabricReference(FabricSource& source) : source_(source) {}
+RawFabricReference::~RawFabricReference() = default;
+
+FabricReference RawFabricReference::measure(std::span<const FabricRead> reads, unsigned window,
+                                            std::span<std::byte> local,
+                                            std::uint64_t remote_bytes, ReferenceMemory memory) {
+  FabricSource::Impl& im = *source_.impl_;
   FabricReference r;
   window = std::max(1u, window);
   std::uint64_t longest = 1;
@@ -31,31 +41,30 @@ FabricReference FabricSource::measure_fabric(std::span<const FabricRead> reads, 
   // measured right after a reference came out at 0.66-0.83 of it, and those measured before
   // one at 0.81-1.20 (medians of four invocations; tcp;ofi_rxm, 256 KiB one-sample reads from
   // 8 threads); kept, both orders at 0.94-1.00.
-  if (!im.reference || im.reference->memory != memory || im.reference->asked != remote_bytes) {
-    im.reference.reset();  // the old session (and the server memory it holds) first
-    Impl::Reference ref;
-    ref.s = im.open_session(false, false);
-    ref.memory = memory;
-    ref.asked = remote_bytes;
+  if (!kept_ || kept_->memory != memory || kept_->asked != remote_bytes) {
+    kept_.reset();  // the old session (and the server memory it holds) first
+    auto ref = std::make_unique<Kept>();
+    ref->s = im.open_session(false, false);
+    ref->memory = memory;
+    ref->asked = remote_bytes;
     if (memory == ReferenceMemory::exported) {
-      ref.key = ref.s->data.key;
-      ref.base = ref.s->data.base;
-      ref.bytes = im.info.samples * im.info.sample_bytes;
+      ref->key = ref->s->data.key;
+      ref->base = ref->s->data.base;
+      ref->bytes = im.info.samples * im.info.sample_bytes;
     } else {
-      const json reply = im.request(*ref.s, {{"op", "reference"}, {"bytes", remote_bytes}});
+      const json reply = im.request(*ref->s, {{"op", "reference"}, {"bytes", remote_bytes}});
       if (!reply.value("ok", false))
         throw StorageError(fmt::format("{}: the server lends no reference buffer: {}", im.uri,
                                        reply.value("error", std::string("no reason given"))));
       const std::string bad = im.uri + ": the server's reference reply is bad";
-      ref.key = wire::count_field(reply.at("key"), bad);
-      ref.base = wire::count_field(reply.at("base"), bad);
-      ref.bytes = wire::count_field(reply.at("bytes"), bad);
+      ref->key = wire::count_field(reply.at("key"), bad);
+      ref->base = wire::count_field(reply.at("base"), bad);
+      ref->bytes = wire::count_field(reply.at("bytes"), bad);
     }
-    im.reference = std::move(ref);
+    kept_ = std::move(ref);
   }
-  Session* s = im.reference->s.get();
-  const std::uint64_t key = im.reference->key, base = im.reference->base,
-                      rbytes = im.reference->bytes;
+  Session* s = kept_->s.get();
+  const std::uint64_t key = kept_->key, base = kept_->base, rbytes = kept_->bytes;
   if (longest > rbytes)
     throw StorageError(fmt::format("{}: a {}-byte reference read is longer than the server's "
                                    "{}-byte reference buffer",
@@ -126,7 +135,7 @@ FabricReference FabricSource::measure_fabric(std::span<const FabricRead> reads, 
     r.seconds = run(reads);
   } catch (...) {
     region = fabric::Region();  // reads in flight land nowhere once the endpoint is closed,
-    im.reference.reset();       // which must happen while `local` and `ctx` are alive
+    kept_.reset();              // which must happen while `local` and `ctx` are alive
     throw;
   }
   for (const auto& x : reads) r.bytes += x.len;

@@ -7,7 +7,7 @@
 //   fabric_reads.cpp      the loops that post fi_reads and reap their completions
 //   fabric_sharing.cpp    several threads' reads on one connection: who drives it, the
 //                         engine thread, telling each caller its read is done or failed
-//   fabric_reference.cpp  measure_fabric, the raw-fabric reference
+//   fabric_reference.cpp  RawFabricReference (its own library, solar_storage_reference)
 #pragma once
 
 #include "solar/storage/fabric_source.h"
@@ -178,17 +178,9 @@ struct FabricSource::Impl {
   double reconnect_s = 30;
   std::optional<Clock::time_point> outage_since;
   unsigned outage_attempts = 0;
-  // measure_fabric's session and the server memory it reads, kept from one measure to the
-  // next (see there). Its caller's thread only.
-  struct Reference {
-    std::unique_ptr<Session> s;
-    ReferenceMemory memory = ReferenceMemory::plain;
-    std::uint64_t asked = 0, key = 0, base = 0, bytes = 0;
-  };
-  std::optional<Reference> reference;
 
   // wait: a completion queue pump() may sleep on (where the provider has a descriptor);
-  // measure_fabric's is polled only, as fi_rma_bw's.
+  // the raw-fabric reference's (fabric_reference.cpp) is polled only, as fi_rma_bw's.
   std::unique_ptr<Session> open_session(bool first, bool wait = true);
   void run_pieces(Session& s, std::vector<Piece>& pieces, std::vector<char>& done,
                   std::byte* dst, std::uint64_t dst_len);

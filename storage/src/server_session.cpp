@@ -1,6 +1,7 @@
 // One authenticated client of solar-stored: its hello reply and grant, then its requests on
 // a thread of its own, the staging slots it borrows and the reference buffer it may share.
 #include "server_impl.h"
+#include "solar/storage/fabric_reference.h"  // kMaxReferenceBytes
 
 namespace solar::storage {
 

@@ -15,7 +15,7 @@
 //                                              plain memory (no file behind it, at most
 //                                              kMaxReferenceBytes), this connection's to fi_read
 //                                              until it leaves: the raw-fabric reference of
-//                                              `solar bench io` (FabricSource::measure_fabric)
+//                                              `solar bench io` (RawFabricReference::measure)
 // Every reply with ok=false carries `error`, a message for people, and `retry: true` when the
 // same request may succeed later (the server is busy).
 //

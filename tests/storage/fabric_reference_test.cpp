@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "solar/storage/fabric_reference.h"
 #include "solar/storage/fabric_source.h"
 #include "solar/storage/hdf5_writer.h"
 #include "test_util.h"
@@ -94,9 +95,10 @@ TEST(FabricReference, ReadsLongerThanTheServersBufferAreRefused) {
   StoredProcess server(dir, {"--export", "c=" + dir.file("c.h5")});
   ASSERT_TRUE(server.start()) << server.log();
   auto src = FabricSource::connect(server.uri("c"));
+  RawFabricReference ref(*src);
   const FabricRead ok{5 << 20, 64 << 10};  // wraps around the 1 MiB (smallest) buffer
   std::vector<std::byte> local(2 << 20);
-  const auto r = src->measure_fabric({&ok, 1}, 2, {local.data(), 64 << 10}, 1);
+  const auto r = ref.measure({&ok, 1}, 2, {local.data(), 64 << 10}, 1);
   EXPECT_EQ(r.bytes, 64u << 10);
   EXPECT_EQ(r.local_bytes, 64u << 10);
   // What landed is the server's reference buffer (its fill byte) in the caller's memory.
@@ -106,14 +108,14 @@ TEST(FabricReference, ReadsLongerThanTheServersBufferAreRefused) {
   EXPECT_EQ(r.remote_bytes, 1u << 20);
   const FabricRead big{0, 2 << 20};
   try {
-    src->measure_fabric({&big, 1}, 2, local, 1);
+    ref.measure({&big, 1}, 2, local, 1);
     FAIL() << "no error";
   } catch (const StorageError& e) {
     EXPECT_NE(std::string(e.what()).find("longer than the server's"), std::string::npos)
         << e.what();
   }
   try {  // a destination smaller than a read
-    src->measure_fabric({&ok, 1}, 2, {local.data(), 4096}, 1);
+    ref.measure({&ok, 1}, 2, {local.data(), 4096}, 1);
     FAIL() << "no error";
   } catch (const StorageError& e) {
     EXPECT_NE(std::string(e.what()).find("does not fit its 4096-byte destination"),
@@ -136,10 +138,11 @@ TEST(FabricReference, ReadsTheExportsOwnMemoryWhenAsked) {
                              "--export", "k=" + dir.file("k.h5")});
   ASSERT_TRUE(server.start()) << server.log();
   auto src = FabricSource::connect(server.uri("c"));
+  RawFabricReference ref(*src);
   const std::uint64_t dataset = 64u * (32 << 10);
   const FabricRead last{dataset - (32 << 10), 32 << 10};
   std::vector<std::byte> local(32 << 10), sample(32 << 10);
-  const auto r = src->measure_fabric({&last, 1}, 1, local, 1, ReferenceMemory::exported);
+  const auto r = ref.measure({&last, 1}, 1, local, 1, ReferenceMemory::exported);
   EXPECT_EQ(r.remote_bytes, dataset);
   EXPECT_EQ(r.bytes, 32u << 10);
   // The bytes are the dataset's last sample, as solar reads it.
@@ -147,11 +150,11 @@ TEST(FabricReference, ReadsTheExportsOwnMemoryWhenAsked) {
   src->read({&last_sample, 1}, sample.data());
   EXPECT_EQ(local, sample);
   // Plain memory again: the smallest buffer lent (1 MiB), its fill byte landing.
-  EXPECT_EQ(src->measure_fabric({&last, 1}, 1, local, 1).remote_bytes, 1u << 20);
+  EXPECT_EQ(ref.measure({&last, 1}, 1, local, 1).remote_bytes, 1u << 20);
   EXPECT_EQ(local[0], std::byte{0x5a});
   auto staged = FabricSource::connect(server.uri("k"));
   try {
-    staged->measure_fabric({&last, 1}, 1, local, 1, ReferenceMemory::exported);
+    RawFabricReference(*staged).measure({&last, 1}, 1, local, 1, ReferenceMemory::exported);
     FAIL() << "no error";
   } catch (const StorageError& e) {
     EXPECT_NE(std::string(e.what()).find("staging buffer"), std::string::npos) << e.what();
@@ -177,7 +180,7 @@ std::uint64_t rss_of(pid_t pid) {
   return 0;
 }
 
-TEST(FabricReference, TheBufferIsAsLargeAsAskedKeptForTheNextMeasureAndGoesWithTheSource) {
+TEST(FabricReference, TheBufferIsAsLargeAsAskedKeptForTheNextMeasureAndGoesWithTheReference) {
   TempDir dir;
   write(dir, "c.h5", Layout::contiguous, kSamples);
   StoredProcess server(dir, {"--export", "c=" + dir.file("c.h5")});
@@ -187,9 +190,10 @@ TEST(FabricReference, TheBufferIsAsLargeAsAskedKeptForTheNextMeasureAndGoesWithT
   std::vector<std::byte> local(64 << 10);
   {
     auto src = FabricSource::connect(server.uri("c"));
+    RawFabricReference ref(*src);
     const FabricRead far{kBig - (64 << 10), 64 << 10};  // its last 64 KiB: no wrap-around
     for (int i = 0; i < 3; ++i) {
-      const auto r = src->measure_fabric({&far, 1}, 1, local, kBig);
+      const auto r = ref.measure({&far, 1}, 1, local, kBig);
       // Lent whole: its last bytes were read (a read past the registered region fails).
       EXPECT_EQ(r.remote_bytes, kBig);
       EXPECT_EQ(r.bytes, 64u << 10);
@@ -206,7 +210,7 @@ TEST(FabricReference, TheBufferIsAsLargeAsAskedKeptForTheNextMeasureAndGoesWithT
        at = log.find("-byte reference buffer", at + 1))
     ++lent;
   EXPECT_EQ(lent, 1u) << log;
-  // The source's reference session closed with it: the server frees the buffer once that
+  // The reference's session closed with it: the server frees the buffer once that
   // connection's thread has ended.
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (rss_of(server.pid()) > idle + (64ULL << 20) && std::chrono::steady_clock::now() < end)
@@ -215,7 +219,8 @@ TEST(FabricReference, TheBufferIsAsLargeAsAskedKeptForTheNextMeasureAndGoesWithT
   // Beyond the cap, the server lends what it may, and says how much.
   auto src = FabricSource::connect(server.uri("c"));
   const FabricRead one{0, 64 << 10};
-  EXPECT_EQ(src->measure_fabric({&one, 1}, 1, local, kMaxReferenceBytes + 1).remote_bytes,
+  RawFabricReference ref(*src);
+  EXPECT_EQ(ref.measure({&one, 1}, 1, local, kMaxReferenceBytes + 1).remote_bytes,
             kMaxReferenceBytes);
 }
 
