@@ -125,8 +125,7 @@ void FabricSource::Impl::drop_session() {
   for (Request* r : active) r->local = fabric::Region();
   session.reset();
   // Reads that were in flight land nowhere now: issue them again on the next session.
-  for (auto& op : ops) op = Op{};
-  inflight = 0;
+  driver.reset();
   for (Request* r : active) r->next = 0;
   ops_gen = session_gen;
 }

@@ -1,10 +1,11 @@
 // FabricSource's private parts, shared by its files: one connection (Session) and what its
-// reads are made of (Piece, Request, Op), and FabricSource::Impl, which owns the connection,
+// reads are made of (Piece, Request), and FabricSource::Impl, which owns the connection,
 // the queue of every thread's reads and the reconnection window. Who does what:
 //   fabric_source.cpp     the public calls: connect, read, read_labels, drop_cache
 //   fabric_session.cpp    opening a connection (bootstrap hello, endpoint), bootstrap
 //                         requests, losing one and the reconnection window's backoff
-//   fabric_reads.cpp      the loops that post fi_reads and reap their completions
+//   fabric_reads.cpp      what run_pieces and pump read, each a fabric::Driver run
+//                         (fabric_driver.h: the one post/reap loop)
 //   fabric_sharing.cpp    several threads' reads on one connection: who drives it, the
 //                         engine thread, telling each caller its read is done or failed
 //   fabric_reference.cpp  RawFabricReference (its own library, solar_storage_reference)
@@ -29,6 +30,7 @@
 #include <thread>
 
 #include "fabric.h"
+#include "fabric_driver.h"
 #include "wire.h"
 
 namespace solar::storage {
@@ -112,17 +114,6 @@ inline std::uint32_t caller_wake() {
   return mine;
 }
 
-// A slot of the queue depth: one fi_read in flight.
-struct Op {
-  fi_context2 ctx;  // first: the completion's op_context points here
-  Request* req = nullptr;
-  std::size_t piece = 0;
-  double due = 0;
-  bool completed = false;
-  bool busy = false;
-};
-
-
 struct FabricSource::Impl {
   std::string uri, host, port, name;
   FabricOptions opt;
@@ -169,9 +160,8 @@ struct FabricSource::Impl {
   std::unique_ptr<Session> session;
   std::uint64_t session_gen = 0;      // bumped for every new session
   std::vector<Request*> active;       // requests with pieces not done, in arrival order
-  std::vector<Op> ops;                // queue_depth slots
-  std::size_t inflight = 0;
-  std::uint64_t ops_gen = 0;          // the session `ops` and `active` were issued on
+  fabric::Driver driver;              // the reads in flight on the session (pump)
+  std::uint64_t ops_gen = 0;          // the session `driver` and `active` were issued on
   // The current outage: since when the server has been unreachable, and how many attempts
   // were made. Shared by every read, so that once the window has passed, the reads that
   // follow fail at their first attempt instead of waiting the window again each.
@@ -201,13 +191,15 @@ struct FabricSource::Impl {
     }
     if (engine.joinable()) engine.join();
   }
-  // The end of one pass of a read loop (run_pieces, pump): every 20 ms, whether the server's
-  // bootstrap socket closed; when every busy op has completed and only waits out its emulated
-  // delay (`waiting`, until `earliest`), a short sleep; else, when `may_time_out`, the
-  // no-progress timeout. Throws TransientError.
-  void check_progress(Session& s, const std::vector<Op>& in_flight, bool waiting, double earliest,
-                      bool may_time_out, Clock::time_point& last_check,
+  // The end of one pass of a read loop (run_pieces, pump: fabric::Driver::Work::check):
+  // every 20 ms, whether the server's bootstrap socket closed; when every read in flight has
+  // completed and only waits out its emulated delay (`all_held`, until `earliest`), a short
+  // sleep; else the no-progress timeout. Throws TransientError.
+  void check_progress(Session& s, bool all_held, double earliest, Clock::time_point& last_check,
                       Clock::time_point& last_progress);
+  // The emulated link (bandwidth, latency from the server) charged for a read of `len` bytes
+  // posted now: when it may complete, 0 when nothing is emulated.
+  double charge(std::uint64_t len);
   // Tells its owner (error: the current exception, or none: done); r may be gone after.
   void finish(Request& r, std::exception_ptr error);
   void fail_all(std::exception_ptr error);            // every queued request fails with it
