@@ -19,6 +19,7 @@
 #include "commands.h"
 #include "launcher.h"
 #include "options.h"
+#include "solar/core/job_params.h"
 #include "solar/core/planner.h"
 #include "solar/storage/hdf5_source.h"
 #include "solar/storage/sample_source.h"
@@ -218,12 +219,12 @@ void run_bench(const BenchOptions& o) {
   std::uint32_t readers = 0;
   try {
     const RankLayout ranks =
-        resolve_ranks(o.ntasks, o.ranks_per_node, o.nodes, 4, kMaxRanksPerNode);
+        resolve_ranks(o.ntasks, o.ranks_per_node, o.nodes, 4, job_params::kRanksPerNode);
     c.nodes = ranks.nodes;
     c.ranks_per_node = ranks.per_node;
-    c.epochs = static_cast<std::uint32_t>(parse_count(o.epochs, "--epochs", 1, 1000));
-    c.batch = static_cast<std::uint32_t>(parse_count(o.batch, "--batch", 1, kMaxSamples));
-    c.seed = parse_count(o.seed, "--seed", 0, ~std::uint64_t{0});
+    c.epochs = parse_job_param32(o.epochs, "--epochs", job_params::kEpochs);
+    c.batch = parse_job_param32(o.batch, "--batch", job_params::kBatch);
+    c.seed = parse_job_param(o.seed, "--seed", job_params::kSeed);
     readers = static_cast<std::uint32_t>(parse_count(o.readers, "--readers", 1, 256));
     if (!o.remote_bandwidth.empty()) parse_bytes(o.remote_bandwidth, "--remote-bandwidth");
     if (o.read_gap != "auto") parse_bytes(o.read_gap, "--read-gap");

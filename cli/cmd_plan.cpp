@@ -75,27 +75,29 @@ PlanConfig build_config(const PlanOptions& o) {
     if (!o.scenario.empty() && !o.buffer)  // the preset's buffer is counted in samples
       buffer->bytes = find_scenario(o.scenario)->buffer_samples * c.sample_bytes;
   }
-  auto u32 = [](const std::string& text, const char* flag, std::uint64_t lo, std::uint64_t hi) {
-    return static_cast<std::uint32_t>(parse_count(text, flag, lo, hi));
-  };
-  if (o.samples) c.samples = parse_count(*o.samples, "--samples", 1, kMaxSamples);
-  if (o.epochs) c.epochs = u32(*o.epochs, "--epochs", 1, kMaxEpochs);
-  if (o.nodes) c.nodes = u32(*o.nodes, "--nodes", 1, kMaxNodes);
+  using namespace job_params;
+  if (o.samples) c.samples = parse_job_param(*o.samples, "--samples", kSamples);
+  if (o.epochs) c.epochs = parse_job_param32(*o.epochs, "--epochs", kEpochs);
+  if (o.nodes) c.nodes = parse_job_param32(*o.nodes, "--nodes", kNodes);
   if (o.ranks_per_node)
-    c.ranks_per_node = u32(*o.ranks_per_node, "--ranks-per-node", 1, kMaxRanksPerNode);
-  if (o.batch) c.batch = u32(*o.batch, "--batch", 1, kMaxSamples);
-  if (o.imbalance) c.imbalance = u32(*o.imbalance, "--imbalance", 0, kMaxSamples);
+    c.ranks_per_node = parse_job_param32(*o.ranks_per_node, "--ranks-per-node", kRanksPerNode);
+  if (o.batch) c.batch = parse_job_param32(*o.batch, "--batch", kBatch);
+  if (o.imbalance) c.imbalance = parse_job_param32(*o.imbalance, "--imbalance", kImbalance);
   if (o.buffer) buffer = BufferSpec::parse(*o.buffer, "--buffer");
   if (o.scenario.empty()) {
-    if (!o.samples) throw ConfigError("--samples", "required without --scenario (1..2147483647)");
-    if (!o.epochs) throw ConfigError("--epochs", "required without --scenario (1..1000000)");
+    if (!o.samples)
+      throw ConfigError("--samples", fmt::format("required without --scenario ({}..{})",
+                                                 kSamples.lo, kSamples.hi));
+    if (!o.epochs)
+      throw ConfigError("--epochs", fmt::format("required without --scenario ({}..{})",
+                                                kEpochs.lo, kEpochs.hi));
     if (!o.batch) throw ConfigError("--batch", "required without --scenario (per-rank batch ≥ 1)");
     if (!buffer)
       throw ConfigError("--buffer", "required without --scenario (bytes per node, e.g. 8G, or a "
                                     "percentage of the dataset, e.g. 12.5%)");
   }
   c.buffer_bytes = buffer ? buffer->resolve(c.samples, c.sample_bytes) : 0;
-  c.seed = parse_count(o.seed, "--seed", 0, ~std::uint64_t{0});
+  c.seed = parse_job_param(o.seed, "--seed", job_params::kSeed);
   auto order = parse_order_mode(o.order);
   if (!order) throw ConfigError("--order", fmt::format("'{}' is not solar or torch", o.order));
   c.order = *order;

@@ -20,6 +20,7 @@
 #include "launcher.h"
 #include "options.h"
 #include "progress.h"
+#include "solar/core/job_params.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
 #include "solar/storage/sample_source.h"
@@ -238,8 +239,8 @@ std::uint64_t resume_start(const RunOptions& o, const Plan& plan) {
   }
   if (!o.start_epoch && !o.start_step) return 0;
   std::optional<std::uint64_t> e, st;
-  if (o.start_epoch) e = parse_count(*o.start_epoch, "--start-epoch", 0, ~std::uint64_t{0});
-  if (o.start_step) st = parse_count(*o.start_step, "--start-step", 0, ~std::uint64_t{0});
+  if (o.start_epoch) e = parse_job_param(*o.start_epoch, "--start-epoch", job_params::kStartEpoch);
+  if (o.start_step) st = parse_job_param(*o.start_step, "--start-step", job_params::kStartStep);
   if (o.transparent && (e.value_or(0) || st.value_or(0)))
     throw ConfigError("--start-step", "an unmodified script (--transparent) is not resumed by "
                                       "solar: drop --transparent or the start");
@@ -254,13 +255,13 @@ void run_run(const RunOptions& o) {
   std::uint64_t read_gap = 0;
   try {
     const RankLayout ranks =
-        resolve_ranks(o.ntasks, o.ranks_per_node, o.nodes, 1, kMaxRanksPerNode);
+        resolve_ranks(o.ntasks, o.ranks_per_node, o.nodes, 1, job_params::kRanksPerNode);
     c.nodes = ranks.nodes;
     c.ranks_per_node = ranks.per_node;
-    c.epochs = static_cast<std::uint32_t>(parse_count(o.epochs, "--epochs", 1, kMaxEpochs));
-    c.batch = static_cast<std::uint32_t>(parse_count(o.batch, "--batch", 1, kMaxSamples));
-    c.seed = parse_count(o.seed, "--seed", 0, ~std::uint64_t{0});
-    c.imbalance = static_cast<std::uint32_t>(parse_count(o.imbalance, "--imbalance", 0, kMaxSamples));
+    c.epochs = parse_job_param32(o.epochs, "--epochs", job_params::kEpochs);
+    c.batch = parse_job_param32(o.batch, "--batch", job_params::kBatch);
+    c.seed = parse_job_param(o.seed, "--seed", job_params::kSeed);
+    c.imbalance = parse_job_param32(o.imbalance, "--imbalance", job_params::kImbalance);
     const auto order = parse_order_mode(o.order);
     if (!order) throw ConfigError("--order", fmt::format("'{}' is not solar or torch", o.order));
     c.order = *order;

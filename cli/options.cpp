@@ -8,16 +8,16 @@ namespace solar::cli {
 
 RankLayout resolve_ranks(const std::optional<std::string>& ntasks,
                          const std::optional<std::string>& per_node, const std::string& nodes,
-                         std::uint32_t default_per_node, std::uint32_t max_per_node,
+                         std::uint32_t default_per_node, JobParamRange per_node_range,
                          const std::string& nodes_flag) {
   RankLayout r;
-  r.nodes = static_cast<std::uint32_t>(parse_count(nodes, nodes_flag, 1, kMaxNodes));
+  const std::uint64_t max_per_node = per_node_range.hi;
+  r.nodes = parse_job_param32(nodes, nodes_flag, job_params::kNodes);
   std::optional<std::uint32_t> rpn;
-  if (per_node)
-    rpn = static_cast<std::uint32_t>(parse_count(*per_node, "--ranks-per-node", 1, max_per_node));
+  if (per_node) rpn = parse_job_param32(*per_node, "--ranks-per-node", per_node_range);
   if (ntasks) {
     const std::uint64_t n = parse_count(*ntasks, "-n/--ntasks", 1,
-                                        std::uint64_t{kMaxNodes} * max_per_node);
+                                        job_params::kNodes.hi * max_per_node);
     const std::string where = fmt::format("{} {}", nodes_flag, r.nodes);
     if (n % r.nodes != 0) {
       const std::uint64_t up = (n + r.nodes - 1) / r.nodes;

@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include "solar/core/job_params.h"
+
 namespace solar::cli {
 
 // Type names shown in --help (`--epochs UINT`, `--buffer SIZE`). Numbers are taken as text and
@@ -26,11 +28,11 @@ struct RankLayout {
 };
 
 // Throws ConfigError naming -n/--ntasks or --ranks-per-node (or `nodes_flag`) when a value is
-// not a number in range, when N does not divide evenly by the nodes, or when both are given
-// and disagree.
+// not a number in range (nodes: job_params::kNodes; ranks on a node: `per_node_range`), when N
+// does not divide evenly by the nodes, or when both are given and disagree.
 RankLayout resolve_ranks(const std::optional<std::string>& ntasks,
                          const std::optional<std::string>& per_node, const std::string& nodes,
-                         std::uint32_t default_per_node, std::uint32_t max_per_node,
+                         std::uint32_t default_per_node, JobParamRange per_node_range,
                          const std::string& nodes_flag = "--nodes");
 
 }  // namespace solar::cli

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "solar/core/job_params.h"
+
 namespace solar::spank {
 namespace {
 
@@ -137,12 +139,12 @@ void JobOptions::set(int field, const std::string& text) {
       if (text.empty()) throw ConfigError(flag, "is empty; give FILE[:DSET] or fabric://...");
       break;
     case buffer: BufferSpec::parse(text, flag); break;
-    case epochs: parse_count(text, flag, 1, kMaxEpochs); break;
-    case batch: parse_count(text, flag, 1, kMaxSamples); break;
-    case seed: parse_count(text, flag, 0, ~std::uint64_t{0}); break;
-    case imbalance: parse_count(text, flag, 0, kMaxSamples); break;
-    case start_epoch:
-    case start_step: parse_count(text, flag, 0, ~std::uint64_t{0}); break;
+    case epochs: parse_job_param(text, flag, job_params::kEpochs); break;
+    case batch: parse_job_param(text, flag, job_params::kBatch); break;
+    case seed: parse_job_param(text, flag, job_params::kSeed); break;
+    case imbalance: parse_job_param(text, flag, job_params::kImbalance); break;
+    case start_epoch: parse_job_param(text, flag, job_params::kStartEpoch); break;
+    case start_step: parse_job_param(text, flag, job_params::kStartStep); break;
     case order:
       if (!parse_order_mode(text))
         throw ConfigError(flag, fmt::format("'{}' is not solar or torch", text));
@@ -210,13 +212,11 @@ void JobOptions::validate() const {
 
 PlanConfig JobOptions::partial_config() const {
   PlanConfig c;
-  c.epochs = static_cast<std::uint32_t>(parse_count(*value[epochs], "--solar-epochs", 1,
-                                                    kMaxEpochs));
-  c.batch = static_cast<std::uint32_t>(parse_count(*value[batch], "--solar-batch", 1,
-                                                   kMaxSamples));
-  c.seed = value[seed] ? parse_count(*value[seed], "--solar-seed", 0, ~std::uint64_t{0}) : 0;
-  c.imbalance = value[imbalance] ? static_cast<std::uint32_t>(parse_count(
-                                       *value[imbalance], "--solar-imbalance", 0, kMaxSamples))
+  c.epochs = parse_job_param32(*value[epochs], "--solar-epochs", job_params::kEpochs);
+  c.batch = parse_job_param32(*value[batch], "--solar-batch", job_params::kBatch);
+  c.seed = value[seed] ? parse_job_param(*value[seed], "--solar-seed", job_params::kSeed) : 0;
+  c.imbalance = value[imbalance] ? parse_job_param32(*value[imbalance], "--solar-imbalance",
+                                                     job_params::kImbalance)
                                  : 0;
   c.order = value[order] ? *parse_order_mode(*value[order]) : OrderMode::solar;
   return c;
@@ -226,9 +226,9 @@ std::uint64_t JobOptions::start_step_in(std::uint32_t steps_per_epoch,
                                         std::uint32_t plan_epochs) const {
   std::optional<std::uint64_t> e, st;
   if (value[start_epoch])
-    e = parse_count(*value[start_epoch], "--solar-start-epoch", 0, ~std::uint64_t{0});
+    e = parse_job_param(*value[start_epoch], "--solar-start-epoch", job_params::kStartEpoch);
   if (value[start_step])
-    st = parse_count(*value[start_step], "--solar-start-step", 0, ~std::uint64_t{0});
+    st = parse_job_param(*value[start_step], "--solar-start-step", job_params::kStartStep);
   if (!e && !st) return 0;
   return start_global_step(e, st, steps_per_epoch, plan_epochs, "--solar-start-epoch",
                            "--solar-start-step");

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "solar/core/job_params.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/remove_tree.h"
 #include "state.h"
@@ -154,7 +155,7 @@ int start_node_agent(spank_t sp, State& s) {
       const PlanHeader& h = header;
       auto num = [](const std::optional<std::string>& v) -> std::optional<std::uint64_t> {
         if (!v || v->empty()) return std::nullopt;
-        return parse_count(*v, "SOLAR_START_STEP", 0, ~std::uint64_t{0});
+        return parse_job_param(*v, "SOLAR_START_STEP", job_params::kStartStep);
       };
       const std::uint64_t start = start_global_step(num(se), num(ss), h.layout.steps,
                                                     h.config.epochs, "SOLAR_START_EPOCH",
