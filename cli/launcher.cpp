@@ -21,6 +21,7 @@
 
 #include "line_labeller.h"
 #include "run_dir.h"
+#include "run_stats.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/remove_tree.h"
 #include "solar/protocol.h"
@@ -97,36 +98,6 @@ std::string find_sibling(const std::string& name, const std::string& build_subdi
   }
   return name;  // PATH
 }
-
-namespace {
-
-// --stats-out: the agents' files, one object per node ("missing" where an agent left none).
-void write_run_stats(const std::string& out, const fs::path& dir, std::uint32_t nodes,
-                     bool agents) {
-  nlohmann::json list = nlohmann::json::array();
-  for (std::uint32_t m = 0; m < nodes; ++m) {
-    std::ifstream f(dir / fmt::format("node{}.stats.json", m));
-    nlohmann::json n;
-    if (!agents) {
-      n = {{"node", m}, {"missing", "no agent (--no-agent): ranks read directly"}};
-    } else if (!f) {
-      n = {{"node", m}, {"missing", "the agent wrote no statistics (it failed or was killed)"}};
-    } else {
-      try {
-        n = nlohmann::json::parse(f);
-      } catch (const std::exception& e) {
-        n = {{"node", m}, {"missing", fmt::format("unreadable statistics: {}", e.what())}};
-      }
-    }
-    list.push_back(std::move(n));
-  }
-  const nlohmann::json doc = {{"format_version", 1}, {"source", "solar run"}, {"nodes", list}};
-  if (const char* failed = write_file_atomically(out, doc.dump(1) + '\n', 0666))
-    throw std::runtime_error(
-        fmt::format("--stats-out {}: {}: {}", out, failed, std::strerror(errno)));
-}
-
-}  // namespace
 
 nlohmann::json agent_stats(const std::string& socket_path, double timeout_s) {
   const int fd = connect_unix(socket_path);
