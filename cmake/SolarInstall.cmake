@@ -96,6 +96,19 @@ install(FILES ${PROJECT_SOURCE_DIR}/slurm_examples/README.md
               ${PROJECT_SOURCE_DIR}/slurm_examples/train_h5py_ddp.py
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT runtime)
 
+# Environment modules (packaging/modules): an Lmod and a Tcl module that find the prefix from
+# where they lie, so `module use <prefix>/share/solar/modulefiles` works for any --prefix.
+foreach(kind lua tcl)
+  configure_file(${PROJECT_SOURCE_DIR}/packaging/modules/solar.${kind}.in
+                 ${PROJECT_BINARY_DIR}/modulefiles/solar.${kind} @ONLY)
+endforeach()
+install(FILES ${PROJECT_BINARY_DIR}/modulefiles/solar.lua
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/solar/modulefiles/solar
+        RENAME ${PROJECT_VERSION}.lua COMPONENT runtime)
+install(FILES ${PROJECT_BINARY_DIR}/modulefiles/solar.tcl
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/solar/modulefiles-tcl/solar
+        RENAME ${PROJECT_VERSION} COMPONENT runtime)
+
 # Man pages from each program's --help and --version (help2man: scripts/install-deps).
 find_program(SOLAR_HELP2MAN help2man)
 if(SOLAR_HELP2MAN)
