@@ -128,9 +128,6 @@ def failing_disk(tmp_path):
         _sh("losetup", "-d", dev)
         pytest.skip(f"cannot mount a loop device here: {m.stderr.strip()}")
     path = mnt / "d.h5"
-    run(SOLAR, "gen", path, "--samples", "600", "--preset", "tiny", "--seed", "7",
-        "--no-progress")
-    os.sync()
 
     def fail():
         fd = os.open(path, os.O_RDONLY)
@@ -141,7 +138,10 @@ def failing_disk(tmp_path):
         os.truncate(img, 1 << 20)
         assert _sh("losetup", "-c", dev).returncode == 0
 
-    try:
+    try:  # from the mount on: a failure setting up unmounts too
+        run(SOLAR, "gen", path, "--samples", "600", "--preset", "tiny", "--seed", "7",
+            "--no-progress")
+        os.sync()
         yield path, fail
     finally:
         _sh("umount", "-l", mnt)
