@@ -1,6 +1,6 @@
 // solar-agent: one per node per job step. Executes this node's part of the plan: fills a
 // shared-memory buffer from storage ahead of the ranks and hands batches to them over a Unix
-// socket (client/include/solar/protocol.h).
+// socket (protocol/include/solar/protocol.h).
 #pragma once
 
 #include <atomic>

@@ -4,7 +4,7 @@ real programs exchange, built here the way they build them:
 
   agent_requests  a rank's session with solar-agent (client/src/client.cpp: hello, next, release;
                   solar stat's stats request; an interposer's xhello; shutdown), laid out as in
-                  client/include/solar/protocol.h; the first byte picks the fuzzer's read size
+                  protocol/include/solar/protocol.h; the first byte picks the fuzzer's read size
   stored_wire     FabricSource's messages to solar-stored and the server's hello reply
                   (storage/src/fabric_source.cpp, server.cpp), framed as in wire.h, then the
                   24 bytes the fuzzer reads its dataset (samples, sample bytes) and staging
