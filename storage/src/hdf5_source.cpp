@@ -9,156 +9,16 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <chrono>
-#include <mutex>
-#include <thread>
-#include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
 
+#include "hdf5_source_impl.h"
 #include "hdf5_util.h"
 #include "io_pool.h"
 #include "solar/storage/content.h"
 
 namespace solar::storage {
-
-// A failed read (EIO, ESTALE, ...) is tried this many times in all, pausing 50, 100, 200 ms
-// between tries (0.35 s in all), before the error is reported.
-constexpr unsigned kReadAttempts = 4;
-constexpr std::chrono::milliseconds kRetryPause{50};
-
-struct Hdf5Source::Impl {
-  std::string path, dataset;
-  Hdf5Options options;
-  DatasetInfo info;
-  h5::Handle file, dset, space, dxpl;
-  hid_t mem_type = -1;
-  std::vector<hsize_t> dims;
-  std::optional<std::uint64_t> raw_offset;  // contiguous: file offset of sample 0
-  // Unfiltered chunks holding whole samples: file offset of each chunk, read with pread too.
-  std::vector<std::uint64_t> chunk_addr;
-  std::uint64_t samples_per_chunk = 0;
-  int fd = -1;
-  int direct_fd = -1;  // O_DIRECT twin of fd, or -1
-  std::atomic<std::uint64_t> direct_reads{0};
-  std::atomic<std::uint64_t> requests{0};  // read_exact calls: requests to the storage
-  std::vector<std::byte> labels;  // all labels, read once at open (small)
-  std::string identity;
-  struct stat opened {};  // fstat of fd at open
-  // The link count and change time check_unchanged compares with: opened's, until a link
-  // count moves (a rename over the path, a hard link), which moves the ctime with it.
-  mutable std::mutex seen_mu;
-  mutable nlink_t nlink_seen = 0;
-  mutable struct timespec ctime_seen {};
-
-  // Throws when the open file is no longer what was opened (rewritten in place, truncated).
-  void check_unchanged() const;
-  void check_path() const;
-  std::unique_ptr<IoPool> pool;
-
-  std::string where() const { return fmt::format("{}:{}", path, dataset); }
-
-  ~Impl() {
-    std::lock_guard g(h5::lock());
-    dxpl.reset();
-    space.reset();
-    dset.reset();
-    file.reset();
-    if (fd >= 0) ::close(fd);
-    if (direct_fd >= 0) ::close(direct_fd);
-  }
-
-  bool raw() const { return raw_offset.has_value() || samples_per_chunk > 0; }
-  std::uint64_t file_offset(std::uint64_t sample) const {
-    if (raw_offset) return *raw_offset + sample * info.sample_bytes;
-    return chunk_addr[sample / samples_per_chunk] + (sample % samples_per_chunk) * info.sample_bytes;
-  }
-  void read_raw(std::span<const SampleRun> runs, std::byte* dst);
-  void read_exact(std::uint64_t off, std::uint64_t len, std::byte* out);
-  bool read_direct(std::uint64_t off, std::uint64_t len, std::byte* out);
-  void read_h5(std::span<const SampleRun> runs, std::byte* dst);
-};
-
-namespace {
-
-// Dataset names directly under the root group, for "did you mean" messages.
-std::string list_datasets(hid_t file) {
-  std::string names;
-  auto visit = [](hid_t g, const char* name, const H5L_info_t*, void* data) -> herr_t {
-    H5O_info_t oi;
-    if (H5Oget_info_by_name(g, name, &oi, H5P_DEFAULT) >= 0 && oi.type == H5O_TYPE_DATASET) {
-      auto* out = static_cast<std::string*>(data);
-      *out += (out->empty() ? "/" : ", /") + std::string(name);
-    }
-    return 0;
-  };
-  H5Literate(file, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, visit, &names);
-  H5Eclear2(H5E_DEFAULT);
-  return names.empty() ? "none" : names;
-}
-
-// True when every component of `path` exists and the last one is a dataset.
-bool dataset_exists(hid_t file, const std::string& path) {
-  std::string prefix;
-  std::size_t pos = 0;
-  while (pos < path.size()) {
-    std::size_t next = path.find('/', pos + 1);
-    if (next == std::string::npos) next = path.size();
-    prefix = path.substr(0, next);
-    if (prefix != "/" && H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) {
-      H5Eclear2(H5E_DEFAULT);
-      return false;
-    }
-    pos = next;
-  }
-  H5O_info_t oi;
-  if (H5Oget_info_by_name(file, path.c_str(), &oi, H5P_DEFAULT) < 0) {
-    H5Eclear2(H5E_DEFAULT);
-    return false;
-  }
-  return oi.type == H5O_TYPE_DATASET;
-}
-
-std::optional<std::string> string_attribute(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return std::nullopt;
-  h5::Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  if (!a) return std::nullopt;
-  h5::Handle type(H5Aget_type(a.get()), H5Tclose);
-  if (H5Tget_class(type.get()) != H5T_STRING) return std::nullopt;
-  if (H5Tis_variable_str(type.get()) > 0) {
-    h5::Handle mt(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(mt.get(), H5T_VARIABLE);
-    H5Tset_cset(mt.get(), H5Tget_cset(type.get()));
-    char* s = nullptr;
-    if (H5Aread(a.get(), mt.get(), &s) < 0 || !s) return std::nullopt;
-    std::string out(s);
-    H5free_memory(s);
-    return out;
-  }
-  std::string out(H5Tget_size(type.get()), '\0');
-  if (H5Aread(a.get(), type.get(), out.data()) < 0) return std::nullopt;
-  out.resize(std::strlen(out.c_str()));
-  return out;
-}
-
-std::optional<std::uint64_t> u64_attribute(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return std::nullopt;
-  h5::Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  std::uint64_t v = 0;
-  if (!a || H5Aread(a.get(), H5T_NATIVE_UINT64, &v) < 0) return std::nullopt;
-  return v;
-}
-
-std::string layout_name(H5D_layout_t layout, int filters) {
-  if (layout == H5D_CONTIGUOUS) return "contiguous";
-  if (layout == H5D_COMPACT) return "compact";
-  if (layout == H5D_CHUNKED) return filters > 0 ? "chunked+compressed" : "chunked";
-  return "virtual";
-}
-
-}  // namespace
 
 std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std::string& dataset,
                                              const Hdf5Options& options) {
@@ -228,9 +88,9 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
                                      path));
     if (handle) ::posix_fadvise(*static_cast<int*>(handle), 0, 0, POSIX_FADV_RANDOM);  // chunks
   }
-  if (!dataset_exists(im->file.get(), im->dataset))
+  if (!h5::dataset_exists(im->file.get(), im->dataset))
     throw StorageError(fmt::format("{}: no dataset '{}' (datasets at the top level: {})", path,
-                                   im->dataset, list_datasets(im->file.get())));
+                                   im->dataset, h5::list_datasets(im->file.get())));
 
   h5::Handle dapl(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
   im->dset = h5::Handle(
@@ -264,7 +124,7 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
   h5::Handle dcpl(H5Dget_create_plist(im->dset.get()), H5Pclose);
   const H5D_layout_t layout = H5Pget_layout(dcpl.get());
   const int filters = H5Pget_nfilters(dcpl.get());
-  info.layout = layout_name(layout, filters);
+  info.layout = h5::layout_name(layout, filters);
   std::vector<hsize_t> chunk(rank);
   if (layout == H5D_CHUNKED) {
     H5Pget_chunk(dcpl.get(), rank, chunk.data());
@@ -328,15 +188,15 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
                      options.collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
 #endif
 
-  if (auto gen = string_attribute(im->dset.get(), "solar_generator");
+  if (auto gen = h5::string_attribute(im->dset.get(), "solar_generator");
       gen && *gen == content::kGenerator)
-    info.seed = u64_attribute(im->dset.get(), "solar_seed");
+    info.seed = h5::u64_attribute(im->dset.get(), "solar_seed");
   H5Eclear2(H5E_DEFAULT);
 
   // Labels: optional; when present they must have one entry per sample.
   std::string label = options.label_dataset;
   if (!label.empty() && label[0] != '/') label = "/" + label;
-  if (!label.empty() && label != im->dataset && dataset_exists(im->file.get(), label)) {
+  if (!label.empty() && label != im->dataset && h5::dataset_exists(im->file.get(), label)) {
     h5::Handle ld(h5::check(H5Dopen2(im->file.get(), label.c_str(), H5P_DEFAULT),
                             fmt::format("{}:{}: cannot open labels", path, label)),
                   H5Dclose);
@@ -448,205 +308,4 @@ void Hdf5Source::Impl::check_path() const {
 }
 std::uint64_t Hdf5Source::direct_reads() const { return impl_->direct_reads.load(); }
 std::uint64_t Hdf5Source::requests() const { return impl_->requests.load(); }
-
-void Hdf5Source::Impl::read_raw(std::span<const SampleRun> runs, std::byte* dst) {
-  struct Piece {
-    std::uint64_t file_off, len;
-    std::byte* out;
-  };
-  std::vector<Piece> pieces;
-  const std::uint64_t sb = info.sample_bytes;
-  const std::uint64_t max = std::max<std::uint64_t>(options.request_bytes, sb ? sb : 1);
-  std::byte* out = dst;
-  auto add = [&](std::uint64_t off, std::uint64_t left) {
-    if (!pieces.empty() && pieces.back().file_off + pieces.back().len == off &&
-        pieces.back().len + left <= max) {  // adjacent in the file and in memory
-      pieces.back().len += left;
-      out += left;
-      return;
-    }
-    while (left) {
-      const std::uint64_t n = std::min(left, max);
-      pieces.push_back({off, n, out});
-      off += n;
-      out += n;
-      left -= n;
-    }
-  };
-  for (const auto& r : runs) {
-    if (raw_offset) {
-      add(file_offset(r.first), r.count * sb);
-    } else {
-      for (std::uint64_t i = r.first; i < r.first + r.count;) {
-        const std::uint64_t in_chunk = std::min(r.first + r.count - i,
-                                                samples_per_chunk - i % samples_per_chunk);
-        add(file_offset(i), in_chunk * sb);
-        i += in_chunk;
-      }
-    }
-  }
-  if (options.read_gap == 0 || pieces.size() < 2) {
-    pool->run(pieces.size(), [&](std::size_t i) {
-      read_exact(pieces[i].file_off, pieces[i].len, pieces[i].out);
-    });
-    return;
-  }
-  // Request-bound storage: pieces no more than read_gap apart in the file are one request,
-  // the bytes between them read and dropped (a request saved costs more than the gap).
-  std::vector<std::size_t> order(pieces.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return pieces[a].file_off < pieces[b].file_off; });
-  std::vector<std::pair<std::size_t, std::size_t>> groups;  // [begin, end) of `order`
-  for (std::size_t i = 0; i < order.size();) {
-    const std::uint64_t first = pieces[order[i]].file_off;
-    std::uint64_t end = first + pieces[order[i]].len;
-    std::size_t j = i + 1;
-    for (; j < order.size(); ++j) {
-      const Piece& q = pieces[order[j]];
-      if (q.file_off < end || q.file_off - end > options.read_gap ||
-          q.file_off + q.len - first > max)
-        break;
-      end = q.file_off + q.len;
-    }
-    groups.emplace_back(i, j);
-    i = j;
-  }
-  pool->run(groups.size(), [&](std::size_t g) {
-    const auto [b, e] = groups[g];
-    const Piece& head = pieces[order[b]];
-    if (e - b == 1) return read_exact(head.file_off, head.len, head.out);
-    const Piece& tail = pieces[order[e - 1]];
-    thread_local std::vector<std::byte> span;
-    span.resize(tail.file_off + tail.len - head.file_off);
-    read_exact(head.file_off, span.size(), span.data());
-    for (std::size_t k = b; k < e; ++k) {
-      const Piece& p = pieces[order[k]];
-      std::memcpy(p.out, span.data() + (p.file_off - head.file_off), p.len);
-    }
-  });
-}
-
-// [off, off + len) of the file into `out`: O_DIRECT when open (and the kernel takes it), else
-// pread, retried on I/O errors. One storage request (counted in `requests`).
-void Hdf5Source::Impl::read_exact(std::uint64_t off, std::uint64_t len, std::byte* out) {
-  ++requests;
-  if (direct_fd >= 0 && read_direct(off, len, out)) return;
-  std::uint64_t done = 0;
-  for (unsigned attempt = 1;;) {
-    const ssize_t n = ::pread(fd, out + done, len - done, static_cast<off_t>(off + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      // An I/O error (EIO: a bad disk or a storage server's hiccup; ESTALE: the file gone on
-      // NFS) is retried a few times with a growing pause, then reported with the file and
-      // the offset: a read never hangs and never returns what it did not read.
-      const int err = errno;
-      if (attempt < kReadAttempts) {
-        std::this_thread::sleep_for(kRetryPause * (1U << (attempt - 1)));
-        ++attempt;
-        continue;
-      }
-      throw StorageError(fmt::format("{}: read of {} bytes at offset {} failed ({} attempts): "
-                                     "{}",
-                                     where(), len - done, off + done, attempt,
-                                     std::strerror(err)));
-    }
-    if (n == 0)
-      throw StorageError(fmt::format("{}: the file ended at offset {} (truncated?)", where(),
-                                     off + done));
-    done += static_cast<std::uint64_t>(n);
-    if (done == len) return;
-  }
-}
-
-// One O_DIRECT read of the aligned span around [off, off + len) into this thread's aligned
-// bounce buffer, then the payload into `out`. False (nothing promised) when the kernel refuses
-// it, e.g. an alignment the file system does not accept: the caller reads buffered instead.
-bool Hdf5Source::Impl::read_direct(std::uint64_t off, std::uint64_t len, std::byte* out) {
-  constexpr std::uint64_t kAlign = 4096;
-  struct Bounce {
-    std::byte* p = nullptr;
-    std::uint64_t cap = 0;
-    ~Bounce() { std::free(p); }
-  };
-  thread_local Bounce bounce;
-  const std::uint64_t a = off / kAlign * kAlign;
-  const std::uint64_t e = (off + len + kAlign - 1) / kAlign * kAlign;
-  if (bounce.cap < e - a) {
-    std::free(bounce.p);
-    bounce.p = nullptr;
-    bounce.cap = 0;
-    void* m = nullptr;
-    if (::posix_memalign(&m, kAlign, e - a) != 0) return false;
-    bounce.p = static_cast<std::byte*>(m);
-    bounce.cap = e - a;
-  }
-  std::uint64_t got = 0;
-  while (a + got < off + len) {  // short only at the end of the file
-    const ssize_t n = ::pread(direct_fd, bounce.p + got, e - a - got, static_cast<off_t>(a + got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    got += static_cast<std::uint64_t>(n);
-    if (got % kAlign) break;  // the end of the file
-  }
-  if (a + got < off + len) return false;
-  std::memcpy(out, bounce.p + (off - a), len);
-  ++direct_reads;
-  return true;
-}
-
-void Hdf5Source::Impl::read_h5(std::span<const SampleRun> runs, std::byte* dst) {
-  const std::size_t rank = dims.size();
-  std::vector<hsize_t> start(rank, 0), count(dims);
-  std::byte* out = dst;
-  for (const auto& r : runs) {
-    start[0] = r.first;
-    count[0] = r.count;
-    for (unsigned attempt = 1;; ++attempt) {  // I/O errors retried as in read_raw
-      {
-        std::lock_guard g(h5::lock());
-        h5::Handle fs(H5Scopy(space.get()), H5Sclose);
-        H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                            nullptr);
-        h5::Handle ms(H5Screate_simple(static_cast<int>(rank), count.data(), nullptr), H5Sclose);
-        if (H5Dread(dset.get(), mem_type, ms.get(), fs.get(), dxpl.get(), out) >= 0) break;
-        if (attempt >= kReadAttempts)
-          h5::check(-1, fmt::format("{}: reading samples [{}, {}) failed ({} attempts)", where(),
-                                    r.first, r.first + r.count, attempt));
-      }
-      std::this_thread::sleep_for(kRetryPause * (1U << (attempt - 1)));
-    }
-    out += r.count * info.sample_bytes;
-  }
-}
-
-void Hdf5Source::read(std::span<const SampleRun> runs, std::byte* dst) {
-  check_runs(impl_->info, runs, impl_->where());
-  if (impl_->raw())
-    impl_->read_raw(runs, dst);
-  else
-    impl_->read_h5(runs, dst);
-  impl_->check_unchanged();  // after: a rewrite during the read is caught too
-  if (impl_->options.check_path) impl_->check_path();
-}
-
-void Hdf5Source::read_labels(std::span<const SampleRun> runs, std::byte* dst) {
-  if (!impl_->info.has_labels)
-    throw StorageError(fmt::format("{}: the file has no labels dataset ({})", impl_->where(),
-                                   impl_->options.label_dataset.empty()
-                                       ? "none requested"
-                                       : impl_->options.label_dataset + " not found"));
-  check_runs(impl_->info, runs, impl_->where());
-  const std::uint64_t lb = impl_->info.label_bytes;
-  for (const auto& r : runs) {
-    std::memcpy(dst, impl_->labels.data() + r.first * lb, r.count * lb);
-    dst += r.count * lb;
-  }
-}
-
-void Hdf5Source::drop_cache() {
-  ::fdatasync(impl_->fd);
-  ::posix_fadvise(impl_->fd, 0, 0, POSIX_FADV_DONTNEED);
-}
-
 }  // namespace solar::storage

@@ -1,5 +1,7 @@
 #include "hdf5_util.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 namespace solar::storage::h5 {
@@ -76,6 +78,79 @@ std::optional<DType> dtype_of(hid_t type) {
 bool native_order(hid_t type) {
   const H5T_order_t o = H5Tget_order(type);
   return o == H5T_ORDER_LE || o == H5T_ORDER_NONE;  // this code targets little-endian hosts
+}
+
+std::string list_datasets(hid_t file) {
+  std::string names;
+  auto visit = [](hid_t g, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    H5O_info_t oi;
+    if (H5Oget_info_by_name(g, name, &oi, H5P_DEFAULT) >= 0 && oi.type == H5O_TYPE_DATASET) {
+      auto* out = static_cast<std::string*>(data);
+      *out += (out->empty() ? "/" : ", /") + std::string(name);
+    }
+    return 0;
+  };
+  H5Literate(file, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, visit, &names);
+  H5Eclear2(H5E_DEFAULT);
+  return names.empty() ? "none" : names;
+}
+
+bool dataset_exists(hid_t file, const std::string& path) {
+  std::string prefix;
+  std::size_t pos = 0;
+  while (pos < path.size()) {
+    std::size_t next = path.find('/', pos + 1);
+    if (next == std::string::npos) next = path.size();
+    prefix = path.substr(0, next);
+    if (prefix != "/" && H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return false;
+    }
+    pos = next;
+  }
+  H5O_info_t oi;
+  if (H5Oget_info_by_name(file, path.c_str(), &oi, H5P_DEFAULT) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return false;
+  }
+  return oi.type == H5O_TYPE_DATASET;
+}
+
+std::optional<std::string> string_attribute(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+  Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  if (!a) return std::nullopt;
+  Handle type(H5Aget_type(a.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_STRING) return std::nullopt;
+  if (H5Tis_variable_str(type.get()) > 0) {
+    Handle mt(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mt.get(), H5T_VARIABLE);
+    H5Tset_cset(mt.get(), H5Tget_cset(type.get()));
+    char* s = nullptr;
+    if (H5Aread(a.get(), mt.get(), &s) < 0 || !s) return std::nullopt;
+    std::string out(s);
+    H5free_memory(s);
+    return out;
+  }
+  std::string out(H5Tget_size(type.get()), '\0');
+  if (H5Aread(a.get(), type.get(), out.data()) < 0) return std::nullopt;
+  out.resize(std::strlen(out.c_str()));
+  return out;
+}
+
+std::optional<std::uint64_t> u64_attribute(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+  Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  std::uint64_t v = 0;
+  if (!a || H5Aread(a.get(), H5T_NATIVE_UINT64, &v) < 0) return std::nullopt;
+  return v;
+}
+
+std::string layout_name(H5D_layout_t layout, int filters) {
+  if (layout == H5D_CONTIGUOUS) return "contiguous";
+  if (layout == H5D_COMPACT) return "compact";
+  if (layout == H5D_CHUNKED) return filters > 0 ? "chunked+compressed" : "chunked";
+  return "virtual";
 }
 
 }  // namespace solar::storage::h5

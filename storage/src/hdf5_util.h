@@ -3,6 +3,7 @@
 
 #include <hdf5.h>
 
+#include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -54,5 +55,16 @@ hid_t native_type(DType t);
 std::optional<DType> dtype_of(hid_t file_type);
 // True when the file type is the host's byte order (raw bytes need no conversion).
 bool native_order(hid_t file_type);
+
+// Dataset names directly under the root group ("/a, /b", or "none"), for "did you mean" messages.
+std::string list_datasets(hid_t file);
+// True when every component of `path` exists and the last one is a dataset.
+bool dataset_exists(hid_t file, const std::string& path);
+// A string (fixed or variable length) or uint64 attribute of `obj`; nullopt when absent or of
+// another type.
+std::optional<std::string> string_attribute(hid_t obj, const char* name);
+std::optional<std::uint64_t> u64_attribute(hid_t obj, const char* name);
+// DatasetInfo::layout's name of a layout: contiguous, compact, chunked, chunked+compressed, virtual.
+std::string layout_name(H5D_layout_t layout, int filters);
 
 }  // namespace solar::storage::h5
