@@ -15,23 +15,19 @@ import ctypes
 import os
 import threading
 import warnings
-import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _lib
+# Re-exported: every name solar.loader had before batch.py, dataset.py and errors.py split off.
+from .batch import Batch, _ArrayPool, _Lease  # noqa: F401
+from .dataset import (DatasetInfo, _resolve_label_dtypes, dataset_layout,  # noqa: F401
+                      library_layout, split_dataset_spec)
+from .errors import BatchReleasedError, SolarError  # noqa: F401
 
 _lib_ = _lib.lib
 _ENV_LOCK = threading.Lock()
-
-
-class SolarError(RuntimeError):
-    """An error reported by libsolar (the message names what is wrong)."""
-
-
-class BatchReleasedError(SolarError):
-    """The batch was used after it was released (its memory now holds other samples)."""
 
 
 def _check_count(name, value):
@@ -78,279 +74,11 @@ _REFUSED = {
 _IGNORED = ("num_workers", "prefetch_factor", "persistent_workers", "timeout")
 
 
-def split_dataset_spec(spec):
-    """'FILE.h5[:/dataset]' -> (file, dataset); (None, None) for fabric:// sources."""
-    if spec.startswith("fabric://"):
-        return None, None
-    head, sep, tail = spec.rpartition(":")
-    if sep and tail.startswith("/"):
-        return head, tail
-    return spec, "/data"
-
-
-def library_layout(handle, has_labels):
-    """(sample shape, dtype, label dtype) as libsolar knows them (from the agent, or the source
-    it reads directly), each None when it does not; no HDF5 needed."""
-    n = _lib_.solar_sample_shape(handle, None, 0)
-    shape = None
-    if n >= 0:
-        dims = (ctypes.c_uint64 * max(n, 1))()
-        _lib_.solar_sample_shape(handle, dims, n)
-        shape = tuple(int(d) for d in dims[:n])
-
-    def dtype_of(name):
-        name = (name or b"").decode("ascii", "replace")
-        return np.dtype(name) if name else None
-
-    dtype = dtype_of(_lib_.solar_sample_dtype(handle))
-    label_dtype = dtype_of(_lib_.solar_label_dtype(handle)) if has_labels else None
-    return shape, dtype, label_dtype
-
-
-def dataset_layout(spec, labels):
-    """(sample shape, dtype, label dtype) from the HDF5 file, or Nones when unknown (the fallback
-    when libsolar does not know them: h5py is imported only here)."""
-    path, name = split_dataset_spec(spec)
-    if not path or not os.path.exists(path):
-        return None, None, None
-    try:
-        import h5py
-    except ImportError:
-        return None, None, None
-    with h5py.File(path, "r") as f:
-        d = f[name]
-        label_dtype = None
-        if labels and labels in f:
-            label_dtype = f[labels].dtype
-        return tuple(d.shape[1:]), d.dtype, label_dtype
-
-
-class _Lease:
-    """Exports a pooled block's rows to numpy; its death is the block's release."""
-
-    __slots__ = ("rows", "__weakref__")
-
-    def __init__(self, rows):
-        self.rows = rows
-
-    @property
-    def __array_interface__(self):
-        return self.rows.__array_interface__
-
-
-class _ArrayPool:
-    """Recycles the memory of batch copies: `take(n)` returns an (n, *shape) array that is a
-    view of a pooled block; once the array and everything made from it (tensors, views) are
-    gone, the block goes back to the pool. A training loop that drops each batch after its step
-    keeps reusing two or three blocks, already faulted in, instead of fresh memory per batch."""
-
-    def __init__(self, rows, shape, dtype):
-        self.rows, self.shape, self.dtype = rows, tuple(shape), np.dtype(dtype)
-        self.free = []
-
-    def take(self, n):
-        if n > self.rows:  # a larger batch (δ > 0): blocks of that size from now on
-            self.rows, self.free = n, []
-        block = self.free.pop() if self.free else np.empty((self.rows,) + self.shape,
-                                                             dtype=self.dtype)
-        lease = _Lease(block[:n])
-        weakref.finalize(lease, self._give, block).atexit = False
-        # The array's base is the lease, and numpy does not collapse views past a non-array
-        # base: every slice, view or tensor made from the array keeps the lease alive.
-        return np.asarray(lease)
-
-    def _give(self, block):
-        if len(block) == self.rows and len(self.free) < 8:
-            self.free.append(block)
-
-
-class Batch:
-    """One rank's batch of one step.
-
-    Unpacks as `data, labels = batch`. `data` and `labels` are arrays of the batch's samples, in
-    the plan's order, after the loader's `transform`. By default (`zero_copy=False`) they are
-    copied out of the shared buffer when the batch is taken and stay valid for as long as they
-    are kept, like a DataLoader's tensors. With `zero_copy=True` nothing is copied until `data`
-    or `labels` is first read, which must happen before the batch is released.
-    `sample(i)` and `views()` are zero-copy, read-only views into the shared buffer, valid until
-    the batch is released: when the next batch is taken, by `release()`, or when the loader
-    closes. Metadata (indices, step, epoch, weight, len) stays readable after release.
-    """
-
-    __slots__ = ("_loader", "_handle", "_ptrs", "_data", "_labels", "_ready", "_why", "released",
-                 "indices", "step", "epoch", "weight")
-
-    def __init__(self, loader, handle):
-        self._loader = loader
-        self._handle = handle
-        n = _lib_.solar_batch_size(handle)
-        self.step = int(_lib_.solar_batch_step(handle))
-        self.epoch = int(_lib_.solar_batch_epoch(handle))
-        self.indices = np.fromiter((_lib_.solar_batch_index(handle, i) for i in range(n)),
-                                   dtype=np.int64, count=n)
-        self._ptrs = None  # sample addresses, fetched for the first zero-copy view
-        self._data = self._labels = None
-        self._ready = False  # data and labels copied (and transformed)
-        self._why = None     # what released the batch
-        self.released = False
-        self.weight = n / _lib_.solar_batch_mean_size(handle)
-
-    def __len__(self):
-        return len(self.indices)
-
-    def __iter__(self):
-        self._materialize("unpacking")
-        return iter((self._data, self._labels))
-
-    def __repr__(self):
-        state = "released" if self.released else "held"
-        return f"<solar.Batch step={self.step} epoch={self.epoch} size={len(self)} {state}>"
-
-    def _live(self, what):
-        if self.released:
-            raise BatchReleasedError(
-                f"solar: {what} used on the batch of step {self.step} after it was "
-                f"{self._why}: zero-copy views are valid only while the batch is held (until the next batch "
-                "is taken); keep `batch.data` (a copy) or copy the view")
-
-    def _materialize(self, what):
-        """Copies data and labels out of the shared buffer and applies the transform, once."""
-        if self._ready:
-            return
-        if self.released:
-            raise BatchReleasedError(
-                f"solar: {what} used on the batch of step {self.step} after it was "
-                f"{self._why}: the loader has zero_copy=True, so a batch's data is copied on first use and that "
-                "must happen while it is held; read `data, labels = batch` before the next "
-                "batch is taken, or use zero_copy=False (copies made when the batch is taken)")
-        data = self._copy_data()
-        labels = self._copy_labels() if self._loader.label_bytes else None
-        transform = self._loader.transform
-        if transform is not None:
-            out = transform(data, labels)
-            if not isinstance(out, (tuple, list)) or len(out) != 2:
-                raise TypeError(f"solar.Loader: transform must return (data, labels), not "
-                                f"{type(out).__name__}")
-            data, labels = out
-        self._data, self._labels, self._ready = data, labels, True
-
-    def _copy_data(self):
-        a = self._loader._pool.take(len(self))
-        self.gather(a.ctypes.data)
-        return a
-
-    def _copy_labels(self):
-        L = self._loader
-        raw = np.empty(len(self), dtype=L._label_stored)
-        self.gather(None, raw.ctypes.data)
-        return raw if raw.dtype == L.label_dtype else raw.astype(L.label_dtype)
-
-    def sample(self, i):
-        """Zero-copy read-only view of sample i (shape and dtype of the dataset), valid until
-        the batch is released."""
-        self._live("sample()")
-        n = len(self.indices)
-        if self._ptrs is None:
-            self._ptrs = [_lib_.solar_batch_sample(self._handle, k) for k in range(n)]
-        if not -n <= i < n:
-            raise IndexError(f"solar: sample {i} of a batch of {n}")
-        L = self._loader
-        buf = (ctypes.c_char * L.sample_bytes).from_address(self._ptrs[i])
-        a = np.frombuffer(buf, dtype=L.dtype).reshape(L.shape)
-        a.flags.writeable = False
-        return a
-
-    def views(self):
-        """Zero-copy read-only views of every sample, valid until release."""
-        self._live("views()")
-        return [self.sample(i) for i in range(len(self))]
-
-    def gather(self, out, labels_out=None):
-        """Copies the samples into `out` (a C-contiguous buffer of len(self)·sample_bytes bytes
-        at address `out`, an int) and, when given, the labels into `labels_out` (len(self)·
-        label_bytes bytes, the stored label type), in one libsolar call."""
-        self._live("gather()")
-        L = self._loader
-        n = len(self.indices)
-        if _lib_.solar_batch_gather(self._handle, out, n * L.sample_bytes if out else 0,
-                                    labels_out, n * L.label_bytes if labels_out else 0) != 0:
-            raise SolarError(f"solar: {_lib.last_error()}")
-
-    @property
-    def data(self):
-        """The samples as one (len, *shape) array (a copy, after the transform)."""
-        self._materialize("data")
-        return self._data
-
-    @property
-    def labels(self):
-        """The labels as a (len,) array (a copy; int64 by default), or None when the dataset
-        has none."""
-        self._materialize("labels")
-        return self._labels
-
-    def release(self):
-        """Gives the batch back to the loader (and its slots to the agent). Idempotent. With
-        zero_copy=False its data and labels stay valid; views do not."""
-        if not self.released:
-            self._loader._release(self, "released by release()")
-
-
-class DatasetInfo:
-    """What `loader.dataset` is: the dataset the plan reads. `str()` is its spec
-    ('FILE.h5:/data' or 'fabric://HOST:PORT/NAME'), `len()` its number of samples (so
-    `len(loader.dataset)` counts samples as with a DataLoader); `file`, `name` (None for
-    fabric://), `labels` (the labels dataset, None for none), `shape`, `dtype` of one sample."""
-
-    __slots__ = ("spec", "file", "name", "labels", "samples", "shape", "dtype")
-
-    def __init__(self, spec, labels, samples, shape, dtype):
-        self.spec = spec
-        self.file, self.name = split_dataset_spec(spec)
-        self.labels = labels or None
-        self.samples, self.shape, self.dtype = samples, shape, dtype
-
-    def __len__(self):
-        return self.samples
-
-    def __str__(self):
-        return self.spec
-
-    def __repr__(self):
-        return (f"<solar.DatasetInfo {self.spec} samples={self.samples} shape={self.shape} "
-                f"dtype={self.dtype}>")
-
-
 _STATE_FORMAT = "solar.Loader/1"
 # The state dict's fields that must match the loader's (with the loader attribute they hold).
 _STATE_CHECKED = (("world_size", "world size"), ("epochs", "epochs"),
                   ("steps_per_epoch", "steps per epoch"), ("samples", "dataset samples"),
                   ("batch_size", "per-rank batch size"))
-
-
-def _resolve_label_dtypes(file_dtype, label_bytes, label_dtype):
-    """(stored, returned) label dtypes: the file's type (or, without it, label_dtype when it is
-    as wide as a stored label, else a signed integer of that width); labels are returned as
-    label_dtype, by default int64 for integer labels (floating-point ones keep their type)."""
-    if not label_bytes:
-        return None, np.dtype(label_dtype if label_dtype is not None else np.int64)
-    if file_dtype is not None:
-        stored = np.dtype(file_dtype)
-    elif label_dtype is not None and np.dtype(label_dtype).itemsize == label_bytes:
-        stored = np.dtype(label_dtype)
-    elif label_bytes in (1, 2, 4, 8):
-        stored = np.dtype(f"i{label_bytes}")
-    else:
-        raise ValueError(f"solar.Loader: a label is {label_bytes} bytes and its type is unknown: "
-                         f"pass label_dtype= with a {label_bytes}-byte type")
-    if stored.itemsize != label_bytes:
-        raise ValueError(f"solar.Loader: the file's label type {stored} is {stored.itemsize} "
-                         f"bytes, libsolar's labels are {label_bytes}")
-    if label_dtype is not None:
-        out = np.dtype(label_dtype)
-    else:
-        out = np.dtype(np.int64) if stored.kind in "iub" else stored
-    return stored, out
 
 
 class Loader:

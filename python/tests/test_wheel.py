@@ -57,6 +57,7 @@ def test_wheel_is_a_platform_wheel_carrying_libsolar(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         assert {"solar/__init__.py", "solar/_lib.py", "solar/loader.py", "solar/torch.py",
+                "solar/batch.py", "solar/dataset.py", "solar/errors.py",
                 "solar/libsolar.so", "solar/libsolar-direct.so"} <= names, names
         with open(os.path.realpath(LIB), "rb") as f:
             assert z.read("solar/libsolar.so") == f.read()  # this build's library
