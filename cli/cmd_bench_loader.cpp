@@ -23,7 +23,7 @@
 #include "solar/core/planner.h"
 #include "solar/storage/hdf5_source.h"
 #include "solar/storage/sample_source.h"
-#include "subprocess.h"
+#include "solar/sys/subprocess.h"
 #include "throttle.h"
 
 namespace solar::cli {
@@ -54,9 +54,9 @@ class ThrottledServer {
                                      "d=" + file, "--ready-file", ready_.string(), "--quiet"};
     if (!bandwidth.empty()) argv.insert(argv.end(), {"--throttle-bandwidth", bandwidth});
     if (latency_ms > 0) argv.insert(argv.end(), {"--throttle-latency", fmt::format("{}", latency_ms)});
-    SpawnOptions quiet;
+    sys::SpawnOptions quiet;
     quiet.who = nullptr;  // no message of its own: the error below says what to do
-    pid_ = spawn(argv, current_environment(), quiet);
+    pid_ = sys::spawn(argv, sys::current_environment(), quiet);
     const auto until = Clock::now() + std::chrono::seconds(30);
     for (;;) {
       std::ifstream f(ready_);

@@ -2,12 +2,10 @@
 
 #include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <unistd.h>
 #include <cstdlib>
 #include <fmt/format.h>
-#include <fstream>
+
+#include "solar/sys/output_path.h"
 
 namespace solar {
 
@@ -254,28 +252,8 @@ std::string format_bytes(std::uint64_t bytes) {
   return fmt::format("{:.{}f} {}", v, v < 10 ? 2 : (v < 100 ? 1 : 0), units[u]);
 }
 
-std::uint64_t mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key, unit;
-  std::uint64_t kb = 0;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return ~std::uint64_t{0};
-}
-
 void check_output_file(const std::string& path, const std::string& flag) {
-  std::error_code ec;
-  const std::filesystem::path p = std::filesystem::absolute(path, ec);
-  if (ec || path.empty()) throw ConfigError(flag, fmt::format("'{}' is not a usable path", path));
-  if (std::filesystem::is_directory(p, ec))
-    throw ConfigError(flag, fmt::format("{} is a folder; give a file name", path));
-  const std::filesystem::path dir = p.parent_path();
-  if (!std::filesystem::is_directory(dir, ec))
-    throw ConfigError(flag, fmt::format("the folder {} does not exist; create it first",
-                                        dir.string()));
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw ConfigError(flag, fmt::format("cannot write in {}: {}", dir.string(),
-                                        std::strerror(errno)));
+  if (std::string why = sys::output_file_problem(path); !why.empty()) throw ConfigError(flag, why);
 }
 
 std::uint64_t start_global_step(std::optional<std::uint64_t> epoch,

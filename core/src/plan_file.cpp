@@ -1,6 +1,5 @@
 #include "solar/core/plan_file.h"
 
-#include <atomic>
 #include <cerrno>
 #include <bit>
 #include <cstring>
@@ -8,6 +7,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include "solar/sys/atomic_file.h"
 
 namespace solar {
 
@@ -603,48 +604,9 @@ NodePlan PlanFile::node(std::uint32_t node) const {
 
 void write_plan_file(const Plan& plan, const std::filesystem::path& path) {
   const auto bytes = encode_plan(plan);
-  if (const char* failed = write_file_atomically(
+  if (const char* failed = sys::write_file_atomically(
           path, {reinterpret_cast<const char*>(bytes.data()), bytes.size()}, 0644))
     throw PlanFileError(fmt::format("{}: {}: {}", path.string(), failed, std::strerror(errno)));
-}
-
-const char* write_file_atomically(const std::filesystem::path& path, std::string_view bytes,
-                                  mode_t mode) {
-  // Beside it, hidden, unique in this process (and O_EXCL against anyone else's).
-  static std::atomic<std::uint64_t> serial{0};
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
-  std::string temp;
-  int fd = -1;
-  for (int tries = 0; fd < 0 && tries < 16; ++tries) {
-    temp = (dir / fmt::format(".{}.{}.{}", path.filename().string(), ::getpid(), serial++))
-               .string();
-    fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) return "cannot create a temporary file beside it";
-  auto fail = [&](const char* what) {
-    const int err = errno;
-    if (fd >= 0) ::close(fd);
-    ::unlink(temp.c_str());
-    errno = err;
-    return what;
-  };
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      if (w == 0) errno = ENOSPC;
-      return fail("writing");
-    }
-    done += static_cast<std::size_t>(w);
-  }
-  if (::fsync(fd) != 0) return fail("writing");
-  const int closed = ::close(fd);
-  fd = -1;
-  if (closed != 0) return fail("writing");
-  if (::rename(temp.c_str(), path.c_str()) != 0) return fail("renaming the temporary file over it");
-  return nullptr;
 }
 
 }  // namespace solar

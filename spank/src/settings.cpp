@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "solar/core/job_params.h"
+#include "solar/sys/meminfo.h"
 
 namespace solar::spank {
 namespace {
@@ -318,15 +318,8 @@ std::string step_runtime_dir(const PluginConfig& pc, std::uint32_t job, std::uin
   return fmt::format("{}/{}{}.{}", pc.runtime_dir, job_prefix(job), step, node);
 }
 
-std::uint64_t node_memory_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  std::uint64_t kb = 0;
-  while (f >> key >> kb) {
-    if (key == "MemTotal:") return kb * 1024;
-    f.ignore(256, '\n');
-  }
-  return 0;
-}
+// Unknown is 0, not sys::mem_available_bytes's "no limit": this is the base of max_buffer's
+// percentage, and an admin's cap of a size nobody knows must refuse, not allow, any buffer.
+std::uint64_t node_memory_bytes() { return sys::meminfo_bytes("MemTotal").value_or(0); }
 
 }  // namespace solar::spank

@@ -24,102 +24,12 @@
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
 #include "solar/core/remove_tree.h"
+#include "solar/sys/subprocess.h"
 #include "state.h"
 #include "step_folder.h"
 
 namespace solar::spank {
 namespace {
-
-// Runs argv (no shell) with stdin on /dev/null; its stdout and stderr are captured. Killed
-// after `timeout_s`. Returns the wait status (-1 if it could not start: `err` says why).
-int run_child(const std::vector<std::string>& argv, double timeout_s, std::string& out,
-              std::string& err) {
-  int po[2], pe[2];
-  if (::pipe2(po, O_CLOEXEC) != 0) return err = std::strerror(errno), -1;
-  if (::pipe2(pe, O_CLOEXEC) != 0) {
-    ::close(po[0]);
-    ::close(po[1]);
-    return err = std::strerror(errno), -1;
-  }
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int null = ::open("/dev/null", O_RDONLY);
-    ::dup2(null, 0);
-    ::dup2(po[1], 1);
-    ::dup2(pe[1], 2);
-    ::execv(args[0], args.data());
-    const std::string why = fmt::format("cannot run {}: {}\n", argv[0], std::strerror(errno));
-    (void)!::write(2, why.data(), why.size());
-    ::_exit(127);
-  }
-  ::close(po[1]);
-  ::close(pe[1]);
-  if (pid < 0) {
-    ::close(po[0]);
-    ::close(pe[0]);
-    return err = std::strerror(errno), -1;
-  }
-  const std::chrono::steady_clock::time_point deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double>(timeout_s));
-  pollfd fds[2] = {{po[0], POLLIN, 0}, {pe[0], POLLIN, 0}};
-  std::string* sinks[2] = {&out, &err};
-  int open_fds = 2;
-  bool killed = false;
-  while (open_fds > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) {
-      ::kill(pid, SIGKILL);
-      killed = true;
-      break;
-    }
-    if (::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000))) < 0 && errno != EINTR) {
-      ::kill(pid, SIGKILL);
-      killed = true;
-      break;
-    }
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char buf[4096];
-      const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
-      if (n > 0) {
-        sinks[i]->append(buf, static_cast<std::size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_fds;
-      }
-    }
-  }
-  for (auto& f : fds)
-    if (f.fd >= 0) ::close(f.fd);
-  // Reaped within the deadline (plus a grace period after a kill): a child stuck in the kernel
-  // (a hung file system) must not hang srun.
-  const auto reap_until = std::max(deadline, std::chrono::steady_clock::now()) +
-                          std::chrono::seconds(5);
-  int status = 0;
-  for (;;) {
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) break;
-    if (r < 0 && errno != EINTR) return err += "(lost track of it)", -1;
-    if (std::chrono::steady_clock::now() >= reap_until) {
-      ::kill(pid, SIGKILL);
-      return err += fmt::format("(did not finish within {:.0f} s)", timeout_s), -1;
-    }
-    if (r == 0 && !killed && std::chrono::steady_clock::now() >= deadline) {
-      ::kill(pid, SIGKILL);
-      killed = true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (killed) return err += fmt::format("(stopped after {:.0f} s)", timeout_s), -1;
-  return status;
-}
 
 // The dataset's shape and identity, from the `solar dataset-info` child process: HDF5 (with
 // MPI) and libfabric stay out of srun and slurmstepd.
@@ -128,7 +38,7 @@ DatasetShape read_dataset(const State& s) {
                                    "--labels", s.options.labels_dataset()};
   if (!s.config.provider.empty()) argv.insert(argv.end(), {"--provider", s.config.provider});
   std::string out, err;
-  const int status = run_child(argv, s.config.timeout_s, out, err);
+  const int status = sys::run_captured(argv, s.config.timeout_s, out, err);
   while (!err.empty() && (err.back() == '\n' || err.back() == '\r')) err.pop_back();
   if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) == 127)
     throw ConfigError("--solar-dataset",

@@ -4,7 +4,12 @@
 
 #include "solar/core/agent_budget.h"  // an agent's memory budget -> the plan's buffer
 #include "solar/core/config_error.h"  // ConfigError
-#include "solar/core/host_checks.h"   // free memory, writable output paths
 #include "solar/core/plan_config.h"   // PlanConfig, orders, policies, limits, resume step
 #include "solar/core/scenarios.h"     // solar plan --scenario presets
 #include "solar/core/units.h"         // counts, byte sizes, buffer specs, format_bytes
+#include "solar/sys/meminfo.h"         // transitional: mem_available_bytes moved to sys/
+
+namespace solar {
+// Until its last callers outside core include solar/sys/meminfo.h.
+using sys::mem_available_bytes;
+}  // namespace solar

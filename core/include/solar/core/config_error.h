@@ -17,4 +17,9 @@ class ConfigError : public std::runtime_error {
  private:
   std::string flag_;
 };
+
+// Throws ConfigError (flag) unless a file can be written at `path`: its folder exists and is
+// writable, and it is not a folder itself (sys::output_file_problem says what is wrong). For
+// output options checked before a job starts.
+void check_output_file(const std::string& path, const std::string& flag);
 }  // namespace solar

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "solar/core/plan.h"
+#include "solar/sys/atomic_file.h"  // transitional: write_file_atomically below
 
 namespace solar {
 
@@ -64,17 +65,12 @@ struct NodePlan {
 
 // Serialises a plan (also used to compare plans byte for byte).
 std::vector<std::uint8_t> encode_plan(const Plan& plan);
-// Writes atomically (write_file_atomically, mode 0644). Throws PlanFileError.
+// Writes atomically (sys::write_file_atomically, mode 0644). Throws PlanFileError.
 void write_plan_file(const Plan& plan, const std::filesystem::path& path);
 
-// Writes `bytes` to `path` through a temporary file beside it (created with `mode` less the
-// umask), written whole, fsync'ed, then renamed over `path`: a reader sees all of it or none.
-// nullptr when done, else the step that failed (errno says why; the temporary file is
-// removed). Plans here; the agent's statistics (--stats-out) and peer cards (mode 0600);
-// `solar run --stats-out`, srun's --solar-stats, `solar report` and solar-stored's
-// --ready-file (0666: what a plain open would give).
-const char* write_file_atomically(const std::filesystem::path& path, std::string_view bytes,
-                                  mode_t mode);
+// Moved to sys/ (solar/sys/atomic_file.h); this name stays until its last callers outside
+// core include that header.
+using sys::write_file_atomically;
 
 // Parses and checks a header (magic, version, sizes, checksum, config validity).
 // `name` is used in error messages.

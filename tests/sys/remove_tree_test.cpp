@@ -1,4 +1,4 @@
-// solar::remove_tree (core/include/solar/core/remove_tree.h): a folder is removed whole even
+// solar::sys::remove_tree (sys/include/solar/sys/remove_tree.h): a folder is removed whole even
 // when another process unlinks one of its entries while it is being removed (an agent removing
 // its own socket as it stops, while `solar run` removes its run folder). Its own executable:
 // the race is made here by interposing unlinkat/unlink (this program's definitions come before
@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "solar/core/remove_tree.h"
+#include "solar/sys/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -54,7 +54,7 @@ TEST(RemoveTree, RemovesAFolderWhoseEntryVanishesWhileItIsRemoved) {
   fs::create_directory(d / "peers");
   std::ofstream(d / "peers" / "node0.peer") << "x";
   vanished = 0;
-  solar::remove_tree(d);
+  solar::sys::remove_tree(d);
   EXPECT_GE(vanished.load(), 1) << "the race was not made: this test checked nothing";
   EXPECT_FALSE(fs::exists(d)) << "left behind: " << d;
   std::error_code ec;
@@ -62,7 +62,7 @@ TEST(RemoveTree, RemovesAFolderWhoseEntryVanishesWhileItIsRemoved) {
 }
 
 TEST(RemoveTree, AFolderThatIsNotThereIsNoError) {
-  solar::remove_tree("/tmp/solar-remove-tree-never-made");
+  solar::sys::remove_tree("/tmp/solar-remove-tree-never-made");
   EXPECT_FALSE(fs::exists("/tmp/solar-remove-tree-never-made"));
 }
 
@@ -90,7 +90,7 @@ TEST(RemoveTree, RemovesATreeDeeperThanTheOpenFileLimit) {
   rlimit low = before;
   low.rlim_cur = 64;  // far fewer than the levels
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
-  const bool removed = solar::remove_tree(d);
+  const bool removed = solar::sys::remove_tree(d);
   ::setrlimit(RLIMIT_NOFILE, &before);
   EXPECT_TRUE(removed);
   EXPECT_FALSE(fs::exists(d)) << "left behind: " << d;
@@ -108,7 +108,7 @@ TEST(RemoveTree, DoesNotClimbOutOfAFolderMovedAway) {
   std::ofstream(a / "keep") << "x";
   moved_from = d / "x";
   moved_to = a / "x";
-  EXPECT_FALSE(solar::remove_tree(d));
+  EXPECT_FALSE(solar::sys::remove_tree(d));
   EXPECT_TRUE(moved_from.empty()) << "the move was not made: this test checked nothing";
   moved_from.clear();
   EXPECT_TRUE(fs::exists(a / "keep")) << "removed a file outside the tree";
