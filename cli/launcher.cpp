@@ -3,7 +3,6 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +24,7 @@
 #include "solar/core/plan_file.h"
 #include "solar/core/remove_tree.h"
 #include "solar/protocol.h"
+#include "solar/unix_socket.h"
 #include "subprocess.h"
 
 extern char** environ;
@@ -34,20 +34,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-int connect_unix(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof addr.sun_path) return -1;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 std::string tail_of(const fs::path& file, std::size_t lines = 5) {
   std::ifstream f(file);
@@ -100,10 +86,11 @@ std::string find_sibling(const std::string& name, const std::string& build_subdi
 }
 
 nlohmann::json agent_stats(const std::string& socket_path, double timeout_s) {
-  const int fd = connect_unix(socket_path);
-  if (fd < 0)
+  const protocol::UnixConnection conn = protocol::connect_unix(socket_path);
+  if (!conn)
     throw std::runtime_error(fmt::format("{}: no agent answers ({})", socket_path,
-                                         std::strerror(errno)));
+                                         std::strerror(conn.error)));
+  const int fd = conn.fd;
   timeval tv{static_cast<time_t>(timeout_s), 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   char request[sizeof(protocol::Header)];
@@ -251,9 +238,8 @@ LaunchResult launch(const LaunchSpec& spec) {
       const auto deadline = Clock::now() + std::chrono::seconds(60);
       for (std::uint32_t m = 0; m < c.nodes; ++m) {
         for (;;) {
-          const int fd = connect_unix(sockets[m]);
-          if (fd >= 0) {
-            ::close(fd);
+          if (const protocol::UnixConnection conn = protocol::connect_unix(sockets[m])) {
+            ::close(conn.fd);
             break;
           }
           int st = 0;

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "agent_impl.h"
+#include "solar/unix_socket.h"
 
 namespace solar::agent {
 
@@ -35,10 +36,9 @@ const char* what_is(mode_t m) {
 // this user on which nobody answers), which is removed. Anything else stops the agent and is left
 // as it is: a file, a folder, a link, another user's socket, a socket another agent serves.
 void prepare_socket_path(const std::string& path) {
-  sockaddr_un addr{};
-  if (path.empty() || path.size() >= sizeof addr.sun_path)
+  if (path.empty() || path.size() > protocol::max_unix_path())
     throw AgentError(fmt::format("--socket {}: a Unix socket path has 1 to {} bytes, this one {}",
-                                 path, sizeof addr.sun_path - 1, path.size()));
+                                 path, protocol::max_unix_path(), path.size()));
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return;
@@ -53,12 +53,11 @@ void prepare_socket_path(const std::string& path) {
                                  "left as it is: choose another path",
                                  path, st.st_uid));
   // Does anyone answer? Without blocking: a listener whose backlog is full answers EAGAIN.
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) throw AgentError(fmt::format("socket: {}", std::strerror(errno)));
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int err = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 ? 0 : errno;
-  ::close(fd);
+  const protocol::UnixConnection conn = protocol::connect_unix(path, {.nonblocking = true});
+  if (conn.failed == protocol::UnixConnection::Failed::socket)
+    throw AgentError(fmt::format("socket: {}", std::strerror(conn.error)));
+  if (conn) ::close(conn.fd);
+  const int err = conn.error;
   if (err == 0 || err == EAGAIN || err == EINPROGRESS)
     throw AgentError(fmt::format("{}: another agent is serving this socket", path));
   if (err != ECONNREFUSED)

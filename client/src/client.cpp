@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +24,7 @@
 #include "solar/protocol.h"
 #include "solar/solar.h"
 #include "solar/storage/sample_source.h"
+#include "solar/unix_socket.h"
 
 #ifdef SOLAR_WITH_CUDA
 #include <dlfcn.h>
@@ -323,25 +323,16 @@ struct solar_loader {
   // (the connection, each reply) is bounded by SOLAR_AGENT_TIMEOUT: a stopped or overloaded
   // agent makes the rank read directly, never hang.
   void attach() {
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (fd < 0 || socket_path.size() >= sizeof addr.sun_path) {
-      if (fd >= 0) ::close(fd);
+    using solar::protocol::UnixConnection;
+    const UnixConnection conn =
+        solar::protocol::connect_unix(socket_path, {.timeout_s = agent_timeout});
+    if (conn.failed == UnixConnection::Failed::path_too_long ||
+        conn.failed == UnixConnection::Failed::socket) {
       std::fprintf(stderr, "solar: SOLAR_SOCKET path too long; reading directly\n");
       return;
     }
-    if (agent_timeout > 0) {
-      timeval tv{};
-      tv.tv_sec = static_cast<time_t>(agent_timeout);
-      tv.tv_usec = static_cast<suseconds_t>((agent_timeout - static_cast<double>(tv.tv_sec)) * 1e6);
-      if (tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;  // {0, 0} would mean no limit
-      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);  // also bounds connect
-    }
-    std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      const int err = errno;
+    if (!conn) {
+      const int err = conn.error;
       if (err == EAGAIN)
         std::fprintf(stderr,
                      "solar: the agent at %s accepted no connection within %g s "
@@ -350,9 +341,9 @@ struct solar_loader {
       else
         std::fprintf(stderr, "solar: no agent at %s (%s); reading %s directly\n",
                      socket_path.c_str(), std::strerror(err), dataset.c_str());
-      ::close(fd);
       return;
     }
+    const int fd = conn.fd;
     sock = fd;
     const solar::protocol::Hello hi{local_rank, static_cast<std::uint32_t>(::getpid())};
     char out[sizeof(solar::protocol::Header) + sizeof hi];

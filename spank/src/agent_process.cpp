@@ -4,10 +4,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +18,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "solar/unix_socket.h"
 #include "step_folder.h"
 
 namespace solar::spank {
@@ -39,15 +38,9 @@ bool exited(int pidfd, int ms) {
 }
 
 bool socket_accepts(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof addr.sun_path) return false;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  ::close(fd);
-  return ok;
+  const protocol::UnixConnection conn = protocol::connect_unix(path);
+  if (conn) ::close(conn.fd);
+  return static_cast<bool>(conn);
 }
 
 // What the child reports through the pipe when it fails before exec.
