@@ -15,7 +15,6 @@
 #include <string_view>
 #include <thread>
 
-#include "agent_lines.h"
 #include "commands.h"
 #include "launcher.h"
 #include "options.h"
@@ -23,6 +22,7 @@
 #include "solar/core/job_params.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
+#include "solar/node_summary.h"
 #include "solar/storage/sample_source.h"
 
 namespace solar::cli {
@@ -45,30 +45,9 @@ struct RunOptions {
 };
 
 void print_summary(const LaunchResult& r) {
-  for (const auto& a : r.agents) {
-    const double hit = a["hits"].get<double>();
-    const double fetched = a["fetched_samples"].get<double>();
-    fmt::print(stderr,
-               "solar run: node {}: {} steps, {:.0f} hits, {:.0f} samples fetched ({}{}), hit "
-               "rate {:.1f}%, storage read time {:.2f} s\n",
-               a["node"].get<int>(), a["ready_steps"].get<std::uint64_t>(), hit, fetched,
-               format_bytes(a["bytes_read"].get<std::uint64_t>()), device_bytes(a),
-               hit + fetched > 0 ? 100 * hit / (hit + fetched) : 0.0,
-               a["read_seconds"].get<double>());
-    if (const auto start = a.value("start_step", std::uint64_t{0}); start > 0)
-      fmt::print(stderr,
-                 "solar run: node {}: started at step {}: steps before it neither read nor "
-                 "served; {} samples read that the plan had in the buffer by then\n",
-                 a["node"].get<int>(), start, a.value("unplanned_fetched_samples", 0ULL));
-    if (const auto& t = a.value("transparent", nlohmann::json()); t.is_object()) {
-      fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(),
-                 transparent_line(t, a["total_steps"].get<std::uint64_t>()));
-      if (const auto behind = fell_through_line(a, t); !behind.empty())
-        fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(), behind);
-    }
-    if (const auto& p = a.value("peers", nlohmann::json()); p.is_object())
-      fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(), peers_line(p));
-  }
+  for (const auto& a : r.agents)
+    for (const std::string& line : protocol::node_summary(a, protocol::SummaryFor::solar_run))
+      fmt::print(stderr, "solar run: node {}: {}\n", a["node"].get<int>(), line);
   for (const auto& p : r.problems) fmt::print(stderr, "solar run: {}\n", p);
 }
 

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "solar/core/plan_file.h"
+#include "solar/stats_file.h"
 
 namespace solar::cli {
 namespace fs = std::filesystem;
@@ -17,25 +18,26 @@ nlohmann::json run_stats_document(const fs::path& dir, std::uint32_t nodes, bool
     std::ifstream f(dir / fmt::format("node{}.stats.json", m));
     nlohmann::json n;
     if (!agents) {
-      n = {{"node", m}, {"missing", "no agent (--no-agent): ranks read directly"}};
+      n = protocol::missing_node_record(m, "no agent (--no-agent): ranks read directly");
     } else if (!f) {
-      n = {{"node", m}, {"missing", "the agent wrote no statistics (it failed or was killed)"}};
+      n = protocol::missing_node_record(
+          m, "the agent wrote no statistics (it failed or was killed)");
     } else {
       try {
         n = nlohmann::json::parse(f);
       } catch (const std::exception& e) {
-        n = {{"node", m}, {"missing", fmt::format("unreadable statistics: {}", e.what())}};
+        n = protocol::missing_node_record(m, fmt::format("unreadable statistics: {}", e.what()));
       }
     }
     list.push_back(std::move(n));
   }
-  return {{"format_version", 1}, {"source", "solar run"}, {"nodes", list}};
+  return protocol::run_stats_file("solar run", std::move(list));
 }
 
 void write_run_stats(const std::string& out, const fs::path& dir, std::uint32_t nodes,
                      bool agents) {
   const nlohmann::json doc = run_stats_document(dir, nodes, agents);
-  if (const char* failed = write_file_atomically(out, doc.dump(1) + '\n', 0666))
+  if (const char* failed = write_file_atomically(out, protocol::stats_file_text(doc), 0666))
     throw std::runtime_error(
         fmt::format("--stats-out {}: {}: {}", out, failed, std::strerror(errno)));
 }

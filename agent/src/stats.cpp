@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "agent_impl.h"
+#include "solar/stats_file.h"
 
 namespace solar::agent {
 
@@ -128,7 +129,7 @@ nlohmann::json Agent::Impl::stats_document() {
 }
 
 void Agent::Impl::write_stats_out(const nlohmann::json& doc) {
-  const std::string text = stats_.file(doc).dump(1) + "\n";
+  const std::string text = protocol::stats_file_text(protocol::node_stats_record(doc));
   if (const char* failed = write_file_atomically(opt_.stats_out, text, 0600)) {
     spdlog::error("--stats-out {}: {}: {}", opt_.stats_out, failed, std::strerror(errno));
     if (exit_code_ == 0) exit_code_ = 1;

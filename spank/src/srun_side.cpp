@@ -24,6 +24,8 @@
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
 #include "solar/core/remove_tree.h"
+#include "solar/node_summary.h"
+#include "solar/stats_file.h"
 #include "solar/sys/subprocess.h"
 #include "state.h"
 #include "step_folder.h"
@@ -141,65 +143,32 @@ void print_node_summaries(const std::vector<NodeStats>& all) {
       info(fmt::format("node {}: {}", m, all[m].why));
       continue;
     }
-    const nlohmann::json& j = *all[m].stats;
     try {
-      const double hits = j.value("hits", 0.0), fetched = j.value("fetched_samples", 0.0);
-      const auto device = j.find("device_read_bytes");  // null where the kernel counts none
-      info(fmt::format("node {}: {:.0f} hits, {:.0f} samples fetched ({}{}), hit rate {:.1f}%", m,
-                       hits, fetched, format_bytes(j.value("bytes_read", std::uint64_t{0})),
-                       device != j.end() && device->is_number_unsigned()
-                           ? "; " + format_bytes(device->get<std::uint64_t>()) +
-                                 " read from the device"
-                           : std::string(),
-                       hits + fetched > 0 ? 100 * hits / (hits + fetched) : 0.0));
-      if (const auto p = j.value("peers", nlohmann::json()); p.is_object())
-        info(fmt::format("node {}: {} samples read from peers' buffers ({}), {} from storage "
-                         "instead{}",
-                         m, p.value("samples", std::uint64_t{0}),
-                         format_bytes(p.value("bytes", std::uint64_t{0})),
-                         p.value("fallbacks", std::uint64_t{0}),
-                         p.value("disabled", false) ? "; peer sharing was turned off" : ""));
-      if (const auto t = j.value("transparent", nlohmann::json()); t.is_object()) {
-        const double served = t.value("hit_reads", 0.0), missed = t.value("miss_reads", 0.0);
-        info(fmt::format("node {}: file reads served from the buffer {:.0f}, fallen through "
-                         "{:.0f}; {} of {} steps consumed as planned{}",
-                         m, served, missed, t.value("consumed_steps", std::uint64_t{0}),
-                         j.value("total_steps", std::uint64_t{0}),
-                         t.value("consumed_steps", std::uint64_t{0}) <
-                                 j.value("total_steps", std::uint64_t{0})
-                             ? " (the script's order differs: check --solar-seed, "
-                               "--solar-batch, --solar-epochs)"
-                             : ""));
-      }
+      for (const std::string& line :
+           protocol::node_summary(*all[m].stats, protocol::SummaryFor::srun))
+        info(fmt::format("node {}: {}", m, line));
     } catch (const std::exception& e) {
       info(fmt::format("node {}: unreadable agent stats: {}", m, e.what()));
     }
   }
 }
 
-// The step's statistics in one file, the format `solar run --stats-out` writes: one object per
-// node in the agents' --stats-out format (agent/README.md), "missing" where a node has none.
+// The step's statistics in one file, in the schema of `solar run --stats-out`
+// (solar/stats_file.h): per node the record its agent's --stats-out holds, made from the log
+// line's stats document; "missing" where a node has none.
 void write_step_stats(const State& s, const std::vector<NodeStats>& all) {
   nlohmann::json nodes = nlohmann::json::array();
   for (std::uint32_t m = 0; m < all.size(); ++m) {
-    const auto& j = all[m].stats;
-    if (!j) {
-      nodes.push_back({{"node", m}, {"missing", all[m].why}});
+    if (!all[m].stats) {
+      nodes.push_back(protocol::missing_node_record(m, all[m].why));
       continue;
     }
-    // The log line's "epochs" is the planned count and "per_epoch" the records.
-    nlohmann::json n = *j;
+    nlohmann::json n = protocol::node_stats_record(*all[m].stats);
     n["node"] = m;
-    n["epochs_planned"] = j->value("epochs", nlohmann::json());
-    n["epochs"] = j->value("per_epoch", nlohmann::json::array());
-    n.erase("per_epoch");
     nodes.push_back(std::move(n));
   }
-  const nlohmann::json out = {{"format_version", 1},
-                              {"source", "srun --solar-stats"},
-                              {"job", s.job},
-                              {"step", s.step},
-                              {"nodes", std::move(nodes)}};
+  const nlohmann::json out = protocol::run_stats_file("srun --solar-stats", std::move(nodes),
+                                                      {{"job", s.job}, {"step", s.step}});
   // %j and %s: the job and step ids, as in srun -o (one file per step of an sbatch job).
   std::string path;
   const std::string spec = s.options.stats_path();
@@ -210,7 +179,7 @@ void write_step_stats(const State& s, const std::vector<NodeStats>& all) {
       path += spec[i];
     }
   }
-  if (const char* failed = write_file_atomically(path, out.dump(1) + '\n', 0666))
+  if (const char* failed = write_file_atomically(path, protocol::stats_file_text(out), 0666))
     error(fmt::format("--solar-stats: {}: {}: {}", path, failed, std::strerror(errno)));
 }
 
