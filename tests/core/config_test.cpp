@@ -7,21 +7,10 @@
 
 #include "solar/core/config.h"
 #include "solar/core/job_params.h"
+#include "small_config.h"
 
 namespace solar {
 namespace {
-
-PlanConfig small(std::uint64_t n, std::uint32_t nodes, std::uint32_t r, std::uint32_t b) {
-  PlanConfig c;
-  c.samples = n;
-  c.sample_bytes = 1;
-  c.epochs = 3;
-  c.nodes = nodes;
-  c.ranks_per_node = r;
-  c.batch = b;
-  c.buffer_bytes = n;
-  return c;
-}
 
 TEST(Config, RejectsBadInputWithTheFlagNamed) {
   auto expect_flag = [](PlanConfig c, const char* flag) {
@@ -33,7 +22,7 @@ TEST(Config, RejectsBadInputWithTheFlagNamed) {
       EXPECT_NE(std::string(e.what()).find("allowed"), std::string::npos) << e.what();
     }
   };
-  auto ok = small(800, 1, 4, 16);
+  auto ok = small_config(800, 1, 4, 16);
   ok.sample_bytes = 10;
   ok.buffer_bytes = 5120;
   EXPECT_NO_THROW(ok.validate());
@@ -67,7 +56,7 @@ TEST(Config, RejectsBadInputWithTheFlagNamed) {
   // The limit counts DistributedSampler's padding: 2^20 + 1 samples over 1024 ranks are 1025
   // per rank, 1049600 accesses per epoch. 4031 epochs × N fit, 4031 × 1049600 do not (every
   // access time must fit a 32-bit eviction key); 4028 × 1049600 do.
-  c = small((1U << 20) + 1, 1, 1024, 1);
+  c = small_config((1U << 20) + 1, 1, 1024, 1);
   c.epochs = 4031;
   ASSERT_LE(std::uint64_t{c.epochs} * c.samples, kMaxAccesses);
   expect_flag(c, "--epochs");

@@ -1,24 +1,13 @@
 #include <gtest/gtest.h>
 
 #include "solar/core/order.h"
+#include "small_config.h"
 
 namespace solar {
 namespace {
 
-PlanConfig small(std::uint64_t n, std::uint32_t nodes, std::uint32_t r, std::uint32_t b) {
-  PlanConfig c;
-  c.samples = n;
-  c.sample_bytes = 1;
-  c.epochs = 3;
-  c.nodes = nodes;
-  c.ranks_per_node = r;
-  c.batch = b;
-  c.buffer_bytes = n;
-  return c;
-}
-
 TEST(Layout, MatchesDistributedSamplerAndDataLoader) {
-  auto c = small(10, 1, 4, 2);  // W=4: num_samples = ceil(10/4) = 3 -> steps of 2 and 1
+  auto c = small_config(10, 1, 4, 2);  // W=4: num_samples = ceil(10/4) = 3 -> steps of 2 and 1
   auto l = EpochLayout::of(c);
   EXPECT_EQ(l.per_rank, 3U);
   EXPECT_EQ(l.steps, 2U);
@@ -32,7 +21,7 @@ TEST(Layout, MatchesDistributedSamplerAndDataLoader) {
 }
 
 TEST(Layout, PaddingWrapsAroundThePermutation) {
-  auto c = small(10, 1, 4, 3);
+  auto c = small_config(10, 1, 4, 3);
   const auto l = EpochLayout::of(c);
   std::vector<std::uint32_t> seq;
   epoch_sequence(c, l, 0, seq);
@@ -42,7 +31,7 @@ TEST(Layout, PaddingWrapsAroundThePermutation) {
 }
 
 TEST(LowerBound, FormulaAndSaturation) {
-  auto c = small(800, 1, 4, 16);
+  auto c = small_config(800, 1, 4, 16);
   c.sample_bytes = 1;
   c.buffer_bytes = 512;
   EXPECT_EQ(lower_bound_fetches(c), 800U + 2 * 288);

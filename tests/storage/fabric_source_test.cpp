@@ -205,26 +205,44 @@ StoredProcess throttled(const TempDir& dir) {
   return StoredProcess(dir, {"--throttle-bandwidth", "8M", "--export", "c=" + dir.file("c.h5")});
 }
 
-TEST(FabricSource, ServerKilledMidReadIsAClearError) {
-  TempDir dir;
-  write(dir, "c.h5", Layout::contiguous, 64, {4, 32, 32, 32});  // 16 MiB: ~2 s emulated
-  StoredProcess server = throttled(dir);
-  ASSERT_TRUE(server.start()) << server.log();
+// A source connected to `server` with `o`, reading all 64 samples of "c" into `buf` in the
+// background: constructed once its first bytes came (or the read ended), so that what the test
+// does next to the server lands mid-read.
+struct ReadUnderway {
+  ReadUnderway(const StoredProcess& server, const FabricOptions& o)
+      : src(FabricSource::connect(server.uri("c"), o)), buf(64 * src->info().sample_bytes) {
+    reading = std::async(std::launch::async, [this] { src->read({&all, 1}, buf.data()); });
+    while (src->bytes_read() == 0 &&
+           reading.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) {
+    }
+  }
+  std::unique_ptr<FabricSource> src;
+  std::vector<std::byte> buf;
+  const SampleRun all{0, 64};
+  std::future<void> reading;
+};
+
+// 64 samples of 128 KiB as "c" (16 MiB: ~2 s at throttled()'s 8 MB/s) in `dir`, and the options
+// of a source reading them in 256 KiB requests with a 5 s timeout.
+FabricOptions write_slow_export(const TempDir& dir) {
+  write(dir, "c.h5", Layout::contiguous, 64, {4, 32, 32, 32});
   FabricOptions o;
-  o.reconnect_s = 2;
   o.timeout_s = 5;
   o.request_bytes = 256 << 10;
-  auto src = FabricSource::connect(server.uri("c"), o);
-  std::vector<std::byte> buf(64 * src->info().sample_bytes);
-  const SampleRun all{0, 64};
-  auto reading = std::async(std::launch::async, [&] { src->read({&all, 1}, buf.data()); });
-  while (src->bytes_read() == 0 &&
-         reading.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) {
-  }
+  return o;
+}
+
+TEST(FabricSource, ServerKilledMidReadIsAClearError) {
+  TempDir dir;
+  FabricOptions o = write_slow_export(dir);
+  StoredProcess server = throttled(dir);
+  ASSERT_TRUE(server.start()) << server.log();
+  o.reconnect_s = 2;
+  ReadUnderway r(server, o);
   server.kill_now();
   const auto killed = std::chrono::steady_clock::now();
   try {
-    reading.get();
+    r.reading.get();
     FAIL() << "the read succeeded with the server dead";
   } catch (const StorageError& e) {
     const std::string m = e.what();
@@ -236,15 +254,15 @@ TEST(FabricSource, ServerKilledMidReadIsAClearError) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count(), 4.5);
   // The outage is shared: a later read fails at its first attempt, not after another window.
   const auto again = std::chrono::steady_clock::now();
-  EXPECT_NE(error_of([&] { src->read({&all, 1}, buf.data()); }).find("gave up after"),
+  EXPECT_NE(error_of([&] { r.src->read({&r.all, 1}, r.buf.data()); }).find("gave up after"),
             std::string::npos);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - again).count(), 1.0);
   // The error says where in the dataset the read was (issue 14: the file and the offset).
   const SampleRun mid{10, 5};
-  const std::string m = error_of([&] { src->read({&mid, 1}, buf.data()); });
+  const std::string m = error_of([&] { r.src->read({&mid, 1}, r.buf.data()); });
   EXPECT_NE(m.find(fmt::format("reading 5 samples from sample 10, byte offset {} of the exported "
                                "samples",
-                               10 * src->info().sample_bytes)),
+                               10 * r.src->info().sample_bytes)),
             std::string::npos)
       << m;
 }
@@ -253,30 +271,18 @@ TEST(FabricSource, ServerKilledMidReadIsAClearError) {
 // finishes with the right bytes (the reconnection window, 30 s by default).
 TEST(FabricSource, ServerBackAfterSecondsIsPickedUp) {
   TempDir dir;
-  write(dir, "c.h5", Layout::contiguous, 64, {4, 32, 32, 32});
+  FabricOptions o = write_slow_export(dir);
   StoredProcess first = throttled(dir);
   ASSERT_TRUE(first.start()) << first.log();
-  FabricOptions o;
-  o.timeout_s = 5;
-  o.request_bytes = 256 << 10;
-  auto src = FabricSource::connect(first.uri("c"), o);
-  std::vector<std::byte> buf(64 * src->info().sample_bytes);
-  const SampleRun all{0, 64};
-  auto reading = std::async(std::launch::async, [&] { src->read({&all, 1}, buf.data()); });
-  while (src->bytes_read() == 0 &&
-         reading.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) {
-  }
+  ReadUnderway r(first, o);
   first.kill_now();
   // The outage itself: the server is away for 4 s.
-  EXPECT_EQ(reading.wait_for(std::chrono::seconds(4)), std::future_status::timeout);
+  EXPECT_EQ(r.reading.wait_for(std::chrono::seconds(4)), std::future_status::timeout);
   StoredProcess second = throttled(dir);
   ASSERT_TRUE(second.start(first.port())) << second.log();
-  reading.get();
-  EXPECT_GE(src->reconnects(), 1u);
-  for (std::uint64_t i = 0; i < 64; ++i)
-    ASSERT_TRUE(content::check_sample(5, i, buf.data() + i * src->info().sample_bytes,
-                                      src->info().sample_bytes))
-        << i;
+  r.reading.get();
+  EXPECT_GE(r.src->reconnects(), 1u);
+  ASSERT_TRUE(test::holds_content(r.buf.data(), 0, 64, r.src->info().sample_bytes));
 }
 
 // A rank whose agent dies while solar-stored restarts opens the dataset with the server away
@@ -305,10 +311,7 @@ TEST(FabricSource, FirstConnectionWaitsForARestartingServerWhenAsked) {
   std::vector<std::byte> buf(16 * src->info().sample_bytes);
   const SampleRun all{0, 16};
   src->read({&all, 1}, buf.data());
-  for (std::uint64_t i = 0; i < 16; ++i)
-    ASSERT_TRUE(content::check_sample(5, i, buf.data() + i * src->info().sample_bytes,
-                                      src->info().sample_bytes))
-        << i;
+  ASSERT_TRUE(test::holds_content(buf.data(), 0, 16, src->info().sample_bytes));
   // Still bounded: nobody there for the whole window is an error naming the server.
   second.kill_now();
   o.reconnect_s = 1;
@@ -340,28 +343,16 @@ TEST(FabricSource, ServerKilledBeforeTheFirstReadIsNoticed) {
 
 TEST(FabricSource, ServerRestartedMidReadIsRetriedWithCorrectBytes) {
   TempDir dir;
-  write(dir, "c.h5", Layout::contiguous, 64, {4, 32, 32, 32});
+  FabricOptions o = write_slow_export(dir);
   StoredProcess first = throttled(dir);
   ASSERT_TRUE(first.start()) << first.log();
-  FabricOptions o;
-  o.timeout_s = 5;
-  o.request_bytes = 256 << 10;
-  auto src = FabricSource::connect(first.uri("c"), o);
-  std::vector<std::byte> buf(64 * src->info().sample_bytes);
-  const SampleRun all{0, 64};
-  auto reading = std::async(std::launch::async, [&] { src->read({&all, 1}, buf.data()); });
-  while (src->bytes_read() == 0 &&
-         reading.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) {
-  }
+  ReadUnderway r(first, o);
   first.kill_now();
   StoredProcess second = throttled(dir);
   ASSERT_TRUE(second.start(first.port())) << second.log();
-  reading.get();
-  EXPECT_GE(src->reconnects(), 1u);
-  for (std::uint64_t i = 0; i < 64; ++i)
-    ASSERT_TRUE(content::check_sample(5, i, buf.data() + i * src->info().sample_bytes,
-                                      src->info().sample_bytes))
-        << i;
+  r.reading.get();
+  EXPECT_GE(r.src->reconnects(), 1u);
+  ASSERT_TRUE(test::holds_content(r.buf.data(), 0, 64, r.src->info().sample_bytes));
 }
 
 // Several threads' reads in flight when the server is killed and restarted: each is issued
@@ -391,9 +382,7 @@ TEST(FabricSource, ServerRestartedUnderReadsFromSeveralThreadsGivesEachItsBytes)
   for (auto& r : readers) r.get();
   EXPECT_GE(src->reconnects(), 1u);
   for (std::uint64_t t = 0; t < 4; ++t)
-    for (std::uint64_t i = 0; i < 16; ++i)
-      ASSERT_TRUE(content::check_sample(5, t * 16 + i, bufs[t].data() + i * sb, sb))
-          << t * 16 + i;
+    ASSERT_TRUE(test::holds_content(bufs[t].data(), t * 16, 16, sb));
 }
 
 }  // namespace

@@ -170,6 +170,14 @@ void expect_all(SampleSource& src, const std::vector<SampleRun>& runs) {
     }
 }
 
+::testing::AssertionResult holds_content(const std::byte* buf, std::uint64_t first,
+                                         std::uint64_t count, std::uint64_t sample_bytes) {
+  for (std::uint64_t i = 0; i < count; ++i)
+    if (!content::check_sample(5, first + i, buf + i * sample_bytes, sample_bytes))
+      return ::testing::AssertionFailure() << first + i;
+  return ::testing::AssertionSuccess();
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();

@@ -2,6 +2,7 @@
 // and a solar-stored process that is stopped by PID however the test ends.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -59,6 +60,11 @@ std::string write(const TempDir& dir, const std::string& name, Layout layout,
 
 // Reads `runs` (samples and labels) through `src` and checks every byte against seed 5.
 void expect_all(SampleSource& src, const std::vector<SampleRun>& runs);
+
+// Whether `count` samples at `buf`, of `sample_bytes` each, are samples first.. of seed 5's
+// content (content::check_sample); the failure names the first sample that is not.
+::testing::AssertionResult holds_content(const std::byte* buf, std::uint64_t first,
+                                         std::uint64_t count, std::uint64_t sample_bytes);
 
 // The message of the StorageError f() throws, "(no error)" when it throws none.
 std::string error_of(const std::function<void()>& f);
