@@ -1,15 +1,21 @@
-"""What the Python tests share: the built programs' paths, `run` and `wait_until`, and the
+"""What the Python tests share: the built programs' paths, `run`, `finish` and `wait_until`,
+what /proc and the programs' files say (`proc_status`, `count_lines`, `plan_sequences`), and the
 agent protocol's constants read from the C++ headers (so a test never carries a copy that can
 drift from solar/protocol.h or solar/transparent.h).
 
 Imported as `testlib`: tests/integration/conftest.py and tests/python/conftest.py put this
-folder on sys.path (pytest loads a folder's conftest.py before its test files)."""
+folder on sys.path (pytest loads a folder's conftest.py before its test files); the soak
+(tests/soak), tests/storage/test_stored_faults.py and spank/tests put it there themselves."""
+import contextlib
+import csv
+import io
 import os
 import pathlib
 import re
 import struct
 import subprocess
 import time
+from collections import defaultdict
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -43,6 +49,55 @@ def wait_until(pred, timeout=30, what="condition", step=0.02):
             return
         time.sleep(step)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextlib.contextmanager
+def reaped(p):
+    """Kills and reaps the Popen `p` on the way out of the block if it still runs: a test never
+    leaves it behind, whatever fails inside."""
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def finish(p, timeout=60):
+    """Waits for the Popen `p` (started with stdout and stderr piped) to end, killing it if it
+    still runs after `timeout` seconds (the test then fails with TimeoutExpired):
+    (returncode, stdout, stderr)."""
+    with reaped(p):
+        out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def proc_status(pid):
+    """/proc/PID/status as {field: [its words]}."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = value.split()
+    return fields
+
+
+def count_lines(path):
+    """The lines of a file, 0 when it does not exist (yet)."""
+    try:
+        with open(path) as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def plan_sequences(plan):
+    """rank -> step -> samples, from plan-dump."""
+    rows = csv.DictReader(io.StringIO(run(SOLAR, "plan-dump", plan).stdout))
+    seq = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        seq[int(r["rank"])][int(r["global_step"])].append(int(r["sample"]))
+    return seq
 
 
 # The agent protocol, from the headers: wherever they sit (<component>/include/solar/).

@@ -14,10 +14,9 @@ import time
 
 import pytest
 
-from test_data_path import (_try_stats, check_sequences, children, dataset,  # noqa: F401
-                            lines)
-from testlib import (AGENT, MAGIC, OP_HELLO, OP_NEXT, OP_STATS, SOLAR, TRAIN, VERSION, frame, run,
-                     wait_until)
+from test_data_path import _try_stats, check_sequences, children, dataset  # noqa: F401
+from testlib import (AGENT, MAGIC, OP_HELLO, OP_NEXT, OP_STATS, SOLAR, TRAIN, VERSION, count_lines,
+                     frame, run, wait_until)
 
 # Under scripts/sanitize address the agent's freed memory stays in ASan's quarantine (256 MiB by
 # default) instead of going back to its allocator, so its peak RSS may grow by that much more.
@@ -82,7 +81,7 @@ def test_sigstopped_agent_ranks_fall_back_after_the_timeout(tmp_path, dataset):
               tmp_path, SOLAR_AGENT_TIMEOUT="2")
     try:
         wait_until(lambda: len(children(p.pid, "solar-agent")) == 2, timeout=120, what="2 agents")
-        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 5, timeout=120, what="rank 0 at step 5")
+        wait_until(lambda: count_lines(tmp_path / "rank-0.txt") >= 5, timeout=120, what="rank 0 at step 5")
         stopped = children(p.pid, "solar-agent")[0]
         os.kill(stopped, signal.SIGSTOP)
         rc, out, err = finish(p, 120)
@@ -129,7 +128,7 @@ def test_killed_solar_run_takes_its_agents_ranks_and_folder_with_it(tmp_path, da
                       "6", "--dataset", dataset, train_args=["--compute-ms", "20"]), tmp_path)
     try:
         wait_until(lambda: len(children(p.pid, "solar-agent")) == 2, timeout=120, what="2 agents")
-        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 3, timeout=120, what="rank 0 at step 3")
+        wait_until(lambda: count_lines(tmp_path / "rank-0.txt") >= 3, timeout=120, what="rank 0 at step 3")
         agents = children(p.pid, "solar-agent")
         ranks = children(p.pid, "solar-example-train")
         assert len(ranks) == 4 and run_dirs(tmp_path)

@@ -2,8 +2,6 @@
 file or a real solar-stored server, real rank programs verifying every sample, and faults
 (agent killed, rank killed, strangers, garbage on the socket, mismatched inputs)."""
 import contextlib
-import csv
-import io
 import os
 import pathlib
 import shutil
@@ -14,13 +12,12 @@ import socket
 import struct
 import subprocess
 import sys
-from collections import defaultdict
 
 import pytest
 
 from testlib import (AGENT, MAGIC, OP_BATCH, OP_ERROR, OP_HELLO, OP_HELLO_OK, OP_NEXT, OP_RELEASE,
-                     OP_STATS, OP_STATS_REPLY, SOLAR, STORED, TRAIN, VERSION, frame, run,
-                     wait_until)
+                     OP_STATS, OP_STATS_REPLY, SOLAR, STORED, TRAIN, VERSION, count_lines, frame,
+                     plan_sequences, reaped, run, wait_until)
 
 
 def shm_entries():
@@ -33,15 +30,6 @@ def dataset(tmp_path):
     path = tmp_path / "d.h5"
     run(SOLAR, "gen", path, "--samples", "600", "--preset", "tiny", "--seed", "7", "--no-progress")
     return path
-
-
-def plan_sequences(plan):
-    """rank -> step -> samples, from plan-dump."""
-    rows = csv.DictReader(io.StringIO(run(SOLAR, "plan-dump", plan).stdout))
-    seq = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        seq[int(r["rank"])][int(r["global_step"])].append(int(r["sample"]))
-    return seq
 
 
 def recorded(path):
@@ -153,27 +141,15 @@ def children(pid, name):
     return sorted(out)
 
 
-def lines(path):
-    try:
-        with open(path) as f:
-            return sum(1 for _ in f)
-    except OSError:
-        return 0
-
-
 def interrupt(p, act, *waits, timeout=300):
     """While the run `p` (a Popen) goes on: waits for each (predicate, what) in `waits`, calls
     `act(p)`, then lets the run finish. Returns (returncode, stdout, stderr); `p` never outlives
     the call."""
-    try:
+    with reaped(p):
         for pred, what in waits:
             wait_until(pred, timeout=120, what=what)
         act(p)
         out, err = p.communicate(timeout=timeout)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     return p.returncode, out, err
 
 
@@ -186,7 +162,7 @@ def agents_up(p, count=2):
 
 
 def at_line(path, n):
-    return lambda: lines(path) >= n, f"{path.name} at line {n}"
+    return lambda: count_lines(path) >= n, f"{path.name} at line {n}"
 
 
 def run_and_kill(tmp_path, dataset, compute_ms, name, count, rank_file, steps, victim):

@@ -13,9 +13,9 @@ import tempfile
 
 import pytest
 
-from test_data_path import children, interrupt, lines, wrong_counts
+from test_data_path import children, interrupt, wrong_counts
 from test_transparent import SCRIPT, digests
-from testlib import AGENT, PEER_PROBE as PROBE, PY, SOLAR, TRAIN, run, wait_until
+from testlib import AGENT, PEER_PROBE as PROBE, PY, SOLAR, TRAIN, count_lines, run, wait_until
 
 PEERS = re.compile(r"node (\d+): (\d+) samples read from peers' buffers \(.*?\), (\d+) from "
                    r"storage instead")
@@ -82,7 +82,7 @@ def test_peer_agent_killed_mid_run_same_bytes(tmp_path, data):
 
     rc, out, err = interrupt(
         p, kill_node1, (lambda: len(children(p.pid, "solar-agent")) == 4, "4 agents"),
-        (lambda: lines(tmp_path / "peers-0.txt") >= 4, "rank 0 at line 4"), timeout=600)
+        (lambda: count_lines(tmp_path / "peers-0.txt") >= 4, "rank 0 at line 4"), timeout=600)
     assert rc == 0, out + err
     assert digests(tmp_path, "peers", 4) == digests(tmp_path, "plain", 4)
 
@@ -151,7 +151,7 @@ def test_peer_agent_stopped_mid_run_nothing_hangs_same_bytes(tmp_path, data):
     # nodes have all their peer reads from it still to do: they cannot have read ahead of it).
     rc, out, err = interrupt(
         p, stop_node1, (lambda: len(children(p.pid, "solar-agent")) == 4, "4 agents"),
-        (lambda: lines(tmp_path / "peers-1.txt") >= 1, "rank 1 at line 1"), timeout=600)
+        (lambda: count_lines(tmp_path / "peers-1.txt") >= 1, "rank 1 at line 1"), timeout=600)
     assert rc == 0, out + err
     assert digests(tmp_path, "peers", 4) == digests(tmp_path, "plain", 4)
     # It stayed stopped to the end (no statistics from it); the others finished without it.

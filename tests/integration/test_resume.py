@@ -6,9 +6,8 @@ import json
 import os
 import subprocess
 
-from test_data_path import (RUN, dataset, plan_sequences, recorded,  # noqa: F401
-                            standalone_agent)
-from testlib import SOLAR, TRAIN, run
+from test_data_path import RUN, dataset, recorded, standalone_agent  # noqa: F401
+from testlib import SOLAR, TRAIN, plan_sequences, run
 
 WORLD, NODES, RANKS_PER_NODE = 4, 2, 2
 

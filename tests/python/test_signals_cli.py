@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import solar_bin
+from testlib import finish
 
 SOLAR = solar_bin()
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -36,16 +37,6 @@ def busy(p, seconds=0.3, timeout=120):
             return
         time.sleep(0.01)
     raise AssertionError("never busy")
-
-
-def finish(p, timeout=60):
-    try:
-        out, err = p.communicate(timeout=timeout)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    return p.returncode, out, err
 
 
 # A plan that takes many seconds to compute.

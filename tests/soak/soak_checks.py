@@ -5,10 +5,14 @@ Soak: uses its reference(), process_states(), stored, longest, leaks, shm_before
 import json
 import os
 import signal
+import sys
 from collections import Counter, defaultdict
-from soak_env import GRACE_S
-from soak_jobs import plan_sequences, read_digests, read_record
+from soak_env import GRACE_S, ROOT
+from soak_jobs import read_digests, read_record
 from soak_procs import fd_count, shm_solar, wait_until
+
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from testlib import plan_sequences  # noqa: E402  (tests/testlib.py: plan-dump's sequences)
 
 
 class Checks:

@@ -1,12 +1,9 @@
 """One soak job (its kind, shape and `solar run` command line, chosen at random) and what is read
-back after it: the plan's sequences (plan-dump), the ranks' --record and --digests files."""
-import csv
-import io
+back after it: the ranks' --record and --digests files (the plan's own sequences come from
+testlib.plan_sequences)."""
 import math
 import os
-from collections import defaultdict
 from soak_env import PY, SAMPLES, SCRIPT, SOLAR, TRAIN
-from soak_procs import run
 
 
 class Job:
@@ -85,15 +82,6 @@ def rank_of(pid):
     except (OSError, ValueError):
         pass
     return None
-
-def plan_sequences(plan):
-    """rank -> step -> samples, from plan-dump."""
-    rows = csv.DictReader(io.StringIO(run(SOLAR, "plan-dump", plan).stdout))
-    seq = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        seq[int(r["rank"])][int(r["global_step"])].append(int(r["sample"]))
-    return seq
-
 
 def read_record(path):
     out = []

@@ -12,41 +12,20 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-BUILD = os.environ.get("SOLAR_BIN_DIR", os.path.join(HERE, "..", "..", "build"))
-SOLAR = os.environ.get("SOLAR_BIN") or os.path.join(BUILD, "cli", "solar")
-STORED = os.environ.get("SOLAR_STORED") or os.path.join(BUILD, "storage", "solar-stored")
-TRAIN = os.environ.get("SOLAR_EXAMPLE_TRAIN") or os.path.join(BUILD, "slurm_examples",
-                                                              "solar-example-train")
+# The shared helpers, tests/testlib.py.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testlib import (SOLAR, STORED, TRAIN, count_lines, finish, proc_status,  # noqa: E402
+                     reaped, run, wait_until)
 
 
-def run(*args, check=True, timeout=300, **kw):
-    p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{args} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-def wait_until(pred, timeout=60, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def proc_status(pid):
+def rss_and_threads(pid):
     """VmRSS in bytes and the thread count, from /proc/PID/status."""
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            fields[key] = value.split()
+    fields = proc_status(pid)
     return int(fields["VmRSS"][0]) * 1024, int(fields["Threads"][0])
 
 
@@ -62,7 +41,7 @@ class Stored:
                                      stdout=self.log_file, stderr=subprocess.STDOUT)
         wait_until(lambda: self.proc.poll() is not None or
                    (self.ready.exists() and self.ready.read_text().strip()),
-                   what="solar-stored ready")
+                   timeout=60, what="solar-stored ready")
         assert self.proc.poll() is None, self.log()
         self.addr = self.ready.read_text().strip()
         self.port = int(self.addr.rsplit(":", 1)[1])
@@ -131,7 +110,7 @@ def test_strangers_announcing_huge_messages_cost_no_memory_or_threads(tmp_path, 
                     "--max-pending", 40, "--hello-timeout", 120)
     servers.append(server)
     pid = server.proc.pid
-    rss0, threads0 = proc_status(pid)
+    rss0, threads0 = rss_and_threads(pid)
 
     # The probe's attack: 60 connections each announcing a 16 MiB message (before any token
     # check). Each is refused at once, before the server allocates anything of that size.
@@ -160,9 +139,9 @@ def test_strangers_announcing_huge_messages_cost_no_memory_or_threads(tmp_path, 
     assert p.returncode == 0, p.stdout + p.stderr
 
     # Its session thread ends when it leaves; nothing else holds a thread.
-    wait_until(lambda: proc_status(pid)[1] <= threads0, timeout=20,
-               what=f"solar-stored back to {threads0} threads ({proc_status(pid)[1]} now)")
-    rss, threads = proc_status(pid)
+    wait_until(lambda: rss_and_threads(pid)[1] <= threads0, timeout=20,
+               what=f"solar-stored back to {threads0} threads ({rss_and_threads(pid)[1]} now)")
+    rss, threads = rss_and_threads(pid)
     assert threads <= threads0
     # 60 × 16 MiB announced cost 960 MiB before; now at most 40 hellos of 16 KiB can be held.
     assert rss - rss0 < 48 << 20, f"RSS grew from {rss0 >> 20} MiB to {rss >> 20} MiB"
@@ -173,7 +152,7 @@ def test_strangers_announcing_huge_messages_cost_no_memory_or_threads(tmp_path, 
     busy = [a for a in answers if a is not None and b"server busy" in a]
     assert len(busy) >= 10, answers
     assert b'"retry":true' in busy[0], busy[0]
-    assert proc_status(pid)[1] <= threads0
+    assert rss_and_threads(pid)[1] <= threads0
     for s in holders + extra:
         s.close()
     # The log says why, and does not grow with every stranger (5 lines a second at most).
@@ -208,14 +187,6 @@ def solar_run(tmp_path, spec, env=None):
                             text=True, env=env)
 
 
-def lines(path):
-    try:
-        with open(path) as f:
-            return sum(1 for _ in f)
-    except OSError:
-        return 0
-
-
 def agent_log(tmp_path):
     logs = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path) for f in fs if f == "node0.log"]
     assert len(logs) == 1, logs
@@ -223,23 +194,13 @@ def agent_log(tmp_path):
         return f.read()
 
 
-def finish(p, timeout=300):
-    try:
-        out, err = p.communicate(timeout=timeout)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    return p.returncode, out, err
-
-
 def test_job_survives_a_solar_stored_restart_every_sample_verified(tmp_path, servers):
     data = dataset(tmp_path)
     first = Stored(tmp_path, "a", "--export", f"d={data}")
     servers.append(first)
     p = solar_run(tmp_path, f"fabric://{first.addr}/d")
-    try:
-        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 10 or p.poll() is not None,
+    with reaped(p):
+        wait_until(lambda: count_lines(tmp_path / "rank-0.txt") >= 10 or p.poll() is not None,
                    timeout=120, what="rank 0 at step 10")
         assert p.poll() is None, p.communicate()
         first.kill()
@@ -247,15 +208,11 @@ def test_job_survives_a_solar_stored_restart_every_sample_verified(tmp_path, ser
         time.sleep(4)
         second = Stored(tmp_path, "b", "--export", f"d={data}", listen=first.addr)
         servers.append(second)
-        rc, out, err = finish(p)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        rc, out, err = finish(p, timeout=300)
     both = out + err
     assert rc == 0, both
     assert both.count("verified (0 wrong), from the node agent") == 2, both
-    assert lines(tmp_path / "rank-0.txt") == 3 * -(-600 // 16), both  # every step of 3 epochs
+    assert count_lines(tmp_path / "rank-0.txt") == 3 * -(-600 // 16), both  # every step of 3 epochs
     log = agent_log(tmp_path)
     assert "reconnecting for up to 30 s" in log, log
     assert "the server is back after" in log, log
@@ -268,18 +225,14 @@ def test_solar_stored_gone_for_good_fails_within_the_window_naming_it(tmp_path, 
     servers.append(server)
     uri = f"fabric://{server.addr}/d"
     p = solar_run(tmp_path, uri, env=dict(os.environ, SOLAR_STORED_RECONNECT="3"))
-    try:
-        wait_until(lambda: lines(tmp_path / "rank-0.txt") >= 10 or p.poll() is not None,
+    with reaped(p):
+        wait_until(lambda: count_lines(tmp_path / "rank-0.txt") >= 10 or p.poll() is not None,
                    timeout=120, what="rank 0 at step 10")
         assert p.poll() is None, p.communicate()
         server.kill()
         killed = time.monotonic()
         rc, out, err = finish(p, timeout=120)
         took = time.monotonic() - killed
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     both = out + err
     assert rc != 0, both
     assert took < 3 + 20, f"{took:.1f} s after the kill"
