@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "solar/dataset_spec.h"
 #include "solar/storage/fabric_source.h"
 #include "solar/storage/hdf5_source.h"
 
@@ -20,7 +21,9 @@ void check_identity(const SampleSource& source, const std::string& expected) {
 
 namespace {
 std::unique_ptr<SampleSource> open_unchecked(std::string_view spec, const SourceOptions& o) {
-  if (spec.starts_with("fabric://")) {
+  using Kind = protocol::DatasetSpec::Kind;
+  const protocol::DatasetSpec parsed = protocol::parse_dataset_spec(spec);
+  if (parsed.kind == Kind::fabric) {
     FabricOptions f;
     f.queue_depth = o.queue_depth;
     f.timeout_s = o.timeout_s;
@@ -30,17 +33,11 @@ std::unique_ptr<SampleSource> open_unchecked(std::string_view spec, const Source
     f.provider = o.provider;
     return FabricSource::connect(std::string(spec), f);
   }
-  if (spec.find("://") != std::string_view::npos)
+  if (parsed.kind == Kind::unknown_scheme)
     throw StorageError(fmt::format("source '{}': unknown scheme; use FILE.h5:/dataset or "
                                    "fabric://HOST:PORT/NAME",
                                    spec));
-  // FILE.h5:/dataset — split at the last ":/" so paths with colons still work.
-  std::string path(spec), dataset = "/data";
-  if (auto pos = spec.rfind(":/"); pos != std::string_view::npos && pos > 0) {
-    path = std::string(spec.substr(0, pos));
-    dataset = std::string(spec.substr(pos + 1));
-  }
-  if (path.empty())
+  if (parsed.kind == Kind::no_file)
     throw StorageError(fmt::format("source '{}': no file; use FILE.h5:/dataset", spec));
   Hdf5Options h;
   h.io_threads = o.io_threads;
@@ -48,7 +45,7 @@ std::unique_ptr<SampleSource> open_unchecked(std::string_view spec, const Source
   h.direct = o.direct;
   h.check_path = o.check_path;
   h.read_gap = o.read_gap;
-  return Hdf5Source::open(path, dataset, h);
+  return Hdf5Source::open(parsed.where.file, parsed.where.dataset, h);
 }
 }  // namespace
 

@@ -1,6 +1,7 @@
 // What solar-stored exports: --export specs, the files opened and mapped (or copied into
 // memory), and the watch that withdraws an export whose file changed.
 #include "server_impl.h"
+#include "solar/dataset_spec.h"
 
 namespace solar::storage {
 
@@ -14,13 +15,10 @@ Export Export::parse(const std::string& spec) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.')
       throw StorageError(fmt::format("--export '{}': the name may use letters, digits, - _ . only",
                                      spec));
-  std::string rest = spec.substr(eq + 1);
-  e.dataset = "/data";
-  if (auto pos = rest.rfind(":/"); pos != std::string::npos && pos > 0) {
-    e.dataset = rest.substr(pos + 1);
-    rest = rest.substr(0, pos);
-  }
-  e.path = rest;
+  protocol::FileDataset where =
+      protocol::split_file_dataset(std::string_view(spec).substr(eq + 1));
+  e.path = std::move(where.file);
+  e.dataset = std::move(where.dataset);
   return e;
 }
 
