@@ -72,11 +72,11 @@ void prepare_socket_path(const std::string& path) {
 
 }  // namespace
 
-Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
+Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   const auto started = Clock::now();
   check_stats_out(o.stats_out);  // now, not at exit
   prepare_socket_path(o.socket);  // before anything is allocated
-  // Plan: the header and this node's section (with --peer-dir, setup_peers reads what the
+  // Plan: the header and this node's section (with --peer-dir, peers_.setup reads what the
   // other nodes read from this one in their sections too).
   PlanFile pf = [&] {
     try {
@@ -184,7 +184,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   if (p == MAP_FAILED) throw AgentError(fmt::format("mapping the buffer: {}", std::strerror(errno)));
   base_ = static_cast<std::byte*>(p);
   table_ = SlotTable(buf_.cache_slots, header_.config.samples);
-  if (o.transparent) setup_index();
+  if (o.transparent) pacer_.setup();
   else if (bo.peers)  // the entries only: other agents look samples up there (peers.cpp)
     table_.attach_index(reinterpret_cast<std::uint64_t*>(base_ + buf_.entries_offset));
   ranks_.resize(R_);
@@ -193,17 +193,10 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o), acceptor_(io_) {
   stats_.mark(NodeStats::Stage::buffer_ready);
 
   // Socket: private to this user (its path was checked above).
-  boost::system::error_code bec;
-  const mode_t old = ::umask(0077);
-  acceptor_.open();
-  acceptor_.bind(stream::endpoint(o.socket), bec);
-  ::umask(old);
-  if (bec) throw AgentError(fmt::format("{}: cannot bind: {}", o.socket, bec.message()));
-  ::chmod(o.socket.c_str(), 0600);
-  acceptor_.listen();
+  control_.listen(o.socket);
   stats_.mark(NodeStats::Stage::listening);
-  if (bo.peers) setup_peers(pf);
-  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (bo.peers) peers_.setup(pf);
+  control_.keep_reserve_fd();
   if (start_ > 0)
     spdlog::info("node {}: starting at step {} (epoch {}, step {} of it): steps before it are "
                  "not read or served",
@@ -219,64 +212,40 @@ Agent::Impl::~Impl() {
     std::lock_guard lk(mu_);
     stopping_ = true;
   }
-  slot_freed_.notify_all();
-  job_ready_.notify_all();
-  if (prefetch_.joinable()) prefetch_.join();
-  for (auto& r : readers_) r.join();
+  prefetch_.wake_all();
+  prefetch_.join();
   std::error_code ec;
   std::filesystem::remove(opt_.socket, ec);
-  if (pace_.joinable()) pace_.join();
-  watch_wake_.notify_all();
-  if (watch_.joinable()) watch_.join();
-  peer_wake_.notify_all();
-  if (peer_.joinable()) peer_.join();
+  pacer_.join();
+  watch_.wake();
+  watch_.join();
+  peers_.wake_all();
+  peers_.join();
   peers_.reset();  // its registrations of the buffer go before the buffer
   if (base_) ::munmap(base_, buf_.map_bytes);
   if (memfd_ >= 0) ::close(memfd_);
-  if (reserve_fd_ >= 0) ::close(reserve_fd_);
 }
 
 int Agent::Impl::run() {
-  outstanding_.assign(T_, 0);
   stats_.set_ready();
-  prefetch_ = std::thread([this] { prefetch_loop(); });
-  for (unsigned i = 0; i < std::max(1U, opt_.readers); ++i)
-    readers_.emplace_back([this] { reader_loop(); });
-  if (peers_) peer_ = std::thread([this] { peer_loop(); });
-  if (opt_.transparent) pace_ = std::thread([this] { pace_loop(); });
-  else watch_ = std::thread([this] { watch_loop(); });
-  asio::signal_set signals(io_, SIGTERM, SIGINT);
-  signals.async_wait([this](const boost::system::error_code& ec, int sig) {
-    if (ec) return;
-    spdlog::info("signal {}: stopping", sig);
-    shutdown_io();
-  });
-  accept();
-  io_.run();
-  for (ThrottledLog* l :
-       {&fd_log_, &accept_log_, &stranger_log_, &bad_request_log_, &cap_log_, &queue_log_,
-        &xhello_log_})
-    l->flush();
+  prefetch_.start(opt_.readers);
+  peers_.start();
+  if (opt_.transparent) pacer_.start();
+  else watch_.start();
+  control_.run();
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
   }
-  slot_freed_.notify_all();
-  job_ready_.notify_all();
-  watch_wake_.notify_all();
-  peer_wake_.notify_all();
+  prefetch_.wake_all();
+  watch_.wake();
+  peers_.wake_all();
   prefetch_.join();
-  for (auto& r : readers_) r.join();
-  readers_.clear();
-  if (peer_.joinable()) peer_.join();
-  if (pace_.joinable()) pace_.join();
-  if (watch_.joinable()) watch_.join();
+  peers_.join();
+  pacer_.join();
+  watch_.join();
   // Nobody watches the file from now on: ranks still running read it themselves.
-  if (xindex_) {
-    std::uint64_t none = 0;  // keep a FILE_CHANGED already there
-    std::atomic_ref<std::uint64_t>(xindex_->withdrawn)
-        .compare_exchange_strong(none, SOLAR_XINDEX_AGENT_STOPPED);
-  }
+  pacer_.withdraw_stopped();
   // The last line of the log: `srun --solar-*` reads each node's final stats from it.
   const nlohmann::json doc = stats_document();
   if (!opt_.stats_out.empty()) write_stats_out(doc);
@@ -284,55 +253,23 @@ int Agent::Impl::run() {
   return exit_code_;
 }
 
-void Agent::Impl::shutdown_io() {
-  boost::system::error_code ec;
-  acceptor_.close(ec);
-  accept_retry_.cancel();
+void Agent::Impl::fail(const std::string& what) {
   {
     std::lock_guard lk(mu_);
-    // After a failure the ranks are told why before the connection closes: one error frame,
-    // queued behind the replies still going out (a rank asks for steps ahead, so batches may
-    // be queued), then the connections close once written or after 200 ms at most.
-    // libsolar finds it among what it has received when its next request fails.
-    if (!fatal_.empty() && !last_words_sent_) {
-      last_words_sent_ = true;
-      const std::string why = "the agent stopped: " + fatal_;
-      const auto msg = frame(protocol::Op::error, why.data(), std::min<std::size_t>(why.size(), 4096));
-      bool queued = false;
-      for (auto& rs : ranks_)
-        if (rs.session && !rs.session->closed) {
-          send(rs.session, std::vector<std::uint8_t>(msg));
-          queued = queued || !rs.session->out.empty();
-        }
-      if (queued) {
-        closing_deadline_ = Clock::now() + std::chrono::milliseconds(200);
-        close_when_written();
-        return;
-      }
-    }
-    for (auto& rs : ranks_)
-      if (rs.session) rs.session->sock.close(ec);
+    if (fatal_.empty()) spdlog::error("prefetch failed: {}", what);  // the first cause only
+    else spdlog::debug("also failed: {}", what);
   }
-  io_.stop();
-}
-
-// Io thread: polls every 5 ms until every rank's queued replies (its last words included)
-// are written or the deadline has passed, then closes and stops.
-void Agent::Impl::close_when_written() {
-  bool pending = false;
+  // Nobody watches the file once this agent is gone: the interposers stop serving its buffer.
+  pacer_.withdraw_failed();
   {
     std::lock_guard lk(mu_);
-    for (auto& rs : ranks_)
-      if (rs.session && !rs.session->closed && !rs.session->out.empty()) pending = true;
+    if (!fatal_.empty()) return;
+    fatal_ = what;
+    exit_code_ = 1;
   }
-  if (pending && Clock::now() < closing_deadline_) {
-    closing_timer_.expires_after(std::chrono::milliseconds(5));
-    closing_timer_.async_wait([this](const boost::system::error_code& e) {
-      if (!e) close_when_written();
-    });
-    return;
-  }
-  shutdown_io();  // last words sent: closes the connections and stops
+  prefetch_.wake_all();
+  watch_.wake();
+  control_.stop();
 }
 
 Agent::Agent(const AgentOptions& options) : impl_(std::make_unique<Impl>(options)) {}

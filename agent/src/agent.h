@@ -78,8 +78,11 @@ class Agent {
   int run();
   void stop();
 
- private:
+  // The agent's shared state and the parts that compose it (agent_impl.h), named here so that
+  // the parts' headers can refer to it; internal to solar-agent.
   class Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,5 +1,7 @@
 // The prefetch engine (plan → storage reads → slots) and the copies of batches into the
-// ranks' rings. See agent_impl.h.
+// ranks' rings. See prefetcher.h.
+#include "prefetcher.h"
+
 #include <spdlog/spdlog.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -16,98 +18,131 @@ namespace solar::agent {
 
 // ---- prefetch engine -------------------------------------------------------------------
 
+void Prefetcher::start(unsigned readers) {
+  outstanding_.assign(a_.T_, 0);
+  prefetch_ = std::thread([this] { prefetch_loop(); });
+  for (unsigned i = 0; i < std::max(1U, readers); ++i)
+    readers_.emplace_back([this] { reader_loop(); });
+}
+
+void Prefetcher::wake_all() {
+  slot_freed_.notify_all();
+  job_ready_.notify_all();
+}
+
+void Prefetcher::join() {
+  if (prefetch_.joinable()) prefetch_.join();
+  for (auto& r : readers_) r.join();
+  readers_.clear();
+}
+
+void Prefetcher::slot_freed_locked() {
+  if (slots_wanted_ > 0) slot_wait_since_ = Clock::now();  // a stall is no slot for a while
+  if (a_.table_.free_slots() >= slots_wanted_) slot_freed_.notify_all();
+}
+
+void Prefetcher::read_from_storage_locked(std::uint64_t step, std::uint32_t sample,
+                                          std::uint32_t slot) {
+  ReadJob job;
+  job.step = step;
+  job.runs.push_back({sample, 1});
+  job.slots.push_back(slot);
+  jobs_.push_back(std::move(job));
+  job_ready_.notify_one();
+}
+
 // The prefetch engine: one thread walks the plan in step order — evictions, slot allocation
 // (waiting for free slots), admission of the step's uses — and queues the step's reads; a pool
 // of reader threads executes them, several steps in flight. A step becomes servable once its
 // reads and all earlier steps' are done.
-void Agent::Impl::prefetch_loop() {
+void Prefetcher::prefetch_loop() {
   std::vector<std::uint32_t> incoming, slots, reading;
   std::vector<std::uint32_t> from;  // per incoming sample: the peer node, or kStorage
   constexpr std::uint32_t kStorage = ~std::uint32_t{0};
   try {
-    for (std::uint64_t t = start_; t < T_; ++t) {
+    for (std::uint64_t t = a_.start_; t < a_.T_; ++t) {
       incoming.clear();
-      std::unique_lock lk(mu_);
-      if (stopping_ || !fatal_.empty()) return;
+      std::unique_lock lk(a_.mu_);
+      if (a_.stopping_ || !a_.fatal_.empty()) return;
       // What other nodes read from this one in step t stays until they are done (peers.cpp),
       // even when the plan evicts it now (a handover).
-      if (peers_) pin_served_locked(t);
+      if (a_.peers_.on()) a_.peers_.pin_served_locked(t);
       // The plan's evictions: free now, or once the ranks still using them release them.
-      for (std::uint32_t y : plan_.schedule.evicts_at(t))
-        if (table_.evict(y)) slot_freed_locked();
+      for (std::uint32_t y : a_.plan_.schedule.evicts_at(t))
+        if (a_.table_.evict(y)) slot_freed_locked();
       from.clear();
       auto want = [&](std::uint32_t x, std::uint32_t source) {
-        if (table_.resurrect(x)) return;  // still here: resurrect instead of re-reading
+        if (a_.table_.resurrect(x)) return;  // still here: resurrect instead of re-reading
         incoming.push_back(x);
         from.push_back(source);
       };
-      for (const FetchRun& run : plan_.schedule.fetches_at(t))
+      for (const FetchRun& run : a_.plan_.schedule.fetches_at(t))
         for (std::uint32_t x = run.first; x < run.first + run.count; ++x) want(x, kStorage);
       // Peer reads: from the peer's buffer (peers.cpp), or from storage without peer sharing
       // (or with that peer unreachable).
-      for (const PeerFetch& pf : plan_.schedule.peers_at(t))
-        want(pf.sample, peer_usable_locked(pf.from_node) ? pf.from_node : kStorage);
+      for (const PeerFetch& pf : a_.plan_.schedule.peers_at(t))
+        want(pf.sample, a_.peers_.usable_locked(pf.from_node) ? pf.from_node : kStorage);
       // Every sample the step uses must be here or coming. The plan guarantees it for a run
       // from step 0; an agent started later (--start-step) lacks what the plan kept from
       // earlier steps, and reads it now, for the first step that needs it. The plan's
       // resident set at this step contains it, so the slots suffice.
-      for (std::uint32_t r = 0; r < R_; ++r) {
-        if (ranks_[r].gone) continue;
-        for (std::uint32_t a : accesses(t, r)) {
+      for (std::uint32_t r = 0; r < a_.R_; ++r) {
+        if (a_.ranks_[r].gone) continue;
+        for (std::uint32_t a : a_.accesses(t, r)) {
           const std::uint32_t x = a & kSampleMask;
-          if (table_.resident(x)) {
-            table_.resurrect(x);
+          if (a_.table_.resident(x)) {
+            a_.table_.resurrect(x);
             continue;
           }
           if (std::find(incoming.begin(), incoming.end(), x) != incoming.end()) continue;
           incoming.push_back(x);
           from.push_back(kStorage);
-          stats_.note_unplanned();
+          a_.stats_.note_unplanned();
         }
       }
       // The step's slots, all at once: its reads are queued only when it has all of them.
       slots.clear();
       const auto wait_from = Clock::now();
-      if (table_.free_slots() < incoming.size()) {
+      if (a_.table_.free_slots() < incoming.size()) {
         slot_wait_since_ = wait_from;  // peers.cpp releases a stalled reader's pins after a while
         slots_wanted_ = incoming.size();
         slot_freed_.wait(lk, [&] {
-          return stopping_ || !fatal_.empty() || table_.free_slots() >= incoming.size();
+          return a_.stopping_ || !a_.fatal_.empty() || a_.table_.free_slots() >= incoming.size();
         });
         slots_wanted_ = 0;
-        if (stopping_ || !fatal_.empty()) return;
+        if (a_.stopping_ || !a_.fatal_.empty()) return;
       }
-      for (std::size_t i = 0; i < incoming.size(); ++i) slots.push_back(table_.take_free());
-      stats_.note_slot_wait(seconds_since(wait_from));
+      for (std::size_t i = 0; i < incoming.size(); ++i) slots.push_back(a_.table_.take_free());
+      a_.stats_.note_slot_wait(seconds_since(wait_from));
       // A sample being read is pinned like a use: were it evicted before its read lands (its
       // only user may be a rank that has left), its slot must not be handed to another sample
       // whose read could then be overwritten by this one.
-      for (std::size_t i = 0; i < incoming.size(); ++i) table_.place(incoming[i], slots[i]);
+      for (std::size_t i = 0; i < incoming.size(); ++i) a_.table_.place(incoming[i], slots[i]);
       // Transparent mode: from now on the unmodified ranks' reads of these samples wait for
       // them (solar/transparent.h: at most SOLAR_XINDEX_WAIT_NS a read) rather than read the
       // file too: the same bytes from the same storage twice, which slows the agent's reads
       // as much as the rank's. Peer reads as well: they wait for the peer's own fetch.
-      if (xindex_)
-        for (const std::uint32_t x : incoming) table_.mark_in_flight(x);
-      stats_.note_fetching(
+      if (a_.pacer_.index())
+        for (const std::uint32_t x : incoming) a_.table_.mark_in_flight(x);
+      a_.stats_.note_fetching(
           static_cast<std::uint64_t>(std::count(from.begin(), from.end(), kStorage)));
       // Admit the step's uses now, before later steps' evictions are looked at. Each use's hit
       // bit becomes what this agent does (the per-epoch stats count it when the batch is
       // served): set when its sample is already here, clear when it is read for this step.
       reading.assign(incoming.begin(), incoming.end());
       std::sort(reading.begin(), reading.end());
-      for (std::uint32_t r = 0; r < R_; ++r) {
-        if (ranks_[r].gone) continue;
-        const std::uint64_t i = t * R_ + r;
-        for (std::uint64_t k = plan_.rank_offsets[i]; k < plan_.rank_offsets[i + 1]; ++k) {
-          std::uint32_t& a = plan_.accesses[k];
+      for (std::uint32_t r = 0; r < a_.R_; ++r) {
+        if (a_.ranks_[r].gone) continue;
+        const std::uint64_t i = t * a_.R_ + r;
+        for (std::uint64_t k = a_.plan_.rank_offsets[i]; k < a_.plan_.rank_offsets[i + 1]; ++k) {
+          std::uint32_t& a = a_.plan_.accesses[k];
           const std::uint32_t x = a & kSampleMask;
-          table_.add_use(x);
-          if (a & kHitBit) stats_.note_plan_hit();  // the plan's
+          a_.table_.add_use(x);
+          if (a & kHitBit) a_.stats_.note_plan_hit();  // the plan's
           a = std::binary_search(reading.begin(), reading.end(), x) ? x : (x | kHitBit);
         }
       }
-      admitted_ = t + 1;
+      a_.admitted_ = t + 1;
       // Peer reads go to the peer thread; the rest is the step's storage reads: one request
       // list of coalesced runs (a source keeps many of them in flight), executed by a reader
       // thread while this one goes on to the next steps.
@@ -119,14 +154,14 @@ void Agent::Impl::prefetch_loop() {
           idx.push_back(i);
           continue;
         }
-        peer_jobs_.push_back({t, incoming[i], slots[i], from[i]});
+        a_.peers_.queue_locked({t, incoming[i], slots[i], from[i]});
         ++peer_jobs;
       }
       std::sort(idx.begin(), idx.end(), [&](auto a, auto b) { return incoming[a] < incoming[b]; });
       // Split into about one job per reader thread, whole runs each, so that a step's reads
       // run in parallel too (sources also parallelise within a job).
-      const std::size_t per_job =
-          std::max<std::size_t>(1, (idx.size() + opt_.readers - 1) / std::max(1U, opt_.readers));
+      const std::size_t per_job = std::max<std::size_t>(
+          1, (idx.size() + a_.opt_.readers - 1) / std::max(1U, a_.opt_.readers));
       std::uint32_t jobs = 0;
       ReadJob job;
       job.step = t;
@@ -145,63 +180,38 @@ void Agent::Impl::prefetch_loop() {
       }
       outstanding_[t] = jobs + peer_jobs;
       if (jobs) job_ready_.notify_all();
-      if (peer_jobs) {
-        peer_pending_[t] = peer_jobs;
-        wake_peer_locked();
-      }
+      if (peer_jobs) a_.peers_.step_queued_locked(t, peer_jobs);
       if (!jobs && !peer_jobs) complete_steps_locked();
     }
   } catch (const std::exception& e) {
-    fail(e.what());
+    a_.fail(e.what());
   }
 }
 
-void Agent::Impl::fail(const std::string& what) {
-  {
-    std::lock_guard lk(mu_);
-    if (fatal_.empty()) spdlog::error("prefetch failed: {}", what);  // the first cause only
-    else spdlog::debug("also failed: {}", what);
-  }
-  // Nobody watches the file once this agent is gone: the interposers stop serving its buffer.
-  if (!withdraw_if_changed() && xindex_)
-    std::atomic_ref<std::uint64_t>(xindex_->withdrawn)
-        .store(SOLAR_XINDEX_AGENT_STOPPED, std::memory_order_release);
-  {
-    std::lock_guard lk(mu_);
-    if (!fatal_.empty()) return;
-    fatal_ = what;
-    exit_code_ = 1;
-  }
-  slot_freed_.notify_all();
-  job_ready_.notify_all();
-  watch_wake_.notify_all();
-  asio::post(io_, [this] { shutdown_io(); });
-}
-
-void Agent::Impl::complete_steps_locked() {
-  const std::uint64_t before = ready_;
-  while (ready_ < admitted_ && outstanding_[ready_] == 0) ++ready_;
-  if (ready_ != before) schedule_assembly_locked();
+void Prefetcher::complete_steps_locked() {
+  const std::uint64_t before = a_.ready_;
+  while (a_.ready_ < a_.admitted_ && outstanding_[a_.ready_] == 0) ++a_.ready_;
+  if (a_.ready_ != before) schedule_assembly_locked();
 }
 
 // A rank's next batch is copied into its ring once its step is read and the ring entry it
 // reuses (step − depth) has been released: small batches at once by the calling thread, the
 // others by the reader pool, one copy per rank in flight.
-void Agent::Impl::schedule_assembly_locked(bool on_io) {
-  if (buf_.ring_depth == 0) {  // zero copy: a ready step is servable as it is
-    if (!on_io) post_serve();
+void Prefetcher::schedule_assembly_locked(bool on_io) {
+  if (a_.buf_.ring_depth == 0) {  // zero copy: a ready step is servable as it is
+    if (!on_io) a_.control_.post_serve();
     return;
   }
-  if (buf_.inline_copy) {  // small batches: a thread hop would cost more than the copy
+  if (a_.buf_.inline_copy) {  // small batches: a thread hop would cost more than the copy
     // Every batch that can be copied now, in one pass (copy_slots touches the pages ahead
     // across batches), then done in step order.
     inline_jobs_.clear();
     inline_dst_.clear();
     inline_src_.clear();
-    for (std::uint32_t r = 0; r < R_; ++r) {
-      const RankState& rs = ranks_[r];
+    for (std::uint32_t r = 0; r < a_.R_; ++r) {
+      const RankState& rs = a_.ranks_[r];
       if (rs.gone) continue;
-      const std::uint64_t upto = std::min({T_, ready_, rs.released + buf_.ring_depth});
+      const std::uint64_t upto = std::min({a_.T_, a_.ready_, rs.released + a_.buf_.ring_depth});
       for (std::uint64_t t = rs.assembled; t < upto; ++t) {
         inline_jobs_.emplace_back(t, r);
         add_copies_locked(t, r, inline_dst_, inline_src_);
@@ -210,15 +220,15 @@ void Agent::Impl::schedule_assembly_locked(bool on_io) {
     if (inline_jobs_.empty()) return;
     copy_slots(inline_dst_, inline_src_);
     for (const auto& [t, r] : inline_jobs_) finish_assembly_locked(t, r);
-    if (on_io) serve_waiting_locked();
-    else post_serve();
+    if (on_io) a_.control_.serve_waiting_locked();
+    else a_.control_.post_serve();
     return;
   }
   bool queued = false;
-  for (std::uint32_t r = 0; r < R_; ++r) {
-    RankState& rs = ranks_[r];
-    if (rs.gone || rs.assembling || rs.assembled >= T_ || rs.assembled >= ready_ ||
-        rs.assembled >= rs.released + buf_.ring_depth)
+  for (std::uint32_t r = 0; r < a_.R_; ++r) {
+    RankState& rs = a_.ranks_[r];
+    if (rs.gone || rs.assembling || rs.assembled >= a_.T_ || rs.assembled >= a_.ready_ ||
+        rs.assembled >= rs.released + a_.buf_.ring_depth)
       continue;
     rs.assembling = true;
     ReadJob job;
@@ -232,13 +242,13 @@ void Agent::Impl::schedule_assembly_locked(bool on_io) {
 
 // The copies of rank r's batch of step t into its ring, appended to dst and src as slots (the
 // step's uses pin those cache slots).
-void Agent::Impl::add_copies_locked(std::uint64_t t, std::uint32_t r,
-                                    std::vector<std::uint32_t>& dst,
-                                    std::vector<std::uint32_t>& src) const {
-  const auto acc = accesses(t, r);
+void Prefetcher::add_copies_locked(std::uint64_t t, std::uint32_t r,
+                                   std::vector<std::uint32_t>& dst,
+                                   std::vector<std::uint32_t>& src) const {
+  const auto acc = a_.accesses(t, r);
   for (std::size_t i = 0; i < acc.size(); ++i) {
-    src.push_back(table_.slot_of(acc[i] & kSampleMask));
-    dst.push_back(ring_slot(r, t, i));
+    src.push_back(a_.table_.slot_of(acc[i] & kSampleMask));
+    dst.push_back(a_.ring_slot(r, t, i));
   }
 }
 
@@ -250,52 +260,52 @@ void Agent::Impl::add_copies_locked(std::uint64_t t, std::uint32_t r,
 // each): 4.7-5.4 GB/s plain, 6.3-8.2 GB/s so with 4160-byte slots (label inside, two pages
 // per sample, before protocol version 4), 13.1-13.5 µs per batch of 16 with 4096-byte ones
 // against 16.1-16.4. Large samples are no slower.
-void Agent::Impl::copy_slots(std::span<const std::uint32_t> dst,
-                             std::span<const std::uint32_t> src) const {
+void Prefetcher::copy_slots(std::span<const std::uint32_t> dst,
+                            std::span<const std::uint32_t> src) const {
   constexpr std::size_t kCopyAhead = 8;
   constexpr std::uintptr_t kPage = 4096;
-  const std::size_t n = src.size(), bytes = sample_bytes_;
+  const std::size_t n = src.size(), bytes = a_.sample_bytes_;
   auto touch = [bytes](const std::byte* p) {
     __builtin_prefetch(p);
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     for (std::uintptr_t q = (a & ~(kPage - 1)) + kPage; q < a + bytes; q += kPage)
       __builtin_prefetch(reinterpret_cast<const void*>(q));
   };
-  for (std::size_t k = 0; k < std::min(n, kCopyAhead); ++k) touch(slot_ptr(src[k]));
+  for (std::size_t k = 0; k < std::min(n, kCopyAhead); ++k) touch(a_.slot_ptr(src[k]));
   for (std::size_t k = 0; k < n; ++k) {
-    if (k + kCopyAhead < n) touch(slot_ptr(src[k + kCopyAhead]));
-    std::memcpy(slot_ptr(dst[k]), slot_ptr(src[k]), bytes);
+    if (k + kCopyAhead < n) touch(a_.slot_ptr(src[k + kCopyAhead]));
+    std::memcpy(a_.slot_ptr(dst[k]), a_.slot_ptr(src[k]), bytes);
   }
-  if (label_bytes_)
+  if (a_.label_bytes_)
     for (std::size_t k = 0; k < n; ++k)
-      std::memcpy(label_ptr(dst[k]), label_ptr(src[k]), label_bytes_);
+      std::memcpy(a_.label_ptr(dst[k]), a_.label_ptr(src[k]), a_.label_bytes_);
 }
 
-void Agent::Impl::finish_assembly_locked(std::uint64_t t, std::uint32_t r) {
-  RankState& rs = ranks_[r];
-  for (std::uint32_t a : accesses(t, r)) drop_use_locked(a & kSampleMask);
+void Prefetcher::finish_assembly_locked(std::uint64_t t, std::uint32_t r) {
+  RankState& rs = a_.ranks_[r];
+  for (std::uint32_t a : a_.accesses(t, r)) a_.drop_use_locked(a & kSampleMask);
   rs.assembling = false;
   if (!rs.gone) rs.assembled = t + 1;
 }
 
-void Agent::Impl::assemble(std::uint64_t t, std::uint32_t r) {
+void Prefetcher::assemble(std::uint64_t t, std::uint32_t r) {
   std::vector<std::uint32_t> dst, src;
   {
-    std::lock_guard lk(mu_);
+    std::lock_guard lk(a_.mu_);
     add_copies_locked(t, r, dst, src);
   }
   copy_slots(dst, src);  // unlocked: neither the cache slots nor the ring entry can change
-  std::lock_guard lk(mu_);
+  std::lock_guard lk(a_.mu_);
   finish_assembly_locked(t, r);
   schedule_assembly_locked();
-  post_serve();
+  a_.control_.post_serve();
 }
 
-void Agent::Impl::write_slot(std::uint32_t slot, const std::byte* sample,
-                             const std::byte* label) {
+void Prefetcher::write_slot(std::uint32_t slot, const std::byte* sample,
+                            const std::byte* label) {
   auto put = [&](const std::byte* p, std::size_t n, off_t at) {
     for (std::size_t done = 0; done < n;) {
-      const ssize_t w = ::pwrite(memfd_, p + done, n - done, at);
+      const ssize_t w = ::pwrite(a_.memfd_, p + done, n - done, at);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) throw std::runtime_error(fmt::format("writing slot {} of the buffer: {}", slot,
                                                        std::strerror(w < 0 ? errno : ENOSPC)));
@@ -303,15 +313,16 @@ void Agent::Impl::write_slot(std::uint32_t slot, const std::byte* sample,
       at += w;
     }
   };
-  put(sample, sample_bytes_, static_cast<off_t>(buf_.slot_offset(slot)));
+  put(sample, a_.sample_bytes_, static_cast<off_t>(a_.buf_.slot_offset(slot)));
   // A label under a page (usually a few bytes, many to a page) through the mapping, saving a
   // system call; a larger one, like the sample, without a page fault per page.
   constexpr std::uint64_t kPage = 4096;
-  if (label_bytes_ >= kPage) put(label, label_bytes_, static_cast<off_t>(buf_.label_offset(slot)));
-  else if (label_bytes_) std::memcpy(label_ptr(slot), label, label_bytes_);
+  if (a_.label_bytes_ >= kPage)
+    put(label, a_.label_bytes_, static_cast<off_t>(a_.buf_.label_offset(slot)));
+  else if (a_.label_bytes_) std::memcpy(a_.label_ptr(slot), label, a_.label_bytes_);
 }
 
-void Agent::Impl::reader_loop() {
+void Prefetcher::reader_loop() {
   // Grown, never zero-filled: a std::vector would clear every byte it grows by.
   struct Scratch {
     std::unique_ptr<std::byte[]> p;
@@ -329,17 +340,17 @@ void Agent::Impl::reader_loop() {
   // together in the file become one request (the source merges them: Hdf5Options::read_gap).
   constexpr std::uint64_t kMergeBytes = 64ULL << 20;
   const std::uint64_t merge_samples =
-      opt_.read_gap ? std::max<std::uint64_t>(1, kMergeBytes / std::max<std::uint64_t>(
-                                                                   1, sample_bytes_))
+      a_.opt_.read_gap ? std::max<std::uint64_t>(1, kMergeBytes / std::max<std::uint64_t>(
+                                                                   1, a_.sample_bytes_))
                     : 0;
   std::vector<ReadJob> batch;
   std::vector<storage::SampleRun> runs;
   for (;;) {
     batch.clear();
     {
-      std::unique_lock lk(mu_);
-      job_ready_.wait(lk, [&] { return stopping_ || !fatal_.empty() || !jobs_.empty(); });
-      if (stopping_ || !fatal_.empty()) return;
+      std::unique_lock lk(a_.mu_);
+      job_ready_.wait(lk, [&] { return a_.stopping_ || !a_.fatal_.empty() || !jobs_.empty(); });
+      if (a_.stopping_ || !a_.fatal_.empty()) return;
       batch.push_back(std::move(jobs_.front()));
       jobs_.pop_front();
       std::uint64_t samples = batch.front().slots.size();
@@ -363,37 +374,37 @@ void Agent::Impl::reader_loop() {
         n += job.slots.size();
       }
       const auto t0 = Clock::now();
-      std::byte* staging = staging_buf.get(n * sample_bytes_);
-      std::byte* label_staging = label_buf.get(n * label_bytes_);
-      source_->read(runs, staging);
-      if (label_bytes_) source_->read_labels(runs, label_staging);
+      std::byte* staging = staging_buf.get(n * a_.sample_bytes_);
+      std::byte* label_staging = label_buf.get(n * a_.label_bytes_);
+      a_.source_->read(runs, staging);
+      if (a_.label_bytes_) a_.source_->read_labels(runs, label_staging);
       // Into the slots through the memfd: the kernel fills its pages directly, without a page
       // fault per 4 KiB of a mapping touched for the first time.
       std::size_t i = 0;
       for (const ReadJob& job : batch)
         for (const std::uint32_t slot : job.slots) {
-          write_slot(slot, staging + i * sample_bytes_, label_staging + i * label_bytes_);
+          write_slot(slot, staging + i * a_.sample_bytes_, label_staging + i * a_.label_bytes_);
           ++i;
         }
       const double secs = seconds_since(t0);
-      std::lock_guard lk(mu_);
+      std::lock_guard lk(a_.mu_);
       for (const ReadJob& job : batch) {
-        if (table_.indexed()) {  // the bytes are in place: readers may copy them from now on
+        if (a_.table_.indexed()) {  // the bytes are in place: readers may copy them from now on
           std::size_t k = 0;
           for (const auto& run : job.runs)
             for (std::uint64_t x = run.first; x < run.first + run.count; ++x, ++k)
-              table_.publish(static_cast<std::uint32_t>(x), job.slots[k]);
+              a_.table_.publish(static_cast<std::uint32_t>(x), job.slots[k]);
         }
         // A merged read's time, shared by its jobs by their samples.
         const double share = secs * static_cast<double>(job.slots.size()) / static_cast<double>(n);
-        stats_.note_read(job.step, job.slots.size(), job.runs.size(), share);
+        a_.stats_.note_read(job.step, job.slots.size(), job.runs.size(), share);
         for (const auto& run : job.runs)  // read: the read pins go (see prefetch_loop)
           for (std::uint64_t x = run.first; x < run.first + run.count; ++x)
-            drop_use_locked(static_cast<std::uint32_t>(x));
+            a_.drop_use_locked(static_cast<std::uint32_t>(x));
         if (--outstanding_[job.step] == 0) complete_steps_locked();
       }
     } catch (const std::exception& e) {
-      fail(e.what());
+      a_.fail(e.what());
       return;
     }
   }

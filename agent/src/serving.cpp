@@ -1,4 +1,6 @@
-// Batch mode: the batches handed to libsolar's ranks. See agent_impl.h.
+// Batch mode: the batches handed to libsolar's ranks. See control_server.h.
+#include "control_server.h"
+
 #include <cstring>
 
 #include "agent_impl.h"
@@ -6,18 +8,18 @@
 namespace solar::agent {
 
 // Serves waiting ranks from the io thread (sessions are only touched there).
-void Agent::Impl::post_serve() {
+void ControlServer::post_serve() {
   asio::post(io_, [this] {
-    std::lock_guard lk(mu_);
+    std::lock_guard lk(a_.mu_);
     serve_waiting_locked();
   });
 }
 
 // Appends the reply for rank r's step rs.cursor to `msg` (sent by the caller).
-void Agent::Impl::put_batch_locked(RankState& rs, std::uint32_t r,
-                                   std::vector<std::uint8_t>& msg) {
+void ControlServer::put_batch_locked(RankState& rs, std::uint32_t r,
+                                     std::vector<std::uint8_t>& msg) {
   const std::uint64_t t = rs.cursor;
-  const auto acc = accesses(t, r);
+  const auto acc = a_.accesses(t, r);
   // The reply: header, BatchHead, then one BatchEntry per sample, built in place at the end
   // of `msg` (the session's scratch buffer: no allocation once it has grown).
   constexpr std::size_t kHead = sizeof(protocol::Header) + sizeof(protocol::BatchHead);
@@ -34,24 +36,25 @@ void Agent::Impl::put_batch_locked(RankState& rs, std::uint32_t r,
   for (std::size_t i = 0; i < acc.size(); ++i) {
     const std::uint32_t x = acc[i] & kSampleMask;
     hits += acc[i] >> 31;
-    const protocol::BatchEntry e{x, buf_.ring_depth ? ring_slot(r, t, i) : table_.slot_of(x)};
+    const protocol::BatchEntry e{x,
+                                 a_.buf_.ring_depth ? a_.ring_slot(r, t, i) : a_.table_.slot_of(x)};
     std::memcpy(m + kHead + i * sizeof e, &e, sizeof e);
   }
   // Waited for only when every earlier step is released (or held, waits_for): one handed out
   // ahead was not.
-  const double wait = waits_for(rs) == t ? seconds_since(rs.wait_since) : 0.0;
+  const double wait = a_.waits_for(rs) == t ? seconds_since(rs.wait_since) : 0.0;
   rs.stall_seconds += wait;
-  stats_.note_served(t, r, acc.size(), hits, wait);
+  a_.stats_.note_served(t, r, acc.size(), hits, wait);
   ++rs.cursor;
 }
 
 // Every step asked for whose batch is ready, in order, in one send per rank (one wake-up of a
 // rank that waits); then `end` when it is owed.
-void Agent::Impl::serve_waiting_locked() {
-  for (std::uint32_t r = 0; r < R_; ++r) {
-    RankState& rs = ranks_[r];
+void ControlServer::serve_waiting_locked() {
+  for (std::uint32_t r = 0; r < a_.R_; ++r) {
+    RankState& rs = a_.ranks_[r];
     if (!rs.session) continue;
-    const std::uint64_t ready = buf_.ring_depth ? rs.assembled : ready_;
+    const std::uint64_t ready = a_.buf_.ring_depth ? rs.assembled : a_.ready_;
     if (rs.cursor < rs.asked && rs.cursor < ready) {
       std::vector<std::uint8_t>& msg = rs.session->scratch;
       msg.clear();

@@ -119,8 +119,8 @@ nlohmann::json Agent::Impl::stats_document() {
          {"cache_slots", buf_.cache_slots},
          {"free_slots", table_.free_slots()},
          {"error", fatal_},
-         {"transparent", stats_.transparent_json(paced_steps_)},
-         {"peers", peers_json()},
+         {"transparent", stats_.transparent_json(pacer_.paced_steps_locked())},
+         {"peers", peers_.json()},
          {"ranks", ranks}};
     snap = stats_.snapshot(ready_);
   }

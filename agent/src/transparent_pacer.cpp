@@ -1,5 +1,7 @@
 // Transparent mode: the shared sample index the interposer serves reads from (extent mode),
-// and eviction paced on the samples unmodified ranks consume. See agent_impl.h.
+// and eviction paced on the samples unmodified ranks consume. See transparent_pacer.h.
+#include "transparent_pacer.h"
+
 #include <sys/stat.h>
 #include <time.h>
 
@@ -25,22 +27,22 @@ std::uint64_t monotonic_ns() {
 
 // ---- transparent mode ---------------------------------------------------------------------
 
-void Agent::Impl::setup_index() {
-  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(source_.get());
+void TransparentPacer::setup() {
+  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(a_.source_.get());
   if (!h5 || !h5->sample_offset(0))
     throw AgentError(fmt::format(
         "--transparent serves reads of an HDF5 dataset whose samples lie in the file as raw "
         "bytes (contiguous, or unfiltered chunks of whole samples); {} is not one (compressed "
         "datasets and solar-stored are not served transparently: use solar's loader, or "
         "rewrite the dataset with `h5repack -l CONTI`)",
-        source_->describe()));
+        a_.source_->describe()));
   // The file the source opened (and the plan's identity was checked against), not the path.
   const struct stat& st = h5->opened_stat();
-  auto* x = reinterpret_cast<solar_xindex*>(base_ + buf_.index_offset);
-  const std::uint64_t N = header_.config.samples;
+  auto* x = reinterpret_cast<solar_xindex*>(a_.base_ + a_.buf_.index_offset);
+  const std::uint64_t N = a_.header_.config.samples;
   x->samples = N;
-  x->sample_bytes = sample_bytes_;
-  x->slot_bytes = buf_.slot_bytes;
+  x->sample_bytes = a_.sample_bytes_;
+  x->slot_bytes = a_.buf_.slot_bytes;
   x->data_offset = h5->raw_offset().value_or(0);
   x->file_dev = st.st_dev;
   x->file_ino = st.st_ino;
@@ -51,55 +53,56 @@ void Agent::Impl::setup_index() {
   x->file_ctime_nsec = st.st_ctim.tv_nsec;
   // The source checked the file against the plan just now: the first lease (pace_loop renews).
   x->lease_until_ns = monotonic_ns() + SOLAR_XINDEX_LEASE_NS;
-  x->entries_offset = buf_.entries_offset;
-  x->consumed_offset = buf_.consumed_offset;
-  x->extents_offset = buf_.extents_offset;
+  x->entries_offset = a_.buf_.entries_offset;
+  x->consumed_offset = a_.buf_.consumed_offset;
+  x->extents_offset = a_.buf_.extents_offset;
   x->extents = 0;
   if (!h5->raw_offset()) {  // chunked: where each sample is, sorted by file offset
-    auto* ext = reinterpret_cast<solar_xextent*>(base_ + x->extents_offset);
+    auto* ext = reinterpret_cast<solar_xextent*>(a_.base_ + x->extents_offset);
     for (std::uint64_t i = 0; i < N; ++i) ext[i] = {*h5->sample_offset(i), i};
     std::sort(ext, ext + N, [](const solar_xextent& a, const solar_xextent& b) {
       return a.offset < b.offset;
     });
     x->extents = N;
   }
-  table_.attach_index(reinterpret_cast<std::uint64_t*>(base_ + x->entries_offset));
-  xconsumed_ = reinterpret_cast<std::uint32_t*>(base_ + x->consumed_offset);
+  a_.table_.attach_index(reinterpret_cast<std::uint64_t*>(a_.base_ + x->entries_offset));
+  xconsumed_ = reinterpret_cast<std::uint32_t*>(a_.base_ + x->consumed_offset);
   std::atomic_ref<std::uint64_t>(x->magic).store(SOLAR_XINDEX_MAGIC, std::memory_order_release);
   xindex_ = x;
   // need_[i]: how many times access i's sample has been used on this node up to and including
   // access i, in plan order; once its consumed counter reaches that, access i has happened.
   std::vector<std::uint32_t> count(N, 0);
-  stats_.attach_xstats(&x->stats);
-  stats_.track_landing();
-  need_.resize(plan_.accesses.size());
-  for (std::size_t i = 0; i < plan_.accesses.size(); ++i)
-    need_[i] = ++count[plan_.accesses[i] & kSampleMask];
+  a_.stats_.attach_xstats(&x->stats);
+  a_.stats_.track_landing();
+  need_.resize(a_.plan_.accesses.size());
+  for (std::size_t i = 0; i < a_.plan_.accesses.size(); ++i)
+    need_[i] = ++count[a_.plan_.accesses[i] & kSampleMask];
 }
 
-// Transparent mode: when the dataset file has changed since the agent opened it, tells every
-// interposer to serve nothing more from the buffer (they read the file instead) and says so.
-void Agent::Impl::watch_loop() {
-  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(source_.get());
-  if (!h5) return;
-  for (;;) {
-    {
-      std::unique_lock lk(mu_);
-      watch_wake_.wait_for(lk, kWatchPeriod, [&] { return stopping_ || !fatal_.empty(); });
-      if (stopping_ || !fatal_.empty()) return;
-    }
-    try {
-      h5->check_unchanged();
-      h5->check_path();
-    } catch (const storage::StorageError& e) {
-      fail(fmt::format("{}; this agent stops serving it", e.what()));
-      return;
-    }
+void TransparentPacer::start() {
+  thread_ = std::thread([this] { loop(); });
+}
+
+void TransparentPacer::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void TransparentPacer::withdraw_failed() {
+  if (!withdraw_if_changed() && xindex_)
+    std::atomic_ref<std::uint64_t>(xindex_->withdrawn)
+        .store(SOLAR_XINDEX_AGENT_STOPPED, std::memory_order_release);
+}
+
+void TransparentPacer::withdraw_stopped() {
+  if (xindex_) {
+    std::uint64_t none = 0;  // keep a FILE_CHANGED already there
+    std::atomic_ref<std::uint64_t>(xindex_->withdrawn)
+        .compare_exchange_strong(none, SOLAR_XINDEX_AGENT_STOPPED);
   }
 }
 
-bool Agent::Impl::withdraw_if_changed() {
-  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(source_.get());
+bool TransparentPacer::withdraw_if_changed() {
+  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(a_.source_.get());
   if (!xindex_ || !h5) return false;
   if (std::atomic_ref<std::uint64_t>(xindex_->withdrawn).load(std::memory_order_acquire) ==
       SOLAR_XINDEX_FILE_CHANGED)
@@ -124,12 +127,12 @@ bool Agent::Impl::withdraw_if_changed() {
 // it checks the file and, when it is unchanged, vouches for it until SOLAR_XINDEX_LEASE_NS after
 // the moment before the check. An agent killed (SIGKILL, the OOM killer) or stopped renews
 // nothing, and its readers stop serving within the lease: nobody watches the file then.
-void Agent::Impl::pace_loop() {
+void TransparentPacer::loop() {
   std::uint64_t next_check = 0;
   for (;;) {
     if (const std::uint64_t before = monotonic_ns(); before >= next_check) {
       if (withdraw_if_changed()) {  // the file rewritten in place: stop serving its old bytes
-        fail("the dataset file changed during the run; the buffer no longer serves it");
+        a_.fail("the dataset file changed during the run; the buffer no longer serves it");
         return;
       }
       std::atomic_ref<std::uint64_t>(xindex_->lease_until_ns)
@@ -137,46 +140,47 @@ void Agent::Impl::pace_loop() {
       next_check = before + SOLAR_XINDEX_RENEW_NS;
     }
     {
-      std::lock_guard lk(mu_);
-      if (stopping_ || !fatal_.empty()) return;
-      std::uint64_t least = T_;
-      for (std::uint32_t r = 0; r < R_; ++r) {
-        RankState& rs = ranks_[r];
-        while (rs.released < admitted_) {
-          const std::uint64_t at = plan_.rank_offsets[rs.released * R_ + r];
-          const auto acc = accesses(rs.released, r);
+      std::lock_guard lk(a_.mu_);
+      if (a_.stopping_ || !a_.fatal_.empty()) return;
+      std::uint64_t least = a_.T_;
+      for (std::uint32_t r = 0; r < a_.R_; ++r) {
+        RankState& rs = a_.ranks_[r];
+        while (rs.released < a_.admitted_) {
+          const std::uint64_t at = a_.plan_.rank_offsets[rs.released * a_.R_ + r];
+          const auto acc = a_.accesses(rs.released, r);
           bool done = true;
           for (std::size_t k = 0; k < acc.size() && done; ++k)
             done = std::atomic_ref<std::uint32_t>(xconsumed_[acc[k] & kSampleMask])
                        .load(std::memory_order_relaxed) >= need_[at + k];
           if (!done) break;
           // Begun and done within one pass: begun now, as far as we can tell.
-          stats_.note_begun(rs.released, rs.begun_at >= 0 ? rs.begun_at : stats_.since_ready());
+          a_.stats_.note_begun(rs.released,
+                               rs.begun_at >= 0 ? rs.begun_at : a_.stats_.since_ready());
           rs.begun_at = -1;
           std::uint64_t hits = 0;
           for (std::uint32_t a : acc) {
-            drop_use_locked(a & kSampleMask);
+            a_.drop_use_locked(a & kSampleMask);
             hits += a >> 31;
           }
           // The rank's consumption of the step is its request, service and release at once
           // (no request to time: stall is not measured in this mode).
           const auto now = Clock::now();
-          stats_.note_request(rs.released, now, ready_);
-          stats_.note_served(rs.released, r, acc.size(), hits, -1);
-          stats_.note_released(rs.released, now);
+          a_.stats_.note_request(rs.released, now, a_.ready_);
+          a_.stats_.note_served(rs.released, r, acc.size(), hits, -1);
+          a_.stats_.note_released(rs.released, now);
           rs.cursor = ++rs.released;
         }
         // A step begun (any of its samples consumed) starts its epoch and the head start, and
         // is the moment its lead is measured at.
-        if (rs.released < T_ && rs.begun_at < 0) {
-          const std::uint64_t at = plan_.rank_offsets[rs.released * R_ + r];
-          const auto acc = accesses(rs.released, r);
+        if (rs.released < a_.T_ && rs.begun_at < 0) {
+          const std::uint64_t at = a_.plan_.rank_offsets[rs.released * a_.R_ + r];
+          const auto acc = a_.accesses(rs.released, r);
           for (std::size_t k = 0; k < acc.size(); ++k)
             if (std::atomic_ref<std::uint32_t>(xconsumed_[acc[k] & kSampleMask])
                     .load(std::memory_order_relaxed) >= need_[at + k]) {
               const auto now = Clock::now();
-              rs.begun_at = stats_.since_ready();
-              stats_.note_request(rs.released, now, ready_);
+              rs.begun_at = a_.stats_.since_ready();
+              a_.stats_.note_request(rs.released, now, a_.ready_);
               break;
             }
         }

@@ -1,0 +1,66 @@
+// TransparentPacer (--transparent): the shared sample index the interposer serves unmodified
+// ranks' reads from (solar/transparent.h, extent mode), the watch's lease on the dataset file,
+// and eviction paced on the samples those ranks consume. Internal to solar-agent.
+//
+// Unmodified ranks send no requests: a rank's step counts as done (its uses are dropped, so
+// the plan's evictions may proceed) once every sample of its batch has been read as often as
+// the plan says it will have been by then. A script that reads another order never completes
+// a step: the agent then keeps what it has and the reads it misses go to the file.
+//
+// Contract:
+// - setup() runs once at start-up, before any thread; without it (batch mode) index() is null
+//   and only withdraw_*() may be called (they do nothing then).
+// - The index header and the consumed counters live in the shared buffer: the interposers
+//   read and write them with atomics, and so does the pacer (no lock). need_ is written by
+//   setup() only. paced_steps_ and the ranks' progress are guarded by the agent's lock
+//   `Agent::Impl::mu_`, which the pace thread takes itself; paced_steps_locked() is called
+//   with it held.
+// - The pace thread stops once the agent is stopping or has failed (it polls every 1 ms);
+//   a dataset file changed stops the agent (Agent::Impl::fail).
+// - It holds a back-reference to the agent (Agent::Impl), which owns it and outlives it.
+#pragma once
+
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "agent.h"
+#include "solar/transparent.h"
+
+namespace solar::agent {
+
+class TransparentPacer {
+ public:
+  explicit TransparentPacer(Agent::Impl& agent) : a_(agent) {}
+  TransparentPacer(const TransparentPacer&) = delete;
+  TransparentPacer& operator=(const TransparentPacer&) = delete;
+
+  // Start-up: the index in the buffer, attached to the slot table; throws AgentError when the
+  // dataset's samples do not lie in the file as raw bytes.
+  void setup();
+  // The shared index (null in batch mode): where it lies tells the interposer's hello reply.
+  const solar_xindex* index() const { return xindex_; }
+  void start();  // the pace thread (transparent mode)
+  void join();
+  // When the dataset file has changed since the agent opened it, tells every interposer to
+  // serve nothing more from the buffer (they read the file instead) and says so; true then.
+  bool withdraw_if_changed();
+  // The agent failed: the interposers stop serving its buffer (nobody watches the file once it
+  // is gone), FILE_CHANGED if the file changed, else AGENT_STOPPED.
+  void withdraw_failed();
+  // The agent stopped: nobody watches the file from now on (a FILE_CHANGED already there stays).
+  void withdraw_stopped();
+  std::uint64_t paced_steps_locked() const { return paced_steps_; }
+
+ private:
+  void loop();
+
+  Agent::Impl& a_;  // the agent that owns this part
+  solar_xindex* xindex_ = nullptr;
+  std::uint32_t* xconsumed_ = nullptr;
+  std::vector<std::uint32_t> need_;  // per plan access: uses of its sample on this node so far
+  std::uint64_t paced_steps_ = 0;    // steps every rank has consumed
+  std::thread thread_;
+};
+
+}  // namespace solar::agent
