@@ -13,7 +13,7 @@
 
 #include "commands.h"
 #include "report.h"
-#include "solar/core/plan_file.h"
+#include "solar/sys/atomic_file.h"
 
 namespace solar::cli {
 namespace {
@@ -30,7 +30,7 @@ void run_report(const std::vector<std::string>& paths, const std::string& out_pa
     inputs.push_back({path, text.str()});
   }
   const Report report = report_svg(inputs, title);
-  if (const char* failed = write_file_atomically(out_path, report.svg, 0666))
+  if (const char* failed = sys::write_file_atomically(out_path, report.svg, 0666))
     throw std::runtime_error(fmt::format("{}: {}: {}", out_path, failed, std::strerror(errno)));
   std::fprintf(stderr, "solar report: wrote %s (%zu panels)\n", out_path.c_str(),
                report.panels);

@@ -22,10 +22,10 @@
 #include "run_dir.h"
 #include "run_stats.h"
 #include "solar/core/plan_file.h"
-#include "solar/core/remove_tree.h"
 #include "solar/protocol.h"
+#include "solar/sys/remove_tree.h"
+#include "solar/sys/subprocess.h"
 #include "solar/unix_socket.h"
-#include "subprocess.h"
 
 extern char** environ;
 
@@ -68,7 +68,7 @@ ScratchDir::ScratchDir(const std::string& prefix) {
 }
 
 ScratchDir::~ScratchDir() {
-  if (!keep_) remove_tree(path_);
+  if (!keep_) sys::remove_tree(path_);
 }
 
 std::string find_sibling(const std::string& name, const std::string& build_subdir) {
@@ -176,7 +176,7 @@ LaunchResult launch(const LaunchSpec& spec) {
     for (std::uint32_t m = 0; m < c.nodes; ++m) {
       if (agents[m] <= 0) continue;
       int st = 0;
-      if (!wait_for(agents[m], 10, &st)) {
+      if (!sys::wait_for(agents[m], 10, &st)) {
         ::kill(agents[m], SIGKILL);
         ::waitpid(agents[m], &st, 0);
         result.problems.push_back(fmt::format("node {}: agent did not stop on SIGTERM; killed", m));
@@ -185,7 +185,7 @@ LaunchResult launch(const LaunchSpec& spec) {
         result.problems.push_back(fmt::format(
             "node {}: the agent gave no statistics at the end of the run ({}) and exited with "
             "status {}; its log ends:{}",
-            m, no_answer[m], exit_code_of(st), tail_of(dir / fmt::format("node{}.log", m))));
+            m, no_answer[m], sys::exit_code_of(st), tail_of(dir / fmt::format("node{}.log", m))));
       agents[m] = -1;
     }
   };
@@ -229,9 +229,9 @@ LaunchResult launch(const LaunchSpec& spec) {
           argv.push_back((dir / fmt::format("node{}.stats.json", m)).string());
         }
         result.times.agent_spawned.push_back(Clock::now());
-        SpawnOptions to_log;
+        sys::SpawnOptions to_log;
         to_log.log = log;
-        agents[m] = spawn(argv, base_env, to_log);
+        agents[m] = sys::spawn(argv, base_env, to_log);
         if (watch) watch->agent(agents[m]);
       }
       // Ready when its socket accepts a connection.
@@ -256,7 +256,7 @@ LaunchResult launch(const LaunchSpec& spec) {
               break;
             }
             throw std::runtime_error(fmt::format(
-                "the agent of node {} exited ({}) before it was ready:{}", m, exit_code_of(st),
+                "the agent of node {} exited ({}) before it was ready:{}", m, sys::exit_code_of(st),
                 tail_of(dir / fmt::format("node{}.log", m))));
           }
           if (Clock::now() > deadline)
@@ -314,10 +314,10 @@ LaunchResult launch(const LaunchSpec& spec) {
           const int out = labeller->add(1, label), err = labeller->add(2, label);
           const pid_t pid = [&] {
             try {
-              SpawnOptions to_pipes;
+              sys::SpawnOptions to_pipes;
               to_pipes.out = out;
               to_pipes.err = err;
-              return spawn(spec.command, env, to_pipes);
+              return sys::spawn(spec.command, env, to_pipes);
             } catch (...) {
               ::close(out);
               ::close(err);
@@ -328,7 +328,7 @@ LaunchResult launch(const LaunchSpec& spec) {
           ::close(err);
           ranks.push_back(pid);
         } else {
-          ranks.push_back(spawn(spec.command, env));
+          ranks.push_back(sys::spawn(spec.command, env));
         }
       }
     if (labeller) labeller->start();
@@ -350,14 +350,14 @@ LaunchResult launch(const LaunchSpec& spec) {
         const pid_t pid = ::waitpid(-1, &st, WNOHANG);
         if (pid <= 0) break;
         if (live.erase(pid)) {
-          result.exit_code = std::max(result.exit_code, exit_code_of(st));
+          result.exit_code = std::max(result.exit_code, sys::exit_code_of(st));
         } else {
           for (std::uint32_t m = 0; m < c.nodes; ++m)
             if (agents[m] == pid) {
               agents[m] = -1;
               result.problems.push_back(fmt::format("node {}: the agent exited ({}) during the "
                                                     "run; its ranks read directly:{}",
-                                                    m, exit_code_of(st),
+                                                    m, sys::exit_code_of(st),
                                                     tail_of(dir / fmt::format("node{}.log", m))));
             }
         }

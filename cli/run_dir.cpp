@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "solar/core/remove_tree.h"
+#include "solar/sys/remove_tree.h"
 
 namespace solar::cli {
 namespace fs = std::filesystem;
@@ -99,7 +99,7 @@ std::string start_time(pid_t pid) {
     }
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  remove_tree(dir);
+  sys::remove_tree(dir);
   ::_exit(0);
 }
 
@@ -135,7 +135,7 @@ void sweep_leftover_run_dirs(const fs::path& base) {
       continue;
     if (start[0] && start_time(pid) == start) continue;  // still running
     if (!start[0] && ::kill(pid, 0) == 0) continue;
-    remove_tree(e.path());
+    sys::remove_tree(e.path());
   }
 }
 

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "solar/core/plan_file.h"
 #include "solar/stats_file.h"
+#include "solar/sys/atomic_file.h"
 
 namespace solar::cli {
 namespace fs = std::filesystem;
@@ -37,7 +37,7 @@ nlohmann::json run_stats_document(const fs::path& dir, std::uint32_t nodes, bool
 void write_run_stats(const std::string& out, const fs::path& dir, std::uint32_t nodes,
                      bool agents) {
   const nlohmann::json doc = run_stats_document(dir, nodes, agents);
-  if (const char* failed = write_file_atomically(out, protocol::stats_file_text(doc), 0666))
+  if (const char* failed = sys::write_file_atomically(out, protocol::stats_file_text(doc), 0666))
     throw std::runtime_error(
         fmt::format("--stats-out {}: {}: {}", out, failed, std::strerror(errno)));
 }

@@ -23,7 +23,8 @@
 
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
-#include "solar/core/remove_tree.h"
+#include "solar/sys/atomic_file.h"
+#include "solar/sys/remove_tree.h"
 #include "solar/node_summary.h"
 #include "solar/stats_file.h"
 #include "solar/sys/subprocess.h"
@@ -179,7 +180,7 @@ void write_step_stats(const State& s, const std::vector<NodeStats>& all) {
       path += spec[i];
     }
   }
-  if (const char* failed = write_file_atomically(path, protocol::stats_file_text(out), 0666))
+  if (const char* failed = sys::write_file_atomically(path, protocol::stats_file_text(out), 0666))
     error(fmt::format("--solar-stats: {}: {}: {}", path, failed, std::strerror(errno)));
 }
 
@@ -261,19 +262,19 @@ int plan_step(spank_t sp, State& s) {
   s.peers = c.peer_fetch;  // --solar-peers on several nodes
   const std::vector<std::uint8_t> bytes = encode_plan(plan);
   const char* failed =
-      write_file_atomically(path, std::string_view(reinterpret_cast<const char*>(bytes.data()),
+      sys::write_file_atomically(path, std::string_view(reinterpret_cast<const char*>(bytes.data()),
                                                    bytes.size()),
                             0600);
   const int write_errno = errno;
   // --solar-peers: the agents' cards, private to the user (agent/README.md).
   if (!failed && s.peers && ::mkdir(peer_dir_in(folder).c_str(), 0700) != 0) {
     error(fmt::format("--solar-peers: creating {}: {}", peer_dir_in(folder), std::strerror(errno)));
-    remove_tree(folder);
+    sys::remove_tree(folder);
     return -1;
   }
   if (failed) {
     error(fmt::format("writing the plan {}: {}: {}", path, failed, std::strerror(write_errno)));
-    remove_tree(folder);
+    sys::remove_tree(folder);
     return -1;
   }
   s.step_folder = folder;
@@ -329,7 +330,7 @@ int finish_step(spank_t, State& s) {
     if (s.options.is_verbose()) print_node_summaries(stats);
     if (!s.options.stats_path().empty()) write_step_stats(s, stats);
   }
-  if (!remove_tree(s.step_folder)) error(fmt::format("could not remove {}", s.step_folder));
+  if (!sys::remove_tree(s.step_folder)) error(fmt::format("could not remove {}", s.step_folder));
   s.step_folder.clear();
   return 0;
 }

@@ -17,7 +17,7 @@
 
 #include "solar/core/job_params.h"
 #include "solar/core/plan_file.h"
-#include "solar/core/remove_tree.h"
+#include "solar/sys/remove_tree.h"
 #include "state.h"
 #include "step_folder.h"
 
@@ -232,7 +232,7 @@ int task_exited(spank_t, State& s) {
 int end_node_step(spank_t, State& s) {
   if (!s.step_active) return 0;
   s.agent.stop(1);
-  if (!s.runtime_dir.empty()) remove_tree(s.runtime_dir);
+  if (!s.runtime_dir.empty()) sys::remove_tree(s.runtime_dir);
   return 0;
 }
 
@@ -263,7 +263,7 @@ int sweep_job(spank_t sp, State& s) {
     if (text) std::from_chars(text->data(), text->data() + text->size(), pid);
     if (kill_if_agent(pid, uid, s.config.agent, dir + "/agent.sock"))
       info(fmt::format("job {}: killed a leftover agent (pid {})", job, pid));
-    if (!remove_tree(dir, left(runtime_end)))
+    if (!sys::remove_tree(dir, left(runtime_end)))
       error(fmt::format("job {}: could not remove {} entirely", job, dir));
   }
   // The job's step folders in plan_dir (plan, agents' logs, peer cards): the user's folders
@@ -281,7 +281,7 @@ int sweep_job(spank_t sp, State& s) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const auto plan_end = Clock::now() + kSweepBudget;
   for (const std::string& dir : job_folders(s.config.plan_dir, prefix, uid))
-    if (!remove_tree(dir, left(plan_end)))
+    if (!sys::remove_tree(dir, left(plan_end)))
       error(fmt::format("job {}: could not remove {} entirely", job, dir));
   return 0;
 }

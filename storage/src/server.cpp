@@ -1,6 +1,7 @@
 #include "solar/storage/server.h"
 
 #include "server_impl.h"
+#include "solar/sys/atomic_file.h"
 
 namespace solar::storage {
 
@@ -350,7 +351,7 @@ void StorageServer::run() {
     spdlog::info("emulating a contended file system: {} B/s per client, +{} s per request",
                  im.opt.throttle_bandwidth, im.opt.throttle_latency_s);
   if (!im.opt.ready_file.empty())
-    if (const char* failed = write_file_atomically(
+    if (const char* failed = sys::write_file_atomically(
             im.opt.ready_file, fmt::format("{}:{}\n", im.opt.host, im.port), 0666))
       throw StorageError(fmt::format("--ready-file {}: {}: {}", im.opt.ready_file, failed,
                                      std::strerror(errno)));

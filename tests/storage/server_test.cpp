@@ -15,6 +15,7 @@
 #include "solar/storage/content.h"
 #include "solar/storage/fabric_source.h"
 #include "solar/storage/hdf5_writer.h"
+#include "solar/sys/meminfo.h"
 #include "fabric.h"  // storage/src: the attacker below speaks raw libfabric
 #include "test_util.h"
 #include "wire.h"
@@ -166,7 +167,7 @@ TEST(SolarStored, AnInMemoryExportLargerThanAvailableMemoryIsRefusedNamingTheSiz
   if (!test::have_h5py()) GTEST_SKIP() << "/usr/bin/python3 with h5py and numpy is not installed";
   TempDir dir;
   const std::string big = dir.file("big.h5");
-  const std::uint64_t mib = mem_available_bytes() / (1 << 20) + 2048;
+  const std::uint64_t mib = sys::mem_available_bytes() / (1 << 20) + 2048;
   std::string out;
   ASSERT_EQ(test::run({"/usr/bin/python3", "-c",
                        "import h5py, sys\n"
