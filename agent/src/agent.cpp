@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "agent_impl.h"
+#include "solar/sys/meminfo.h"
 #include "solar/unix_socket.h"
 
 namespace solar::agent {
@@ -161,7 +162,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   bo.page_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
   buf_ = buffer_layout(header_.config, label_bytes_, bo);
   const std::uint64_t bytes = buf_.map_bytes;
-  const std::uint64_t avail = mem_available_bytes();
+  const std::uint64_t avail = sys::mem_available_bytes();
   if (bytes > avail)
     throw AgentError(fmt::format("the buffer needs {} ({} slots of {}) but only {} of memory is "
                                  "available; plan with a smaller --buffer",

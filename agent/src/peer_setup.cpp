@@ -15,6 +15,7 @@
 
 #include "peer_state.h"
 #include "wire.h"  // storage/src: fabric addresses in hex, as solar-stored sends them
+#include "solar/sys/atomic_file.h"
 
 namespace solar::agent {
 
@@ -130,7 +131,7 @@ void PeerSharing::setup(const PlanFile& pf) {
                                {"label_bytes", a_.buf_.label_bytes},
                                {"samples", a_.header_.config.samples}};
   const std::string path = (std::filesystem::path(a_.opt_.peer_dir) / card_name(me)).string();
-  if (const char* failed = write_file_atomically(path, card.dump(), 0600))
+  if (const char* failed = sys::write_file_atomically(path, card.dump(), 0600))
     throw AgentError(fmt::format("--peer-dir: writing {}: {}: {}", path, failed,
                                  std::strerror(errno)));
   ps->card_path = path;

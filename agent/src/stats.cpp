@@ -18,6 +18,7 @@
 
 #include "agent_impl.h"
 #include "solar/stats_file.h"
+#include "solar/sys/atomic_file.h"
 
 namespace solar::agent {
 
@@ -130,7 +131,7 @@ nlohmann::json Agent::Impl::stats_document() {
 
 void Agent::Impl::write_stats_out(const nlohmann::json& doc) {
   const std::string text = protocol::stats_file_text(protocol::node_stats_record(doc));
-  if (const char* failed = write_file_atomically(opt_.stats_out, text, 0600)) {
+  if (const char* failed = sys::write_file_atomically(opt_.stats_out, text, 0600)) {
     spdlog::error("--stats-out {}: {}: {}", opt_.stats_out, failed, std::strerror(errno));
     if (exit_code_ == 0) exit_code_ = 1;
     return;

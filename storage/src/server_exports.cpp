@@ -2,6 +2,7 @@
 // memory), and the watch that withdraws an export whose file changed.
 #include "server_impl.h"
 #include "solar/dataset_spec.h"
+#include "solar/sys/meminfo.h"
 
 namespace solar::storage {
 
@@ -85,7 +86,7 @@ void StorageServer::Impl::load_into_memory(Exported& ex) {
   const std::uint64_t bytes = info.samples * info.sample_bytes;
   const std::string& name = ex.spec.name;
   constexpr std::uint64_t kReserve = 256ULL << 20;  // left to the job and the kernel
-  if (const std::uint64_t avail = mem_available_bytes(); bytes + kReserve > avail)
+  if (const std::uint64_t avail = sys::mem_available_bytes(); bytes + kReserve > avail)
     throw StorageError(fmt::format(
         "--in-memory: export {} needs {} of memory, and {} is available (keeping {} for the "
         "rest): serve it from its file (without --in-memory), or free memory",

@@ -7,9 +7,3 @@
 #include "solar/core/plan_config.h"   // PlanConfig, orders, policies, limits, resume step
 #include "solar/core/scenarios.h"     // solar plan --scenario presets
 #include "solar/core/units.h"         // counts, byte sizes, buffer specs, format_bytes
-#include "solar/sys/meminfo.h"         // transitional: mem_available_bytes moved to sys/
-
-namespace solar {
-// Until its last callers outside core include solar/sys/meminfo.h.
-using sys::mem_available_bytes;
-}  // namespace solar

@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "solar/core/plan.h"
-#include "solar/sys/atomic_file.h"  // transitional: write_file_atomically below
 
 namespace solar {
 
@@ -67,10 +66,6 @@ struct NodePlan {
 std::vector<std::uint8_t> encode_plan(const Plan& plan);
 // Writes atomically (sys::write_file_atomically, mode 0644). Throws PlanFileError.
 void write_plan_file(const Plan& plan, const std::filesystem::path& path);
-
-// Moved to sys/ (solar/sys/atomic_file.h); this name stays until its last callers outside
-// core include that header.
-using sys::write_file_atomically;
 
 // Parses and checks a header (magic, version, sizes, checksum, config validity).
 // `name` is used in error messages.
