@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "peer_state.h"
-#include "wire.h"  // storage/src: fabric addresses in hex, as solar-stored sends them
+#include "solar/storage/fabric_address.h"  // in hex, as solar-stored sends them
 #include "solar/sys/atomic_file.h"
 
 namespace solar::agent {

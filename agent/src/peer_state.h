@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "agent_impl.h"
-#include "fabric.h"  // storage/src: the endpoint and registrations solar-stored uses
+#include "solar/storage/fabric.h"  // the endpoint and registrations solar-stored uses
 
 namespace solar::agent {
 

@@ -1,4 +1,4 @@
-#include "fabric.h"
+#include "solar/storage/fabric.h"
 
 #include <dlfcn.h>
 #include <fmt/format.h>

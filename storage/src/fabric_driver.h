@@ -29,7 +29,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "fabric.h"
+#include "solar/storage/fabric.h"
 
 namespace solar::storage::fabric {
 

@@ -29,7 +29,7 @@
 #include <spdlog/spdlog.h>
 #include <thread>
 
-#include "fabric.h"
+#include "solar/storage/fabric.h"
 #include "fabric_driver.h"
 #include "wire.h"
 

@@ -35,7 +35,7 @@
 #include <thread>
 #include <utility>
 
-#include "fabric.h"
+#include "solar/storage/fabric.h"
 #include "solar/core/config.h"
 #include "solar/core/plan_file.h"
 #include "solar/storage/hdf5_source.h"

@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "solar/storage/fabric_address.h"
 #include "solar/storage/fabric_source.h"  // kMaxReferenceBytes
 #include "solar/storage/sample_source.h"
 
@@ -62,8 +63,7 @@ nlohmann::json parse_body(const std::string& body);  // StorageError if not a JS
 std::uint64_t count_field(const nlohmann::json& v, std::string_view what);
 double rate_field(const nlohmann::json& v, std::string_view what);
 
-std::string to_hex(const std::vector<std::uint8_t>& bytes);
-std::vector<std::uint8_t> from_hex(const std::string& hex);
+// to_hex, from_hex: fabric addresses as text (solar/storage/fabric_address.h).
 
 // A client's first message (before any token check), its fields as sent: absent ones are empty
 // or 0. StorageError ("protocol error: ...") when a field has the wrong type.

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "fabric.h"
+#include "solar/storage/fabric.h"
 
 namespace fabric = solar::storage::fabric;
 
