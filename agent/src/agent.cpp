@@ -186,7 +186,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   base_ = static_cast<std::byte*>(p);
   table_ = SlotTable(buf_.cache_slots, header_.config.samples);
   if (o.transparent) pacer_.setup();
-  else if (bo.peers)  // the entries only: other agents look samples up there (peers.cpp)
+  else if (bo.peers)  // the entries only: other agents look samples up there (peer_sharing.cpp)
     table_.attach_index(reinterpret_cast<std::uint64_t*>(base_ + buf_.entries_offset));
   ranks_.resize(R_);
   for (RankState& rs : ranks_) rs.cursor = rs.asked = rs.released = rs.assembled = start_;

@@ -91,7 +91,7 @@ class NodeStats {
     double start = -1, end = -1;        // since ready: first request, last release so far
     std::uint32_t ranks_done = 0;       // ranks that released its last step
     std::uint64_t file_reads[4] = {};   // transparent: the interposers' counters, see put()
-    std::uint64_t peer_samples = 0;     // read from other agents' buffers (peers.cpp)
+    std::uint64_t peer_samples = 0;     // read from other agents' buffers (peer_sharing.cpp)
     // Transparent mode, per (step, rank): the lead, when the rank began the step (its first
     // sample consumed, seen by the pacer within 1 ms) minus when the step's last storage and
     // peer reads landed; negative: the rank was there first (it waited, or read the file).

@@ -64,7 +64,7 @@ void Prefetcher::prefetch_loop() {
       incoming.clear();
       std::unique_lock lk(a_.mu_);
       if (a_.stopping_ || !a_.fatal_.empty()) return;
-      // What other nodes read from this one in step t stays until they are done (peers.cpp),
+      // What other nodes read from this one in step t stays until they are done (peer_sharing.cpp),
       // even when the plan evicts it now (a handover).
       if (a_.peers_.on()) a_.peers_.pin_served_locked(t);
       // The plan's evictions: free now, or once the ranks still using them release them.
@@ -78,7 +78,7 @@ void Prefetcher::prefetch_loop() {
       };
       for (const FetchRun& run : a_.plan_.schedule.fetches_at(t))
         for (std::uint32_t x = run.first; x < run.first + run.count; ++x) want(x, kStorage);
-      // Peer reads: from the peer's buffer (peers.cpp), or from storage without peer sharing
+      // Peer reads: from the peer's buffer (peer_sharing.cpp), or from storage without peer sharing
       // (or with that peer unreachable).
       for (const PeerFetch& pf : a_.plan_.schedule.peers_at(t))
         want(pf.sample, a_.peers_.usable_locked(pf.from_node) ? pf.from_node : kStorage);
@@ -104,7 +104,7 @@ void Prefetcher::prefetch_loop() {
       slots.clear();
       const auto wait_from = Clock::now();
       if (a_.table_.free_slots() < incoming.size()) {
-        slot_wait_since_ = wait_from;  // peers.cpp releases a stalled reader's pins after a while
+        slot_wait_since_ = wait_from;  // peer_sharing.cpp releases a stalled reader's pins after a while
         slots_wanted_ = incoming.size();
         slot_freed_.wait(lk, [&] {
           return a_.stopping_ || !a_.fatal_.empty() || a_.table_.free_slots() >= incoming.size();

@@ -3,7 +3,7 @@
 // agent reads (request_acceptable, its payload exactly the header's length), a malformed header
 // must stop the connection, and what is held stays within one read plus one frame. The frames
 // then go through the agent's payload decoding and the checks its handlers make of a rank's
-// next and release steps (agent/src/control.cpp), on a model of one rank's cursor.
+// next and release steps (agent/src/control_messages.cpp), on a model of one rank's cursor.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
