@@ -1,0 +1,155 @@
+// One rank's loader (solar.h's solar_loader) and the batch it hands out: the node plan's part
+// for this rank, its session with the node agent (hello, batches from the shared buffer asked
+// ahead, releases) or, without an agent or once it is gone, the same samples read directly.
+// client.cpp is the C API over it; loader.cpp holds the how.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "environment.h"
+#include "solar/core/plan_file.h"
+#include "solar/protocol.h"
+#include "solar/solar.h"
+#include "solar/storage/sample_source.h"
+
+struct solar_batch {
+  solar_loader* loader = nullptr;
+  std::uint64_t step = 0;
+  std::uint32_t epoch = 0;
+  double mean_size = 0;
+  std::vector<std::uint32_t> samples;
+  std::vector<const std::byte*> data;
+  std::vector<const std::byte*> labels;
+  std::vector<std::byte> own, own_labels;  // the direct path's memory
+};
+
+struct solar_loader {
+  using ClientError = solar::client::ClientError;
+  solar::PlanHeader header;
+  solar::NodePlan plan;
+  std::uint32_t node = 0, local_rank = 0, R = 0;
+  std::uint64_t T = 0;
+  std::string dataset, labels, socket_path;
+  std::unique_ptr<solar::storage::SampleSource> source;  // direct path, opened on first use
+  std::uint64_t sample_bytes = 0, label_bytes = 0;
+  // What a sample's bytes are (solar_sample_shape, solar_sample_dtype, solar_label_dtype): from
+  // the agent's hello, or the source when reading directly. Empty names / no shape: unknown.
+  std::string dtype, label_dtype;
+  std::optional<std::vector<std::uint64_t>> shape;
+
+  int sock = -1;
+  double agent_timeout = solar::client::kDefaultAgentTimeout;  // seconds, 0: none (SOLAR_AGENT_TIMEOUT)
+  std::byte* base = nullptr;
+  std::size_t map_bytes = 0;
+  solar::protocol::HelloOk hello{};
+
+  std::uint64_t cursor = 0;
+  // Resume: SOLAR_START_EPOCH / SOLAR_START_STEP were set (the launcher's or the plugin's start);
+  // without them the rank starts where its agent does (the hello reply's start_step).
+  bool start_given = false;
+  std::uint64_t first = 0;  // the step the loader started at
+  bool holding = false;
+  bool holding_from_agent = false;
+  // Releases are sent with the next write to the agent (steps release_step ..
+  // release_step + releases_pending - 1, in order); close() flushes them.
+  std::uint64_t releases_pending = 0;
+  std::uint64_t release_step = 0;
+  void note_release(std::uint64_t step) {
+    if (releases_pending++ == 0) release_step = step;
+  }
+  // Asking ahead (protocol version 3): steps < asked were asked of the agent. Each write asks
+  // for the steps after the one the rank takes, as many as the agent's hello says (its ring
+  // depth minus one; 1 from an agent that does not say), so that their replies are there by
+  // the next calls, with the releases owed. With the hello's defer_releases (small batches),
+  // only a call that finds exactly one reply left to take (the one it takes now) asks: the
+  // replies come back together while the rank uses this batch, one write, one receive and one
+  // wake-up per ask_ahead + 1 batches instead of per batch, and no wait when the agent keeps
+  // up. A call that finds none sends only the releases it holds (the agent counts the rank's
+  // wait from there) and waits for the reply it asked for. Otherwise every call writes.
+  static constexpr std::uint64_t kMaxAskAhead = solar::protocol::kMaxStepsAsked - 1;
+  std::uint64_t ask_ahead = 1;
+  std::uint64_t asked = 0;
+  // Replies received, not yet taken: rx[rx_begin, rx_end). One receive takes whatever has
+  // arrived (a header and its payload together, or several replies).
+  std::vector<std::uint8_t> rx;
+  std::size_t rx_begin = 0, rx_end = 0;
+  solar_batch batch;
+
+  std::span<const std::uint32_t> planned(std::uint64_t t) const {
+    const std::uint64_t i = t * R + local_rank;
+    return {plan.accesses.data() + plan.rank_offsets[i],
+            plan.rank_offsets[i + 1] - plan.rank_offsets[i]};
+  }
+
+  void open_source();
+
+  void drop_agent(const std::string& why);
+
+  // Why the agent stopped answering, from the errno of a failed send or receive.
+  std::string agent_gone(int err) const;
+
+  // Connects and says hello; on any failure stays on the direct path. Every wait for the agent
+  // (the connection, each reply) is bounded by SOLAR_AGENT_TIMEOUT: a stopped or overloaded
+  // agent makes the rank read directly, never hang.
+  void attach();
+
+  // Takes and releases the agent's steps from the cursor up to `step` (the agent runs its plan
+  // in order); once the agent is gone the rest is a cursor move.
+  void skip_with_agent(std::uint64_t step);
+
+  // An agent that stops after a failure (e.g. its dataset file changed) sends one error frame
+  // before it closes the connection: its reason, when it is there to read without waiting.
+  // Replies to steps asked ahead (next_from_agent) may come before it: every whole frame
+  // received is looked at. Only for a connection being dropped (it consumes what it reads).
+  std::optional<std::string> last_words();
+
+  // The next reply frame: true with its header and payload (valid until the next call), false
+  // with errno set when the connection failed (0: closed by the agent) or, with errno EPROTO,
+  // when the bytes are not a reply of this protocol version (`bad` says what they are).
+  bool receive(solar::protocol::Header& h, std::span<const std::uint8_t>& payload,
+               std::string& bad);
+
+  // One recv into rx, waiting at most SOLAR_AGENT_TIMEOUT (errno EAGAIN past it). It waits in
+  // poll for POLLIN, not in a blocking recv: a task blocked in recv on a Unix socket sleeps on
+  // the queue that the agent's reading of this rank's requests wakes for write space
+  // (unix_write_space), so each request the agent took would wake the rank for nothing, an
+  // interrupt and two context switches; poll's wait is woken only for the events it asked for.
+  ssize_t receive_some();
+
+  // Whole frames received and not yet taken (each a reply to one step asked, or `end`).
+  std::size_t replies_received() const {
+    std::size_t n = 0;
+    solar::protocol::Header h;
+    for (std::size_t at = rx_begin; rx_end - at >= sizeof h; ++n) {
+      std::memcpy(&h, rx.data() + at, sizeof h);
+      if (rx_end - at - sizeof h < h.length) break;
+      at += sizeof h + h.length;
+    }
+    return n;
+  }
+
+  // The agent path: true with the batch filled, false if the agent is gone (fall back). One
+  // write (see asked above for when): the releases owed, and the requests for this step
+  // (unless asked already) and for ask_ahead steps after it within the plan; then this step's
+  // reply, usually already received.
+  bool next_from_agent();
+
+  void next_direct();
+
+  // The releases owed, as frames at `out` (room for ask_ahead + 1 of them); their length.
+  std::size_t put_releases(char* out);
+
+  bool pinned = false;           // the shared buffer is registered with CUDA
+  bool base_pin_failed = false;  // tried once, copies go unpinned
+
+  ~solar_loader();
+};
