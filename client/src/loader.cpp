@@ -13,6 +13,7 @@
 
 #include "cuda_runtime.h"
 #include "direct_source.h"
+#include "solar/fd_passing.h"
 #include "solar/unix_socket.h"
 
 using solar::client::ClientError;
@@ -130,21 +131,9 @@ void solar_loader::attach() {
     return drop_agent(errno == EAGAIN ? agent_gone(errno) : "the agent closed the connection");
   // The reply's header carries the buffer's fd; then its payload.
   solar::protocol::Header rh;
-  struct iovec iov{&rh, sizeof rh};
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  struct msghdr mh {};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
-  ssize_t n;
-  do n = ::recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
-  while (n < 0 && errno == EINTR);
-  const int err = n < 0 ? errno : 0;
   int memfd = -1;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
-    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-      std::memcpy(&memfd, CMSG_DATA(cm), sizeof(int));
+  const ssize_t n = solar::protocol::recv_with_fd(fd, &rh, sizeof rh, &memfd, MSG_WAITALL);
+  const int err = n < 0 ? errno : 0;
   auto refused = [&](const std::string& why) {
     if (memfd >= 0) ::close(memfd);
     drop_agent(why);
