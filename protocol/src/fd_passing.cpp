@@ -6,15 +6,27 @@
 #include <cstring>
 
 namespace solar::protocol {
+namespace {
 
-ssize_t send_with_fd(int sock, const void* data, std::size_t n, int fd, int flags) {
-  struct iovec iov{const_cast<void*>(data), n};
+// One buffer and room for one fd, as sendmsg and recvmsg take them.
+struct OneFdMessage {
+  struct iovec iov;
   alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   struct msghdr mh {};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
+  OneFdMessage(const OneFdMessage&) = delete;  // mh points into it
+  OneFdMessage(void* data, std::size_t n) : iov{data, n} {
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+  }
+};
+
+}  // namespace
+
+ssize_t send_with_fd(int sock, const void* data, std::size_t n, int fd, int flags) {
+  OneFdMessage m(const_cast<void*>(data), n);
+  struct msghdr& mh = m.mh;
   struct cmsghdr* cm = CMSG_FIRSTHDR(&mh);
   cm->cmsg_level = SOL_SOCKET;
   cm->cmsg_type = SCM_RIGHTS;
@@ -27,13 +39,8 @@ ssize_t send_with_fd(int sock, const void* data, std::size_t n, int fd, int flag
 }
 
 ssize_t recv_with_fd(int sock, void* data, std::size_t n, int* fd, int flags) {
-  struct iovec iov{data, n};
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  struct msghdr mh {};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
+  OneFdMessage m(data, n);
+  struct msghdr& mh = m.mh;
   ssize_t r;
   do r = ::recvmsg(sock, &mh, flags | MSG_CMSG_CLOEXEC);
   while (r < 0 && errno == EINTR);
