@@ -826,11 +826,12 @@ __attribute__((constructor)) static void solar_preload_init(void) {
   have_avx2 = __builtin_cpu_supports("avx2");
 #endif
 
-  /* $SOLAR_DATASET is FILE:/dataset; the file is everything before the last ":/". */
+  /* $SOLAR_DATASET is FILE:/dataset; the file is everything before the last ":/" after the
+     first character (protocol/src/dataset_spec.cpp; tests/protocol/dataset_spec_cases.json). */
   const char *ds = getenv("SOLAR_DATASET"), *sock = getenv("SOLAR_SOCKET");
   if (!ds || !*ds || strncmp(ds, "fabric://", 9) == 0 || !sock || !*sock) return;
   size_t len = strlen(ds);
-  for (const char *p = strstr(ds, ":/"); p; p = strstr(p + 1, ":/")) len = (size_t)(p - ds);
+  for (const char *p = strstr(ds + 1, ":/"); p; p = strstr(p + 1, ":/")) len = (size_t)(p - ds);
   if (len == 0 || len >= sizeof ds_path || strlen(sock) >= sizeof sock_path) return;
   memcpy(ds_path, ds, len);
   ds_path[len] = '\0';

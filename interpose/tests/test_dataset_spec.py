@@ -21,11 +21,6 @@ ASKED = "solar: no buffer from the node agent at "
 READ = "import os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nos.pread(fd, 4, 0)\n"
 
 
-def marks(case):
-    why = case.get("differs", {}).get("interposer")
-    return [pytest.mark.xfail(strict=True, reason=why)] if why else []
-
-
 def reads(lib, cwd, spec, path):
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_PRELOAD": lib,
            "SOLAR_DATASET": spec, "SOLAR_SOCKET": str(cwd / "nobody.sock"), "SOLAR_VERBOSE": "1"}
@@ -35,8 +30,7 @@ def reads(lib, cwd, spec, path):
     return p.stderr
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=repr(c["spec"]), marks=marks(c))
-                                  for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, id=repr(c["spec"])) for c in CASES])
 def test_interposer_takes_the_tables_file(lib, tmp_path, case):
     spec = case["spec"]
     # An absolute spec lands under tmp_path (a prefix without ':/' splits the same way).

@@ -17,9 +17,11 @@ def split_dataset_spec(spec):
     """'FILE.h5[:/dataset]' -> (file, dataset); (None, None) for fabric:// sources."""
     if spec.startswith("fabric://"):
         return None, None
-    head, sep, tail = spec.rpartition(":")
-    if sep and tail.startswith("/"):
-        return head, tail
+    # Split at the last ":/" after the first character, as protocol/src/dataset_spec.cpp does
+    # (tests/protocol/dataset_spec_cases.json holds both to the same table).
+    pos = spec.rfind(":/")
+    if pos > 0:
+        return spec[:pos], spec[pos + 1:]
     return spec, "/data"
 
 

@@ -16,13 +16,7 @@ CASES = [c for c in json.loads((HERE / "dataset_spec_cases.json").read_text())["
          if "error" not in c]
 
 
-def marks(case):
-    why = case.get("differs", {}).get("python")
-    return [pytest.mark.xfail(strict=True, reason=why)] if why else []
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=repr(c["spec"]), marks=marks(c))
-                                  for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, id=repr(c["spec"])) for c in CASES])
 def test_python_splits_as_the_table_says(case):
     if case.get("fabric"):
         assert split_dataset_spec(case["spec"]) == (None, None)
