@@ -5,7 +5,6 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "agent_impl.h"
+#include "solar/fd_passing.h"
 
 namespace solar::agent {
 
@@ -195,21 +195,8 @@ void ControlServer::on_xhello(const std::shared_ptr<Session>& s,
 bool ControlServer::send_with_buffer_fd(const std::shared_ptr<Session>& s,
                                         const std::vector<std::uint8_t>& msg) {
   if (s->closed || s->dropping || !s->out.empty()) return false;
-  struct iovec iov{const_cast<std::uint8_t*>(msg.data()), msg.size()};
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  struct msghdr mh {};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
-  struct cmsghdr* cm = CMSG_FIRSTHDR(&mh);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &a_.memfd_, sizeof(int));
-  ssize_t n;
-  do n = ::sendmsg(s->sock.native_handle(), &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-  while (n < 0 && errno == EINTR);
+  const ssize_t n = protocol::send_with_fd(s->sock.native_handle(), msg.data(), msg.size(),
+                                           a_.memfd_, MSG_DONTWAIT | MSG_NOSIGNAL);
   if (n <= 0) return false;  // EAGAIN: it does not read; or gone
   if (static_cast<std::size_t>(n) < msg.size())
     send(s, std::vector<std::uint8_t>(msg.begin() + n, msg.end()));

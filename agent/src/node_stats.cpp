@@ -309,26 +309,6 @@ void NodeStats::put(nlohmann::json& j, const Snapshot& s, double max_rank_stall)
                  {"epochs_complete", s.epochs_done}};
 }
 
-nlohmann::json NodeStats::file(const nlohmann::json& doc) const {
-  return {{"format_version", 1},
-          {"node", cfg_.node},
-          {"mode", cfg_.mode},
-          {"epochs_planned", cfg_.epochs},
-          {"steps_per_epoch", cfg_.steps_per_epoch},
-          {"ranks_per_node", cfg_.ranks},
-          {"sample_bytes", cfg_.sample_bytes},
-          {"start_step", cfg_.start_step},
-          {"unplanned_fetched_samples", doc["unplanned_fetched_samples"]},
-          {"error", doc["error"]},
-          {"epochs", doc["per_epoch"]},
-          {"head_start", doc["head_start"]},
-          {"startup", doc["startup"]},
-          {"totals", doc["totals"]},
-          {"transparent", doc["transparent"]},
-          {"peers", doc["peers"]},
-          {"cpu_seconds", doc["cpu_seconds"]}};
-}
-
 std::string NodeStats::reply(nlohmann::json j, std::size_t max_bytes) {
   j["per_epoch_omitted"] = 0;
   std::string out = j.dump();

@@ -3,7 +3,7 @@
 // reply, the log's last line "stopped: {...}", --stats-out; fields and units in
 // agent/README.md). No threads, no I/O and no lock of its own: the agent calls every note_*,
 // mark and snapshot with its mutex held (the readers, the io thread, the pacer and the peer
-// thread all note into it); put() and file() build JSON from a snapshot without it. The
+// thread all note into it); put() builds JSON from a snapshot without it. The
 // transparent interposers' counters (solar_xstats) are atomics in the shared buffer, read
 // with relaxed loads at any time.
 #pragma once
@@ -128,8 +128,6 @@ class NodeStats {
   void put(nlohmann::json& doc, const Snapshot& s, double max_rank_stall) const;
   // The interposers' counters and the steps every rank has consumed; null without them.
   nlohmann::json transparent_json(std::uint64_t consumed_steps) const;
-  // --stats-out: the measured part of a stats document, as its file holds it.
-  nlohmann::json file(const nlohmann::json& doc) const;
   // The stats reply: `doc` dumped, cut to fit one message (max_bytes) by leaving out the
   // oldest per-epoch records (per_epoch_omitted says how many; the log line and --stats-out
   // keep them all).

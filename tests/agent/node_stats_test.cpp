@@ -8,6 +8,7 @@
 #include <string>
 
 #include "node_stats.h"
+#include "solar/stats_file.h"
 #include "solar/transparent.h"
 
 namespace solar::agent {
@@ -234,7 +235,7 @@ TEST(NodeStats, StatsFileHoldsTheMeasuredPart) {
   nlohmann::json doc = {{"error", ""},        {"transparent", nullptr}, {"peers", nullptr},
                         {"cpu_seconds", 1.5}, {"ready_steps", 0}};
   s.put(doc, s.snapshot(0, t0), 0);
-  const auto f = s.file(doc);
+  const auto f = solar::protocol::node_stats_record(doc);  // what --stats-out writes
   EXPECT_EQ(f["format_version"], 1);
   EXPECT_EQ(f["mode"], "zero_copy");
   EXPECT_EQ(f["epochs_planned"], 2);
