@@ -218,13 +218,7 @@ void run_bench(const BenchOptions& o) {
   PlanConfig c;
   std::uint32_t readers = 0;
   try {
-    const RankLayout ranks =
-        resolve_ranks(o.ntasks, o.ranks_per_node, o.nodes, 4, job_params::kRanksPerNode);
-    c.nodes = ranks.nodes;
-    c.ranks_per_node = ranks.per_node;
-    c.epochs = parse_job_param32(o.epochs, "--epochs", job_params::kEpochs);
-    c.batch = parse_job_param32(o.batch, "--batch", job_params::kBatch);
-    c.seed = parse_job_param(o.seed, "--seed", job_params::kSeed);
+    parse_job_shape(o, 4, c);
     readers = static_cast<std::uint32_t>(parse_count(o.readers, "--readers", 1, 256));
     if (!o.remote_bandwidth.empty()) parse_bytes(o.remote_bandwidth, "--remote-bandwidth");
     if (o.read_gap != "auto") parse_bytes(o.read_gap, "--read-gap");

@@ -233,13 +233,7 @@ void run_run(const RunOptions& o) {
   BufferSpec buffer;
   std::uint64_t read_gap = 0;
   try {
-    const RankLayout ranks =
-        resolve_ranks(o.ntasks, o.ranks_per_node, o.nodes, 1, job_params::kRanksPerNode);
-    c.nodes = ranks.nodes;
-    c.ranks_per_node = ranks.per_node;
-    c.epochs = parse_job_param32(o.epochs, "--epochs", job_params::kEpochs);
-    c.batch = parse_job_param32(o.batch, "--batch", job_params::kBatch);
-    c.seed = parse_job_param(o.seed, "--seed", job_params::kSeed);
+    parse_job_shape(o, 1, c);
     c.imbalance = parse_job_param32(o.imbalance, "--imbalance", job_params::kImbalance);
     const auto order = parse_order_mode(o.order);
     if (!order) throw ConfigError("--order", fmt::format("'{}' is not solar or torch", o.order));
@@ -261,7 +255,7 @@ void run_run(const RunOptions& o) {
       throw ConfigError("--dataset", e.what());
     }
     if (o.peers && o.no_agent) throw ConfigError("--peers", "needs agents; drop --no-agent");
-    if (o.peers && ranks.nodes < 2)
+    if (o.peers && c.nodes < 2)
       throw ConfigError("--peers", "shares buffers between nodes: give --nodes 2 or more");
     c = plan_for_run(src->info(), buffer, c, o.peers, !o.transparent && !o.zero_copy);
     if (o.transparent) follow_the_script(c, o.order_given);

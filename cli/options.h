@@ -6,6 +6,7 @@
 #include <string>
 
 #include "solar/core/job_params.h"
+#include "solar/core/plan_config.h"
 
 namespace solar::cli {
 
@@ -34,5 +35,19 @@ RankLayout resolve_ranks(const std::optional<std::string>& ntasks,
                          const std::optional<std::string>& per_node, const std::string& nodes,
                          std::uint32_t default_per_node, JobParamRange per_node_range,
                          const std::string& nodes_flag = "--nodes");
+
+// The job's shape from the options `solar run` and `solar bench loader` share (-n/--ntasks,
+// --ranks-per-node, --nodes, --epochs, --batch, --seed: members of those names in `o`), each
+// checked against job_params' range, into `c`. Throws ConfigError naming the option.
+template <class Options>
+void parse_job_shape(const Options& o, std::uint32_t default_per_node, PlanConfig& c) {
+  const RankLayout ranks = resolve_ranks(o.ntasks, o.ranks_per_node, o.nodes, default_per_node,
+                                         job_params::kRanksPerNode);
+  c.nodes = ranks.nodes;
+  c.ranks_per_node = ranks.per_node;
+  c.epochs = parse_job_param32(o.epochs, "--epochs", job_params::kEpochs);
+  c.batch = parse_job_param32(o.batch, "--batch", job_params::kBatch);
+  c.seed = parse_job_param(o.seed, "--seed", job_params::kSeed);
+}
 
 }  // namespace solar::cli
