@@ -86,8 +86,8 @@ solar_loader* solar_open_env(void) {
                                     "was made for (FILE.h5[:/dataset] or "
                                     "fabric://HOST:PORT/NAME)",
                                     plan_path));
-    l->dataset = dataset_env;
-    l->labels = env("SOLAR_LABELS", "/label");
+    l->where.dataset = dataset_env;
+    l->where.labels = env("SOLAR_LABELS", "/label");
     const solar::PlanFile pf = solar::PlanFile::open(plan_path);
     l->header = pf.header();
     // Standalone (one process, no launcher): node 0, local rank 0. A process that a launcher
@@ -151,7 +151,7 @@ solar_loader* solar_open_env(void) {
     }
     if (const char* s = std::getenv("SOLAR_SOCKET"); s && *s) {
       l->agent_timeout = agent_timeout_from_env();
-      l->socket_path = s;
+      l->where.socket_path = s;
       l->attach();
     }
     if (l->sock < 0) l->open_source();  // fail now, not at the first batch
@@ -169,18 +169,18 @@ void solar_close(solar_loader* l) { delete l; }
 int solar_using_agent(const solar_loader* l) { return l && l->sock >= 0; }
 uint32_t solar_epochs(const solar_loader* l) { return l->header.config.epochs; }
 uint32_t solar_steps_per_epoch(const solar_loader* l) { return l->header.layout.steps; }
-uint64_t solar_sample_bytes(const solar_loader* l) { return l->sample_bytes; }
-uint64_t solar_label_bytes(const solar_loader* l) { return l->label_bytes; }
+uint64_t solar_sample_bytes(const solar_loader* l) { return l->format.sample_bytes; }
+uint64_t solar_label_bytes(const solar_loader* l) { return l->format.label_bytes; }
 uint64_t solar_dataset_samples(const solar_loader* l) { return l->header.config.samples; }
 int solar_sample_shape(const solar_loader* l, uint64_t* dims, int max_dims) {
-  if (!l || !l->shape) return -1;
-  const auto& sh = *l->shape;
+  if (!l || !l->format.shape) return -1;
+  const auto& sh = *l->format.shape;
   const std::size_t room = dims ? static_cast<std::size_t>(std::max(max_dims, 0)) : 0;
   for (std::size_t i = 0; i < sh.size() && i < room; ++i) dims[i] = sh[i];
   return static_cast<int>(sh.size());
 }
-const char* solar_sample_dtype(const solar_loader* l) { return l ? l->dtype.c_str() : ""; }
-const char* solar_label_dtype(const solar_loader* l) { return l ? l->label_dtype.c_str() : ""; }
+const char* solar_sample_dtype(const solar_loader* l) { return l ? l->format.dtype.c_str() : ""; }
+const char* solar_label_dtype(const solar_loader* l) { return l ? l->format.label_dtype.c_str() : ""; }
 uint32_t solar_rank(const solar_loader* l) { return l->node * l->R + l->local_rank; }
 uint32_t solar_world_size(const solar_loader* l) {
   return static_cast<uint32_t>(l->header.config.world());
@@ -279,7 +279,7 @@ int solar_release(solar_loader* l, solar_batch* b) {
     return -1;
   }
   l->holding = false;
-  if (l->holding_from_agent && l->sock >= 0) l->note_release(b->step);
+  if (l->holding_from_agent && l->sock >= 0) l->releases.note(b->step);
   return 0;
 }
 
@@ -299,7 +299,7 @@ int solar_batch_gather(const solar_batch* b, void* data, size_t data_bytes, void
   }
   const solar_loader* l = b->loader;
   const std::size_t n = b->samples.size();
-  const std::uint64_t sb = l->sample_bytes, lb = l->label_bytes;
+  const std::uint64_t sb = l->format.sample_bytes, lb = l->format.label_bytes;
   if (data && data_bytes < n * sb) {
     g_last_error = fmt::format("solar_batch_gather: the data buffer has {} bytes, the batch "
                                "needs {} ({} samples of {})",
@@ -359,18 +359,18 @@ int solar_batch_copy_to_device(const solar_batch* b, void* dst, void* stream) {
   if (!solar_cuda_available()) return -1;
   solar_loader* l = b->loader;
   const Cuda& cu = cuda();
-  if (!l->pinned && !l->base_pin_failed && l->base) {
+  if (!l->pin.registered && !l->pin.failed && l->base) {
     const int e = cu.HostRegister(l->base, l->map_bytes,
                                   Cuda::kRegisterPortable | Cuda::kRegisterReadOnly);
-    l->pinned = e == 0;
-    if (!l->pinned) {
+    l->pin.registered = e == 0;
+    if (!l->pin.registered) {
       std::fprintf(stderr, "solar: pinning the shared buffer failed (%s); copies are staged\n",
                    cu.GetErrorString(e));
       cu.GetLastError();
-      l->base_pin_failed = true;
+      l->pin.failed = true;
     }
   }
-  const std::uint64_t sb = l->sample_bytes;
+  const std::uint64_t sb = l->format.sample_bytes;
   auto* out = static_cast<std::byte*>(dst);
   int e = 0;
   for_each_run(b->data, sb, [&](std::size_t i, std::size_t k) {

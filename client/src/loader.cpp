@@ -61,24 +61,24 @@ std::string other_version_text(const solar::protocol::Header& h) {
 void solar_loader::open_source() {
   if (source) return;
   solar::storage::SourceOptions so;
-  so.label_dataset = labels;
+  so.label_dataset = where.labels;
   so.expect_identity = header.dataset_identity;  // never another file's bytes
   // The plan was made from this dataset: a solar-stored restarting right now (the moment
   // this rank's agent is gone) is waited for, as a lost server is, not an error at once.
   so.wait_for_server = true;
-  source = solar::client::open_direct_source(dataset, so);
+  source = solar::client::open_direct_source(where.dataset, so);
   const auto& info = source->info();
   if (info.samples != header.config.samples || info.sample_bytes != header.config.sample_bytes)
     throw ClientError(fmt::format("{} has {} samples of {} bytes, the plan expects {} of {}",
                                   source->describe(), info.samples, info.sample_bytes,
                                   header.config.samples, header.config.sample_bytes));
-  if (sample_bytes == 0) {
-    sample_bytes = info.sample_bytes;
-    label_bytes = info.has_labels ? info.label_bytes : 0;
-    dtype = solar::storage::to_string(info.dtype);
-    label_dtype = info.has_labels ? std::string(solar::storage::to_string(info.label_dtype)) : "";
-    shape = info.sample_shape;
-  } else if (label_bytes != (info.has_labels ? info.label_bytes : 0)) {
+  if (format.sample_bytes == 0) {
+    format.sample_bytes = info.sample_bytes;
+    format.label_bytes = info.has_labels ? info.label_bytes : 0;
+    format.dtype = solar::storage::to_string(info.dtype);
+    format.label_dtype = info.has_labels ? std::string(solar::storage::to_string(info.label_dtype)) : "";
+    format.shape = info.sample_shape;
+  } else if (format.label_bytes != (info.has_labels ? info.label_bytes : 0)) {
     throw ClientError(fmt::format("{}: label size differs from the agent's", source->describe()));
   }
 }
@@ -91,7 +91,7 @@ void solar_loader::drop_agent(const std::string& why) {
                  "solar: rank %u: %s; continuing from step %llu by reading %s directly "
                  "(same samples, same order)\n",
                  header.config.ranks_per_node * node + local_rank, why.c_str(),
-                 static_cast<unsigned long long>(cursor), dataset.c_str());
+                 static_cast<unsigned long long>(cursor), where.dataset.c_str());
   }
 }
 
@@ -105,7 +105,7 @@ std::string solar_loader::agent_gone(int err) const {
 void solar_loader::attach() {
   using solar::protocol::UnixConnection;
   const UnixConnection conn =
-      solar::protocol::connect_unix(socket_path, {.timeout_s = agent_timeout});
+      solar::protocol::connect_unix(where.socket_path, {.timeout_s = agent_timeout});
   if (conn.failed == UnixConnection::Failed::path_too_long ||
       conn.failed == UnixConnection::Failed::socket) {
     std::fprintf(stderr, "solar: SOLAR_SOCKET path too long; reading directly\n");
@@ -117,10 +117,10 @@ void solar_loader::attach() {
       std::fprintf(stderr,
                    "solar: the agent at %s accepted no connection within %g s "
                    "(SOLAR_AGENT_TIMEOUT); reading %s directly\n",
-                   socket_path.c_str(), agent_timeout, dataset.c_str());
+                   where.socket_path.c_str(), agent_timeout, where.dataset.c_str());
     else
       std::fprintf(stderr, "solar: no agent at %s (%s); reading %s directly\n",
-                   socket_path.c_str(), std::strerror(err), dataset.c_str());
+                   where.socket_path.c_str(), std::strerror(err), where.dataset.c_str());
     return;
   }
   const int fd = conn.fd;
@@ -199,13 +199,13 @@ void solar_loader::attach() {
   if (p == MAP_FAILED) return drop_agent(fmt::format("mapping the buffer failed: {}",
                                                      std::strerror(errno)));
   base = static_cast<std::byte*>(p);
-  sample_bytes = hello.sample_bytes;
-  label_bytes = hello.label_bytes;
+  format.sample_bytes = hello.sample_bytes;
+  format.label_bytes = hello.label_bytes;
   ask_ahead = std::clamp<std::uint64_t>(hello.ask_ahead, 1, kMaxAskAhead);
-  dtype.assign(hello.dtype, strnlen(hello.dtype, sizeof hello.dtype));
-  label_dtype.assign(hello.label_dtype, strnlen(hello.label_dtype, sizeof hello.label_dtype));
+  format.dtype.assign(hello.dtype, strnlen(hello.dtype, sizeof hello.dtype));
+  format.label_dtype.assign(hello.label_dtype, strnlen(hello.label_dtype, sizeof hello.label_dtype));
   if (hello.shape_dims <= solar::protocol::HelloOk::kMaxShapeDims)
-    shape.emplace(hello.shape, hello.shape + hello.shape_dims);
+    format.shape.emplace(hello.shape, hello.shape + hello.shape_dims);
   // This rank starts after the agent's start: the agent runs its plan in order, so the
   // steps in between are taken and released (read by the agent, not copied here).
   const std::uint64_t want = cursor;
@@ -216,7 +216,7 @@ void solar_loader::attach() {
 void solar_loader::skip_with_agent(std::uint64_t step) {
   while (cursor < step && sock >= 0) {
     if (!next_from_agent()) break;
-    note_release(cursor);
+    releases.note(cursor);
     ++cursor;
   }
   cursor = std::max(cursor, step);
@@ -224,20 +224,20 @@ void solar_loader::skip_with_agent(std::uint64_t step) {
 
 std::optional<std::string> solar_loader::last_words() {
   for (;;) {  // whatever has arrived, without waiting
-    if (rx.size() - rx_end < 16384) rx.resize(rx_end + 16384);
-    const ssize_t r = ::recv(sock, rx.data() + rx_end, rx.size() - rx_end, MSG_DONTWAIT);
+    if (rx.bytes.size() - rx.end < 16384) rx.bytes.resize(rx.end + 16384);
+    const ssize_t r = ::recv(sock, rx.bytes.data() + rx.end, rx.bytes.size() - rx.end, MSG_DONTWAIT);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;
-    rx_end += static_cast<std::size_t>(r);
+    rx.end += static_cast<std::size_t>(r);
   }
   solar::protocol::Header rh;
-  for (std::size_t at = rx_begin; rx_end - at >= sizeof rh;) {
-    std::memcpy(&rh, rx.data() + at, sizeof rh);
-    if (!solar::protocol::acceptable(rh) || rx_end - at < sizeof rh + rh.length) break;
+  for (std::size_t at = rx.begin; rx.end - at >= sizeof rh;) {
+    std::memcpy(&rh, rx.bytes.data() + at, sizeof rh);
+    if (!solar::protocol::acceptable(rh) || rx.end - at < sizeof rh + rh.length) break;
     if (rh.op == static_cast<std::uint16_t>(solar::protocol::Op::error))
       return "the agent refused: " +
-             std::string(rx.begin() + static_cast<std::ptrdiff_t>(at + sizeof rh),
-                         rx.begin() + static_cast<std::ptrdiff_t>(at + sizeof rh + rh.length));
+             std::string(rx.bytes.begin() + static_cast<std::ptrdiff_t>(at + sizeof rh),
+                         rx.bytes.begin() + static_cast<std::ptrdiff_t>(at + sizeof rh + rh.length));
     at += sizeof rh + rh.length;
   }
   return std::nullopt;
@@ -246,10 +246,10 @@ std::optional<std::string> solar_loader::last_words() {
 bool solar_loader::receive(solar::protocol::Header& h, std::span<const std::uint8_t>& payload,
                            std::string& bad) {
   for (;;) {
-    const std::size_t have = rx_end - rx_begin;
+    const std::size_t have = rx.end - rx.begin;
     std::size_t need = sizeof h;
     if (have >= sizeof h) {
-      std::memcpy(&h, rx.data() + rx_begin, sizeof h);
+      std::memcpy(&h, rx.bytes.data() + rx.begin, sizeof h);
       if (!solar::protocol::acceptable(h)) {
         bad = solar::protocol::other_version(h) ? other_version_text(h)
                                                 : std::string("unexpected reply from the agent");
@@ -258,28 +258,28 @@ bool solar_loader::receive(solar::protocol::Header& h, std::span<const std::uint
       }
       need += h.length;
       if (have >= need) {
-        payload = {rx.data() + rx_begin + sizeof h, h.length};
-        rx_begin += need;
-        if (rx_begin == rx_end) rx_begin = rx_end = 0;
+        payload = {rx.bytes.data() + rx.begin + sizeof h, h.length};
+        rx.begin += need;
+        if (rx.begin == rx.end) rx.begin = rx.end = 0;
         return true;
       }
     }
-    if (rx_begin > 0) {  // keep the partial frame at the front
-      std::memmove(rx.data(), rx.data() + rx_begin, have);
-      rx_begin = 0;
-      rx_end = have;
+    if (rx.begin > 0) {  // keep the partial frame at the front
+      std::memmove(rx.bytes.data(), rx.bytes.data() + rx.begin, have);
+      rx.begin = 0;
+      rx.end = have;
     }
-    if (rx.size() < std::max<std::size_t>(need, 16384)) rx.resize(std::max<std::size_t>(need, 16384));
+    if (rx.bytes.size() < std::max<std::size_t>(need, 16384)) rx.bytes.resize(std::max<std::size_t>(need, 16384));
     const ssize_t r = receive_some();
     if (r == 0) errno = 0;
     if (r <= 0) return false;
-    rx_end += static_cast<std::size_t>(r);
+    rx.end += static_cast<std::size_t>(r);
   }
 }
 
 ssize_t solar_loader::receive_some() {
   for (;;) {
-    const ssize_t r = ::recv(sock, rx.data() + rx_end, rx.size() - rx_end, MSG_DONTWAIT);
+    const ssize_t r = ::recv(sock, rx.bytes.data() + rx.end, rx.bytes.size() - rx.end, MSG_DONTWAIT);
     if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return r;
     if (errno == EINTR) continue;
     pollfd p{sock, POLLIN, 0};
@@ -300,11 +300,11 @@ bool solar_loader::next_from_agent() {
   constexpr std::size_t kFrame = sizeof(solar::protocol::Header) + 8;
   char out[(2 + 2 * kMaxAskAhead) * kFrame];
   const std::size_t here = hello.defer_releases ? replies_received() : 0;
-  const bool ask = asked <= cursor || !hello.defer_releases || releases_pending > ask_ahead ||
+  const bool ask = asked <= cursor || !hello.defer_releases || releases.count > ask_ahead ||
                    here == 1;
   // Nothing here to take: the releases it holds say that it waits now (the agent measures
   // the ranks' waits from there), without asking for more.
-  const bool waits = here == 0 && releases_pending > 0;
+  const bool waits = here == 0 && releases.count > 0;
   if (ask || waits) {
     std::size_t len = put_releases(out);
     asked = std::max(asked, cursor);
@@ -354,7 +354,7 @@ bool solar_loader::next_from_agent() {
     }
     batch.data[i] = base + std::uint64_t{e.slot} * hello.slot_bytes;
     batch.labels[i] =
-        label_bytes ? base + hello.labels_offset + std::uint64_t{e.slot} * label_bytes : nullptr;
+        format.label_bytes ? base + hello.labels_offset + std::uint64_t{e.slot} * format.label_bytes : nullptr;
   }
   return true;
 }
@@ -366,10 +366,10 @@ void solar_loader::next_direct() {
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   const auto runs = solar::storage::coalesce(ids);
-  batch.own.resize(ids.size() * sample_bytes);
+  batch.own.resize(ids.size() * format.sample_bytes);
   source->read(runs, batch.own.data());
-  if (label_bytes) {
-    batch.own_labels.resize(ids.size() * label_bytes);
+  if (format.label_bytes) {
+    batch.own_labels.resize(ids.size() * format.label_bytes);
     source->read_labels(runs, batch.own_labels.data());
   }
   batch.data.resize(n);
@@ -377,15 +377,15 @@ void solar_loader::next_direct() {
   for (std::size_t i = 0; i < n; ++i) {
     const auto k = static_cast<std::size_t>(
         std::lower_bound(ids.begin(), ids.end(), batch.samples[i]) - ids.begin());
-    batch.data[i] = batch.own.data() + k * sample_bytes;
-    batch.labels[i] = label_bytes ? batch.own_labels.data() + k * label_bytes : nullptr;
+    batch.data[i] = batch.own.data() + k * format.sample_bytes;
+    batch.labels[i] = format.label_bytes ? batch.own_labels.data() + k * format.label_bytes : nullptr;
   }
 }
 
 std::size_t solar_loader::put_releases(char* out) {
   std::size_t len = 0;
-  for (; releases_pending > 0; --releases_pending, ++release_step) {
-    const solar::protocol::Release rl{release_step};
+  for (; releases.count > 0; --releases.count, ++releases.first) {
+    const solar::protocol::Release rl{releases.first};
     len += solar::protocol::put_frame(out + len, solar::protocol::Op::release, &rl, sizeof rl);
   }
   return len;
@@ -393,9 +393,9 @@ std::size_t solar_loader::put_releases(char* out) {
 
 solar_loader::~solar_loader() {
 #ifdef SOLAR_WITH_CUDA
-  if (pinned) cuda().HostUnregister(base);
+  if (pin.registered) cuda().HostUnregister(base);
 #endif
-  if (sock >= 0 && releases_pending) {
+  if (sock >= 0 && releases.count) {
     char out[(kMaxAskAhead + 1) * (sizeof(solar::protocol::Header) + 8)];
     write_all(sock, out, put_releases(out));
   }

@@ -38,13 +38,18 @@ struct solar_loader {
   solar::NodePlan plan;
   std::uint32_t node = 0, local_rank = 0, R = 0;
   std::uint64_t T = 0;
-  std::string dataset, labels, socket_path;
+  // Where the samples are: the dataset spec and labels dataset (direct reads) and the agent's socket.
+  struct Where {
+    std::string dataset, labels, socket_path;
+  } where;
   std::unique_ptr<solar::storage::SampleSource> source;  // direct path, opened on first use
-  std::uint64_t sample_bytes = 0, label_bytes = 0;
-  // What a sample's bytes are (solar_sample_shape, solar_sample_dtype, solar_label_dtype): from
-  // the agent's hello, or the source when reading directly. Empty names / no shape: unknown.
-  std::string dtype, label_dtype;
-  std::optional<std::vector<std::uint64_t>> shape;
+  // What a sample's bytes are (sizes; solar_sample_shape, solar_sample_dtype, solar_label_dtype):
+  // from the agent's hello, or the source when reading directly. Empty names / no shape: unknown.
+  struct SampleFormat {
+    std::uint64_t sample_bytes = 0, label_bytes = 0;
+    std::string dtype, label_dtype;
+    std::optional<std::vector<std::uint64_t>> shape;
+  } format;
 
   int sock = -1;
   double agent_timeout = solar::client::kDefaultAgentTimeout;  // seconds, 0: none (SOLAR_AGENT_TIMEOUT)
@@ -59,13 +64,15 @@ struct solar_loader {
   std::uint64_t first = 0;  // the step the loader started at
   bool holding = false;
   bool holding_from_agent = false;
-  // Releases are sent with the next write to the agent (steps release_step ..
-  // release_step + releases_pending - 1, in order); close() flushes them.
-  std::uint64_t releases_pending = 0;
-  std::uint64_t release_step = 0;
-  void note_release(std::uint64_t step) {
-    if (releases_pending++ == 0) release_step = step;
-  }
+  // Releases owed to the agent, sent with the next write to it (steps first .. first + count
+  // - 1, in order); close() flushes them.
+  struct ReleasesOwed {
+    std::uint64_t count = 0;
+    std::uint64_t first = 0;
+    void note(std::uint64_t step) {
+      if (count++ == 0) first = step;
+    }
+  } releases;
   // Asking ahead (protocol version 3): steps < asked were asked of the agent. Each write asks
   // for the steps after the one the rank takes, as many as the agent's hello says (its ring
   // depth minus one; 1 from an agent that does not say), so that their replies are there by
@@ -78,10 +85,12 @@ struct solar_loader {
   static constexpr std::uint64_t kMaxAskAhead = solar::protocol::kMaxStepsAsked - 1;
   std::uint64_t ask_ahead = 1;
   std::uint64_t asked = 0;
-  // Replies received, not yet taken: rx[rx_begin, rx_end). One receive takes whatever has
+  // Replies received, not yet taken: bytes[begin, end). One receive takes whatever has
   // arrived (a header and its payload together, or several replies).
-  std::vector<std::uint8_t> rx;
-  std::size_t rx_begin = 0, rx_end = 0;
+  struct Received {
+    std::vector<std::uint8_t> bytes;
+    std::size_t begin = 0, end = 0;
+  } rx;
   solar_batch batch;
 
   std::span<const std::uint32_t> planned(std::uint64_t t) const {
@@ -129,9 +138,9 @@ struct solar_loader {
   std::size_t replies_received() const {
     std::size_t n = 0;
     solar::protocol::Header h;
-    for (std::size_t at = rx_begin; rx_end - at >= sizeof h; ++n) {
-      std::memcpy(&h, rx.data() + at, sizeof h);
-      if (rx_end - at - sizeof h < h.length) break;
+    for (std::size_t at = rx.begin; rx.end - at >= sizeof h; ++n) {
+      std::memcpy(&h, rx.bytes.data() + at, sizeof h);
+      if (rx.end - at - sizeof h < h.length) break;
       at += sizeof h + h.length;
     }
     return n;
@@ -148,8 +157,12 @@ struct solar_loader {
   // The releases owed, as frames at `out` (room for ask_ahead + 1 of them); their length.
   std::size_t put_releases(char* out);
 
-  bool pinned = false;           // the shared buffer is registered with CUDA
-  bool base_pin_failed = false;  // tried once, copies go unpinned
+  // The shared buffer registered with CUDA (registered), or tried once and failed (copies go
+  // unpinned).
+  struct CudaPin {
+    bool registered = false;
+    bool failed = false;
+  } pin;
 
   ~solar_loader();
 };
