@@ -7,10 +7,10 @@
 namespace solar::storage {
 
 double FabricSource::Impl::charge(std::uint64_t len) {
-  if (!(bandwidth > 0 || latency > 0)) return 0;
+  if (!(link.bandwidth > 0 || link.latency > 0)) return 0;
   const double t = now();
-  bucket = std::max(bucket, t) + (bandwidth > 0 ? double(len) / bandwidth : 0);
-  return std::max(bucket, t + latency);
+  link.bucket = std::max(link.bucket, t) + (link.bandwidth > 0 ? double(len) / link.bandwidth : 0);
+  return std::max(link.bucket, t + link.latency);
 }
 
 void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
@@ -55,7 +55,7 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
     double due(std::uint64_t len) override { return im.charge(len); }
     void done(void*, std::size_t index, std::uint64_t len) override {
       finished[index] = 1;
-      im.bytes += len;
+      im.counts.bytes += len;
     }
     void check(bool all_held, double earliest, Clock::time_point& last_progress) override {
       im.check_progress(s, all_held, earliest, last_check, last_progress);
@@ -74,7 +74,7 @@ void FabricSource::Impl::run_pieces(Session& s, std::vector<Piece>& pieces,
     own.run(*s.ep, s.server, work, {});
   } catch (const fabric::DriverError& e) {
     close_if_in_flight();
-    throw TransientError(fmt::format("{}: {}", uri, e.what()));
+    throw TransientError(fmt::format("{}: {}", remote.uri, e.what()));
   } catch (...) {
     close_if_in_flight();
     throw;
@@ -88,7 +88,8 @@ void FabricSource::Impl::check_progress(Session& s, bool all_held, double earlie
   if (tnow - last_check > std::chrono::milliseconds(20)) {
     last_check = tnow;
     if (s.server_gone())
-      throw TransientError(fmt::format("{}: the server closed the connection mid-read", uri));
+      throw TransientError(
+          fmt::format("{}: the server closed the connection mid-read", remote.uri));
   }
   if (all_held) {
     std::this_thread::sleep_for(std::chrono::duration<double>(
@@ -97,7 +98,7 @@ void FabricSource::Impl::check_progress(Session& s, bool all_held, double earlie
   } else if (tnow - last_progress > std::chrono::duration<double>(opt.timeout_s)) {
     throw TransientError(fmt::format("{}: no read completed for {:.1f} s (server hung or "
                                      "unreachable)",
-                                     uri, opt.timeout_s));
+                                     remote.uri, opt.timeout_s));
   }
 }
 
@@ -162,7 +163,7 @@ void FabricSource::Impl::pump(Session& s, Request* mine) {
     void done(void* tag, std::size_t index, std::uint64_t len) override {
       Request& r = *static_cast<Request*>(tag);
       r.done[index] = 1;
-      im.bytes += len;
+      im.counts.bytes += len;
       if (--r.left == 0) {
         im.active.erase(std::find(im.active.begin(), im.active.end(), &r));
         issue_from = 0;
@@ -176,11 +177,11 @@ void FabricSource::Impl::pump(Session& s, Request* mine) {
   } work(*this, s, mine);
   fabric::Driver::Options o;
   o.yield_when_idle = true;
-  o.peak = &peak_in_flight;
+  o.peak = &counts.peak_in_flight;
   try {
     driver.run(*s.ep, s.server, work, o);
   } catch (const fabric::DriverError& e) {
-    throw TransientError(fmt::format("{}: {}", uri, e.what()));
+    throw TransientError(fmt::format("{}: {}", remote.uri, e.what()));
   }
 }
 

@@ -26,13 +26,13 @@ FabricReference RawFabricReference::measure(std::span<const FabricRead> reads, u
   if (local.size() < longest)
     throw StorageError(fmt::format("{}: a {}-byte reference read does not fit its {}-byte "
                                    "destination",
-                                   im.uri, longest, local.size()));
-  if (memory == ReferenceMemory::exported && !im.rma)
+                                   im.remote.uri, longest, local.size()));
+  if (memory == ReferenceMemory::exported && !im.exported.rma)
     throw StorageError(fmt::format("{}: the export is read through the server's staging "
                                    "buffer (chunked or compressed), so it has no memory of its "
                                    "own to read the reference from; measure it against plain "
                                    "memory",
-                                   im.uri));
+                                   im.remote.uri));
   // A session of its own: nothing it does shares a lock, an endpoint or a queue with reads.
   // It is kept for the next measure of the same memory: the server lends its plain memory
   // for as long as a session holds it, and fills it when it lends it (1 GiB: a memset, and a
@@ -50,13 +50,14 @@ FabricReference RawFabricReference::measure(std::span<const FabricRead> reads, u
     if (memory == ReferenceMemory::exported) {
       ref->key = ref->s->data.key;
       ref->base = ref->s->data.base;
-      ref->bytes = im.info.samples * im.info.sample_bytes;
+      ref->bytes = im.exported.info.samples * im.exported.info.sample_bytes;
     } else {
       const json reply = im.request(*ref->s, {{"op", "reference"}, {"bytes", remote_bytes}});
       if (!reply.value("ok", false))
-        throw StorageError(fmt::format("{}: the server lends no reference buffer: {}", im.uri,
+        throw StorageError(fmt::format("{}: the server lends no reference buffer: {}",
+                                       im.remote.uri,
                                        reply.value("error", std::string("no reason given"))));
-      const std::string bad = im.uri + ": the server's reference reply is bad";
+      const std::string bad = im.remote.uri + ": the server's reference reply is bad";
       ref->key = wire::count_field(reply.at("key"), bad);
       ref->base = wire::count_field(reply.at("base"), bad);
       ref->bytes = wire::count_field(reply.at("bytes"), bad);
@@ -68,7 +69,7 @@ FabricReference RawFabricReference::measure(std::span<const FabricRead> reads, u
   if (longest > rbytes)
     throw StorageError(fmt::format("{}: a {}-byte reference read is longer than the server's "
                                    "{}-byte reference buffer",
-                                   im.uri, longest, rbytes));
+                                   im.remote.uri, longest, rbytes));
   // The caller's destination, registered once (FI_MR_LOCAL providers).
   fabric::Region region;
   void* desc = nullptr;
@@ -84,7 +85,7 @@ FabricReference RawFabricReference::measure(std::span<const FabricRead> reads, u
   auto fail_cq = [&]() -> StorageError {
     fi_cq_err_entry err{};
     fi_cq_readerr(s->ep->cq(), &err, 0);
-    return StorageError(fmt::format("{}: a reference read failed: {}", im.uri,
+    return StorageError(fmt::format("{}: a reference read failed: {}", im.remote.uri,
                                     fabric::error_text(err.err)));
   };
   // Issues `list` and waits for all of it; returns the seconds taken.
@@ -103,7 +104,8 @@ FabricReference RawFabricReference::measure(std::span<const FabricRead> reads, u
                                    base + off, key, &ctx[free_slots.back()]);
         if (rc == -FI_EAGAIN) break;
         if (rc != 0)
-          throw StorageError(fmt::format("{}: fi_read failed: {}", im.uri, fabric::error_text(rc)));
+          throw StorageError(
+              fmt::format("{}: fi_read failed: {}", im.remote.uri, fabric::error_text(rc)));
         free_slots.pop_back();
         dpos += x.len;
         ++inflight;
@@ -119,9 +121,11 @@ FabricReference RawFabricReference::measure(std::span<const FabricRead> reads, u
       } else if (n == -FI_EAVAIL) {
         throw fail_cq();
       } else if (n != -FI_EAGAIN) {
-        throw StorageError(fmt::format("{}: fi_cq_read: {}", im.uri, fabric::error_text(n)));
+        throw StorageError(
+            fmt::format("{}: fi_cq_read: {}", im.remote.uri, fabric::error_text(n)));
       } else if (Clock::now() - last > timeout) {
-        throw StorageError(fmt::format("{}: no reference read completed for {:.1f} s", im.uri,
+        throw StorageError(fmt::format("{}: no reference read completed for {:.1f} s",
+                                       im.remote.uri,
                                        im.opt.timeout_s));
       }
     }

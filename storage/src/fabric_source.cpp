@@ -12,7 +12,7 @@ FabricSource::~FabricSource() = default;
 std::unique_ptr<FabricSource> FabricSource::connect(const std::string& uri,
                                                     const FabricOptions& options) {
   auto im = std::make_unique<Impl>();
-  im->uri = uri;
+  im->remote.uri = uri;
   im->opt = options;
   const std::string_view rest = std::string_view(uri).substr(std::string_view("fabric://").size());
   const auto slash = rest.find('/');
@@ -20,18 +20,19 @@ std::unique_ptr<FabricSource> FabricSource::connect(const std::string& uri,
   if (!uri.starts_with("fabric://") || slash == std::string_view::npos ||
       colon == std::string_view::npos || slash + 1 == rest.size())
     throw StorageError(fmt::format("source '{}': expected fabric://HOST:PORT/NAME", uri));
-  im->host = std::string(rest.substr(0, colon));
-  im->port = std::string(rest.substr(colon + 1, slash - colon - 1));
-  im->name = std::string(rest.substr(slash + 1));
+  im->remote.host = std::string(rest.substr(0, colon));
+  im->remote.port = std::string(rest.substr(colon + 1, slash - colon - 1));
+  im->remote.name = std::string(rest.substr(slash + 1));
   unsigned p = 0;
-  auto [ptr, ec] = std::from_chars(im->port.data(), im->port.data() + im->port.size(), p);
-  if (ec != std::errc() || ptr != im->port.data() + im->port.size() || p == 0 || p > 65535)
+  const std::string& port = im->remote.port;
+  auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  if (ec != std::errc() || ptr != port.data() + port.size() || p == 0 || p > 65535)
     throw StorageError(fmt::format("source '{}': port '{}' is not a number in 1..65535", uri,
-                                   im->port));
+                                   im->remote.port));
   if (options.timeout_s <= 0) throw StorageError("fabric timeout must be positive");
-  im->reconnect_s = options.reconnect_s;
-  if (im->reconnect_s < 0) {
-    im->reconnect_s = 30;
+  im->outage.reconnect_s = options.reconnect_s;
+  if (im->outage.reconnect_s < 0) {
+    im->outage.reconnect_s = 30;
     if (const char* env = std::getenv("SOLAR_STORED_RECONNECT"); env && *env) {
       char* end = nullptr;
       const double v = std::strtod(env, &end);
@@ -39,7 +40,7 @@ std::unique_ptr<FabricSource> FabricSource::connect(const std::string& uri,
         throw StorageError(fmt::format("SOLAR_STORED_RECONNECT='{}': expected seconds to keep "
                                        "reconnecting to solar-stored, 0..86400",
                                        env));
-      im->reconnect_s = v;
+      im->outage.reconnect_s = v;
     }
   }
   // A server that is not there is an error at once (a wrong address should not wait), unless
@@ -53,18 +54,18 @@ std::unique_ptr<FabricSource> FabricSource::connect(const std::string& uri,
       im->next_attempt(e, true);
     }
   }
-  im->outage_since.reset();
+  im->outage.since.reset();
   return std::unique_ptr<FabricSource>(new FabricSource(std::move(im)));
 }
 
-const DatasetInfo& FabricSource::info() const { return impl_->info; }
-std::string FabricSource::describe() const { return impl_->uri; }
-const std::string& FabricSource::identity() const { return impl_->identity; }
-std::string FabricSource::provider() const { return impl_->provider; }
-const std::string& FabricSource::served_from() const { return impl_->served_from; }
-std::uint64_t FabricSource::bytes_read() const { return impl_->bytes.load(); }
-std::uint64_t FabricSource::reconnects() const { return impl_->reconnects.load(); }
-std::uint64_t FabricSource::peak_in_flight() const { return impl_->peak_in_flight.load(); }
+const DatasetInfo& FabricSource::info() const { return impl_->exported.info; }
+std::string FabricSource::describe() const { return impl_->remote.uri; }
+const std::string& FabricSource::identity() const { return impl_->exported.identity; }
+std::string FabricSource::provider() const { return impl_->exported.provider; }
+const std::string& FabricSource::served_from() const { return impl_->exported.served_from; }
+std::uint64_t FabricSource::bytes_read() const { return impl_->counts.bytes.load(); }
+std::uint64_t FabricSource::reconnects() const { return impl_->counts.reconnects.load(); }
+std::uint64_t FabricSource::peak_in_flight() const { return impl_->counts.peak_in_flight.load(); }
 
 namespace {
 // What a failed read was reading, for its error: the file's samples and where they start.
@@ -81,13 +82,13 @@ namespace {
 // Function try blocks: a read that fails for good says where in the dataset it was.
 void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) try {
   Impl& im = *impl_;
-  check_runs(im.info, runs, im.uri);
-  const std::uint64_t sb = im.info.sample_bytes;
+  check_runs(im.exported.info, runs, im.remote.uri);
+  const std::uint64_t sb = im.exported.info.sample_bytes;
   const std::uint64_t total = total_samples(runs) * sb;
   if (total == 0) return;
   const std::uint64_t max_piece = std::max<std::uint64_t>(1, im.opt.request_bytes);
 
-  if (im.rma) {
+  if (im.exported.rma) {
     // Contiguous exports: pieces address the remote file directly, read together with other
     // threads' (submit); what is done survives reconnections.
     Request req;
@@ -118,7 +119,7 @@ void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) try {
       if (s.rma)
         throw StorageError(fmt::format("{}: the server now exports the file for RMA reads; "
                                        "reconnect",
-                                       im.uri));
+                                       im.remote.uri));
       const std::uint64_t per_batch = std::max<std::uint64_t>(1, s.staging_bytes / sb);
       while (staged_run < runs.size()) {
         std::vector<SampleRun> batch;
@@ -140,10 +141,10 @@ void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) try {
         const json reply = im.request(s, req);
         if (!reply.value("ok", false)) {
           const std::string err = reply.value("error", std::string("no reason given"));
-          if (reply.value("retry", false)) throw TransientError(im.uri + ": " + err);
-          throw StorageError(fmt::format("{}: the server refused a read: {}", im.uri, err));
+          if (reply.value("retry", false)) throw TransientError(im.remote.uri + ": " + err);
+          throw StorageError(fmt::format("{}: the server refused a read: {}", im.remote.uri, err));
         }
-        const std::string bad = im.uri + ": the server's stage reply is bad";
+        const std::string bad = im.remote.uri + ": the server's stage reply is bad";
         const std::uint64_t key = wire::count_field(reply.at("key"), bad);
         const std::uint64_t base = wire::count_field(reply.at("base"), bad);
         std::vector<Piece> bp;
@@ -159,21 +160,22 @@ void FabricSource::read(std::span<const SampleRun> runs, std::byte* dst) try {
       try {
         wire::send(s.sock, {{"op", "done"}});
       } catch (const boost::system::system_error& e) {
-        throw TransientError(fmt::format("{}: lost the connection to the server ({})", im.uri,
+        throw TransientError(fmt::format("{}: lost the connection to the server ({})",
+                                         im.remote.uri,
                                          e.code().message()));
       }
     });
   });
 } catch (const StorageError& e) {
-  rethrow_with_offset(e, runs, impl_->info.sample_bytes, "samples");
+  rethrow_with_offset(e, runs, impl_->exported.info.sample_bytes, "samples");
 }
 
 void FabricSource::read_labels(std::span<const SampleRun> runs, std::byte* dst) try {
   Impl& im = *impl_;
-  if (!im.info.has_labels)
-    throw StorageError(fmt::format("{}: the exported dataset has no labels", im.uri));
-  check_runs(im.info, runs, im.uri);
-  const std::uint64_t lb = im.info.label_bytes;
+  if (!im.exported.info.has_labels)
+    throw StorageError(fmt::format("{}: the exported dataset has no labels", im.remote.uri));
+  check_runs(im.exported.info, runs, im.remote.uri);
+  const std::uint64_t lb = im.exported.info.label_bytes;
   Request req;
   req.labels = true;
   req.dst = dst;
@@ -184,7 +186,7 @@ void FabricSource::read_labels(std::span<const SampleRun> runs, std::byte* dst) 
   }
   req.bytes = static_cast<std::uint64_t>(out - dst);
   if (req.bytes == 0) return;
-  if (im.rma) {
+  if (im.exported.rma) {
     im.submit(req);
     return;
   }
@@ -202,7 +204,7 @@ void FabricSource::read_labels(std::span<const SampleRun> runs, std::byte* dst) 
     });
   });
 } catch (const StorageError& e) {
-  rethrow_with_offset(e, runs, impl_->info.label_bytes, "labels");
+  rethrow_with_offset(e, runs, impl_->exported.info.label_bytes, "labels");
 }
 
 void FabricSource::drop_cache() {

@@ -114,17 +114,47 @@ inline std::uint32_t caller_wake() {
   return mine;
 }
 
-struct FabricSource::Impl {
+// What the source was opened on: fabric://host:port/name (uri: the whole of it).
+struct Address {
   std::string uri, host, port, name;
-  FabricOptions opt;
+};
+
+// What the server said of the export at the first hello (a reconnection must match identity).
+struct RemoteExport {
   DatasetInfo info;
   std::string identity, provider;
-  double bandwidth = 0, latency = 0;  // emulated contention, from the server
-  double bucket = 0;                  // when the emulated link is next free (seconds)
   bool rma = false;  // the export is read one-sided (contiguous): reads share the session
   std::string served_from;  // what the server reads from: file, memory (--in-memory), staged
+};
+
+// The emulated link: contention the server asks for (Impl::charge), none when both are 0.
+struct EmulatedLink {
+  double bandwidth = 0, latency = 0;  // emulated contention, from the server
+  double bucket = 0;                  // when the emulated link is next free (seconds)
+};
+
+// The current outage and its window (Impl::next_attempt): since when the server has been
+// unreachable, and how many attempts were made. Shared by every read, so that once the window
+// has passed, the reads that follow fail at their first attempt instead of waiting the window
+// again each.
+struct Outage {
+  double reconnect_s = 30;  // the window: how long to keep reconnecting
+  std::optional<Clock::time_point> since;
+  unsigned attempts = 0;
+};
+
+// What the source counts for its callers (bytes_read, reconnects, peak_in_flight).
+struct SourceCounters {
   std::atomic<std::uint64_t> bytes{0}, reconnects{0};
   std::atomic<std::uint64_t> peak_in_flight{0};  // most fi_reads of read() in flight at once
+};
+
+struct FabricSource::Impl {
+  Address remote;
+  FabricOptions opt;
+  RemoteExport exported;
+  EmulatedLink link;
+  SourceCounters counts;
 
   // The session is used by one thread at a time, the driver. Reads of an RMA export do not
   // take turns, though: each queues its pieces (a Request) and waits, and a caller that finds
@@ -162,12 +192,7 @@ struct FabricSource::Impl {
   std::vector<Request*> active;       // requests with pieces not done, in arrival order
   fabric::Driver driver;              // the reads in flight on the session (pump)
   std::uint64_t ops_gen = 0;          // the session `driver` and `active` were issued on
-  // The current outage: since when the server has been unreachable, and how many attempts
-  // were made. Shared by every read, so that once the window has passed, the reads that
-  // follow fail at their first attempt instead of waiting the window again each.
-  double reconnect_s = 30;
-  std::optional<Clock::time_point> outage_since;
-  unsigned outage_attempts = 0;
+  Outage outage;                      // the current outage, if any
 
   // wait: a completion queue pump() may sleep on (where the provider has a descriptor);
   // the raw-fabric reference's (fabric_reference.cpp) is polled only, as fi_rma_bw's.
@@ -215,8 +240,8 @@ struct FabricSource::Impl {
   }
 };
 
-// A lost server is reconnected to for up to reconnect_s from the start of the outage, with
-// backoff 0.1 s · 2^k (at most 2 s); one warning when it starts, one line when it ends.
+// A lost server is reconnected to for up to outage.reconnect_s from the start of the outage,
+// with backoff 0.1 s · 2^k (at most 2 s); one warning when it starts, one line when it ends.
 template <class Work>
 void FabricSource::Impl::with_retries(Work&& work) {
   for (;;) {
@@ -224,13 +249,13 @@ void FabricSource::Impl::with_retries(Work&& work) {
       if (!session) {
         session = open_session(false);
         ++session_gen;
-        if (outage_since) ++reconnects;
+        if (outage.since) ++counts.reconnects;
       }
       work(*session);
-      if (outage_since) {
-        spdlog::info("{}: the server is back after {:.1f} s; reading on", uri,
-                     std::chrono::duration<double>(Clock::now() - *outage_since).count());
-        outage_since.reset();
+      if (outage.since) {
+        spdlog::info("{}: the server is back after {:.1f} s; reading on", remote.uri,
+                     std::chrono::duration<double>(Clock::now() - *outage.since).count());
+        outage.since.reset();
       }
       return;
     } catch (const TransientError& e) {
