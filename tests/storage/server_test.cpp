@@ -16,7 +16,7 @@
 #include "solar/storage/fabric_source.h"
 #include "solar/storage/hdf5_writer.h"
 #include "solar/sys/meminfo.h"
-#include "fabric.h"  // storage/src: the attacker below speaks raw libfabric
+#include "solar/storage/fabric.h"  // the attacker below speaks raw libfabric
 #include "test_util.h"
 #include "wire.h"
 
