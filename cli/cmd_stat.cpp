@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "agent_lines.h"
+#include "solar/node_summary.h"
 #include "commands.h"
 #include "launcher.h"
 #include "options.h"
@@ -111,9 +111,9 @@ std::string stat_block(const nlohmann::json& s, StatTrack& tr, double now) {
       s["storage_reads"].get<std::uint64_t>(), s["read_seconds"].get<double>(),
       totals.value("stall_seconds", 0.0), rate, eta);
   if (const auto& t = s.value("transparent", nlohmann::json()); t.is_object())
-    out += fmt::format("  {}\n", transparent_line(t, total));
+    out += fmt::format("  {}\n", protocol::transparent_line(t, total));
   if (const auto& p = s.value("peers", nlohmann::json()); p.is_object())
-    out += fmt::format("  {}\n", peers_line(p));
+    out += fmt::format("  {}\n", protocol::peers_line(p));
   for (const auto& r : s["ranks"]) {
     const std::uint64_t step = r["step"];
     const std::uint64_t e = std::min<std::uint64_t>(step / std::max<std::uint64_t>(spe, 1),
