@@ -1,5 +1,7 @@
 #include "solar/node_summary.h"
 
+#include "solar/core/units.h"  // format_bytes
+
 #include <cstdarg>
 #include <cstdio>
 
@@ -55,18 +57,6 @@ std::string srun_transparent_line(const nlohmann::json& t, ull total_steps) {
 }
 
 }  // namespace
-
-std::string format_bytes(std::uint64_t bytes) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 6) {
-    v /= 1024;
-    ++u;
-  }
-  if (u == 0) return text("%llu B", static_cast<ull>(bytes));
-  return text("%.*f %s", v < 10 ? 2 : (v < 100 ? 1 : 0), v, units[u]);
-}
 
 std::string device_bytes(const nlohmann::json& a) {
   const auto it = a.find("device_read_bytes");

@@ -136,13 +136,8 @@ TEST(NodeSummary, SrunsShortLines) {
 }
 
 // The lines are printf'd (this target links no formatting library): the same text as fmt's,
-// and format_bytes the same as core's, for any value.
-TEST(NodeSummary, NumbersReadAsFmtAndCoresFormatBytesWriteThem) {
-  std::vector<std::uint64_t> sizes = {0, 1, 1023, 1024, 1536, 10239, 10240, 102399, 102400,
-                                      1048575, 1048576, (std::uint64_t{1} << 40) * 5 + 12345,
-                                      ~std::uint64_t{0}};
-  for (std::uint64_t v = 1; v < (std::uint64_t{1} << 63); v = v * 3 + 7) sizes.push_back(v);
-  for (const std::uint64_t v : sizes) EXPECT_EQ(format_bytes(v), solar::format_bytes(v)) << v;
+// for any value.
+TEST(NodeSummary, NumbersReadAsFmtWritesThem) {
   for (std::uint64_t h = 0; h <= 64; ++h)
     for (std::uint64_t f = 0; f <= 64; ++f) {
       const double hits = static_cast<double>(h), fetched = static_cast<double>(f);

@@ -35,9 +35,4 @@ std::string device_bytes(const nlohmann::json& doc);
 // An agent's peer-sharing counters (`doc["peers"]`, `solar run`'s form).
 std::string peers_line(const nlohmann::json& p);
 
-// A byte count for people: "512 B", "1.50 KiB", "42.0 MiB", "123 GiB" (2, 1 or 0 decimals
-// below 10, 100, 1024 of the unit): the same text as core's format_bytes (solar/core/units.h),
-// which this target cannot link.
-std::string format_bytes(std::uint64_t bytes);
-
 }  // namespace solar::protocol
