@@ -12,9 +12,19 @@ DatasetSpec parse_dataset_spec(std::string_view spec) {
   using Kind = DatasetSpec::Kind;
   if (spec.starts_with("fabric://")) return {Kind::fabric, {}};
   if (spec.find("://") != std::string_view::npos) return {Kind::unknown_scheme, {}};
-  FileDataset where = split_file_dataset(spec);
-  if (where.file.empty()) return {Kind::no_file, {}};
-  return {Kind::file, std::move(where)};
+  DatasetSpec d{Kind::file, split_file_dataset(spec)};
+  if (d.where.dataset.ends_with("[]")) {
+    d.rows = true;
+    d.where.dataset.resize(d.where.dataset.size() - 2);
+  }
+  if (d.where.file.starts_with("@")) {
+    d.list = true;
+    d.where.file.erase(0, 1);
+  } else {
+    d.glob = d.where.file.find_first_of("*?[") != std::string::npos;
+  }
+  if (d.where.file.empty()) return {Kind::no_file, {}};
+  return d;
 }
 
 }  // namespace solar::protocol

@@ -23,13 +23,19 @@ FileDataset split_file_dataset(std::string_view spec);
 
 struct DatasetSpec {
   enum class Kind {
-    file,            // FILE[:/DATASET]: file and dataset set
+    file,            // FILE[:/DATASET]: file and dataset set (FILE may be a directory: a
+                     // dataset of many files, told apart only by stat)
     fabric,          // fabric://...: the whole spec is the source's address
     unknown_scheme,  // SCHEME://... other than fabric://
     no_file,         // empty
   };
   Kind kind = Kind::file;
-  FileDataset where;  // Kind::file only
+  FileDataset where;  // Kind::file only; `[]` taken off the dataset (rows)
+  // Kind::file: many files named without a stat: `@LIST` (where.file is the list, without the
+  // @), or a glob (`*`, `?` or `[` in where.file).
+  bool list = false, glob = false;
+  // The dataset ended with `[]`: its first dimension indexes samples in every file.
+  bool rows = false;
 };
 // A source's spec, as open_source reads it: fabric:// first, then any other "://" refused,
 // then FILE[:/DATASET] (an empty file refused).

@@ -59,6 +59,8 @@ struct DatasetInfo {
 void check_runs(const DatasetInfo& info, std::span<const SampleRun> runs,
                 std::string_view source);
 
+class DatasetFiles;  // dataset_files.h
+
 class SampleSource {
  public:
   virtual ~SampleSource() = default;
@@ -90,6 +92,10 @@ class SampleSource {
   // every reader opens with SourceOptions::expect_identity, so no reader mixes another file's
   // bytes into a run.
   virtual const std::string& identity() const = 0;
+
+  // The files the samples lie in (dataset_files.h), for file-backed sources; nullptr for
+  // solar-stored.
+  virtual const DatasetFiles* files() const { return nullptr; }
 };
 
 // "file inode I size S mtime SEC.NSEC": a file's identity (no device number: it differs between
@@ -116,10 +122,18 @@ struct SourceOptions {
   // Hdf5Options::check_path)
   bool check_path = true;
   std::uint64_t read_gap = 0;  // files: see Hdf5Options::read_gap
+  // Many files: the dataset index to read instead of listing and checking every file
+  // (dataset_files.h); empty: $SOLAR_DATASET_INDEX, else scan. One made for another spec or
+  // labels is ignored (scanned again).
+  std::string index_path;
+  // Many files: at most this many files open at once per source (0: 64, fewer where
+  // RLIMIT_NOFILE is low).
+  unsigned max_open_files = 0;
 };
 
-// Opens "FILE.h5:/dataset" (dataset defaults to /data) or "fabric://HOST:PORT/NAME", and
-// checks options.expect_identity when given.
+// Opens "FILE.h5:/dataset" (dataset defaults to /data), many files (a directory, a glob or
+// @LIST, each with :/name: dataset_files.h) or "fabric://HOST:PORT/NAME", and checks
+// options.expect_identity when given.
 std::unique_ptr<SampleSource> open_source(std::string_view spec, const SourceOptions& options = {});
 
 }  // namespace solar::storage

@@ -1,0 +1,112 @@
+// The files a dataset's samples lie in. A dataset spec names one HDF5 file (FILE.h5[:/name]) or
+// many: a directory (every HDF5 file below it, recursively: *.h5, *.hdf5, *.hdf, *.he5), a glob
+// ('train/*/*.hdf5') or @LIST (a text file of paths, one a line), each with `:/name` for the
+// array in every file. Sample ids are global: the files in sorted path order (a list keeps its
+// own order), then the index within each file.
+//
+// What one sample of a file is: in a single file, and with `[]` after the array's name
+// (`dlio/:/records[]`), the array's first dimension indexes samples (N x sample shape, N may
+// differ between files); without it, in a dataset of many files each file's whole array is one
+// sample (the SOLAR artifact's CosmoFlow `split`, DeepCAM's `climate/data`).
+//
+// Listing and checking many files is done once: the result, a DatasetIndex, is written to an
+// index file (write_index) that every agent and rank reads instead of scanning again
+// ($SOLAR_DATASET_INDEX or SourceOptions::index_path). Readers never trust it blindly: each file
+// is checked against its entry (inode, size, modification and change time) when it is opened
+// and again after it is read, so no reader ever hands out another file's bytes.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "solar/storage/sample_source.h"
+
+namespace solar::storage {
+
+// One file of a dataset, as indexed.
+struct DatasetFile {
+  std::string path;
+  // Its stat when it was indexed (dev is this host's: it differs between the nodes that mount a
+  // cluster file system, so it is not part of any identity compared between hosts).
+  std::uint64_t dev = 0, ino = 0, size = 0;
+  std::int64_t mtime_ns = 0, ctime_ns = 0;
+  std::uint64_t first = 0;  // global id of the file's first sample
+  std::uint64_t count = 0;  // samples in this file
+  // Where the samples' bytes lie, when they lie in the file as raw bytes: contiguous at
+  // data_offset + k * sample_bytes, or (unfiltered chunks of whole samples) at
+  // sample_offsets[k]. Neither (compressed, filtered, other byte order): read through HDF5.
+  std::optional<std::uint64_t> data_offset;
+  std::vector<std::uint64_t> sample_offsets;
+  // The labels of its samples as raw contiguous bytes at label_offset + k * label_bytes; empty:
+  // read through HDF5 (or the dataset has no labels).
+  std::optional<std::uint64_t> label_offset;
+
+  bool raw() const { return data_offset.has_value() || !sample_offsets.empty(); }
+  // File offset of local sample k's bytes (raw() only).
+  std::uint64_t sample_offset(std::uint64_t k, std::uint64_t sample_bytes) const {
+    return data_offset ? *data_offset + k * sample_bytes : sample_offsets[k];
+  }
+  // The stat fields above, from `st`.
+  void set_stat(const struct ::stat& st);
+  // Empty when `st` is the file indexed (same inode, size, mtime and ctime), else what differs,
+  // for a message ("size 4096 -> 0").
+  std::string differs(const struct ::stat& st) const;
+};
+
+// A file-backed source's files. SampleSource::files() returns it for HDF5 sources (one file
+// for FILE.h5, many for a directory, glob or list) and nothing for solar-stored.
+class DatasetFiles {
+ public:
+  virtual ~DatasetFiles() = default;
+  // Sorted by `first` (global sample order); together they cover [0, info().samples).
+  virtual std::span<const DatasetFile> files() const = 0;
+  // Throws StorageError naming the file when file i is no longer the file indexed: its path
+  // holds another file or nothing, or (while it is open) it changed in place. `path`: also
+  // check the path (a single open file may be checked without).
+  virtual void check_file(std::size_t i, bool path = true) const = 0;
+};
+
+// The index of a dataset of many files: what a listing found, and what every file holds.
+struct DatasetIndex {
+  std::string spec;                  // the spec it was made for, as given
+  std::string dataset;               // the array's name in every file ("/split")
+  bool rows = false;                 // `[]`: the array's first dimension indexes samples
+  std::string label_dataset;         // "" = no labels
+  DatasetInfo info;                  // N = all files' samples together
+  std::vector<DatasetFile> files;
+  std::string identity;              // "files F samples N index HHHHHHHHHHHHHHHH"
+};
+
+// Lists and checks the files `spec` names (a directory, a glob or @LIST, with :/name and an
+// optional `[]`). Every file must hold the array with the same sample shape and dtype (and the
+// same labels); the first file that differs, is missing, unreadable or not HDF5 is refused with
+// a StorageError naming it and what differs. `progress(done, total)` is called now and then.
+DatasetIndex scan_dataset(std::string_view spec, const std::string& label_dataset,
+                          const std::function<void(std::uint64_t, std::uint64_t)>& progress = {});
+
+// True when `spec` names many files (a directory, a glob, @LIST), not one file or a server.
+// Stats the path (a directory is told from a file only so).
+bool names_many_files(std::string_view spec);
+
+// Writes `index` to `path` atomically (text: a header, then one line per file). Throws
+// StorageError when it cannot.
+void write_index(const DatasetIndex& index, const std::string& path);
+// Reads an index file. Throws StorageError naming the file when it is unreadable, malformed,
+// or was made for another spec or labels (then scan again).
+DatasetIndex read_index(const std::string& path, std::string_view spec,
+                        const std::string& label_dataset);
+
+// A source over the files of `index`: reads raw samples with pread (a bounded number of files
+// open at once, several requests in flight), others through HDF5, and checks every file
+// against its entry around each read.
+std::unique_ptr<SampleSource> open_files_source(DatasetIndex index, const SourceOptions& options);
+
+}  // namespace solar::storage
