@@ -134,7 +134,7 @@ class Batch:
 
     def _copy_labels(self):
         L = self._loader
-        raw = np.empty(len(self), dtype=L._label_stored)
+        raw = np.empty((len(self),) + L.label_shape, dtype=L._label_stored)
         self.gather(None, raw.ctypes.data)
         return raw if raw.dtype == L.label_dtype else raw.astype(L.label_dtype)
 
@@ -177,8 +177,8 @@ class Batch:
 
     @property
     def labels(self):
-        """The labels as a (len,) array (a copy; int64 by default), or None when the dataset
-        has none."""
+        """The labels as a (len, *label_shape) array (label_shape is () for one number per
+        sample; a copy; int64 by default), or None when the dataset has none."""
         self._materialize("labels")
         return self._labels
 

@@ -22,8 +22,8 @@ import numpy as np
 from . import _lib
 # Re-exported: every name solar.loader had before batch.py, dataset.py and errors.py split off.
 from .batch import Batch, _ArrayPool, _Lease  # noqa: F401
-from .dataset import (DatasetInfo, _resolve_label_dtypes, dataset_layout,  # noqa: F401
-                      library_layout, split_dataset_spec)
+from .dataset import (DatasetInfo, _label_shape, _resolve_label_dtypes,  # noqa: F401
+                      dataset_layout, library_layout, parse_dataset_spec, split_dataset_spec)
 from .errors import BatchReleasedError, SolarError  # noqa: F401
 
 _lib_ = _lib.lib
@@ -121,9 +121,10 @@ class Loader:
             raise ValueError("solar.Loader: shuffle=False: the plan's batches are always "
                              "shuffled (by its --seed); solar has no unshuffled order")
         if dataset is not None and not isinstance(dataset, (str, os.PathLike)):
-            raise TypeError(f"solar.Loader: dataset= is the dataset's path (FILE.h5[:/name], "
-                            f"as solar run --dataset), not a {type(dataset).__name__}: solar "
-                            "reads the file itself, not through a Dataset object")
+            raise TypeError(f"solar.Loader: dataset= is the dataset's path (FILE.h5[:/name], a "
+                            f"directory, glob or @LIST of files, as solar run --dataset), not a "
+                            f"{type(dataset).__name__}: solar reads the files itself, not "
+                            "through a Dataset object")
         self._agent = False
         self._held = None
         self._taken = 0          # the global step of the next batch (= batches taken/skipped)
@@ -190,11 +191,12 @@ class Loader:
 
         try:
             f_shape, f_dtype, f_ldtype = library_layout(h, bool(self.label_bytes))
+            in_file = None  # the HDF5 file's layout, read only when libsolar's falls short
             if f_shape is None or f_dtype is None or (self.label_bytes and f_ldtype is None):
-                h_shape, h_dtype, h_ldtype = dataset_layout(self.dataset_spec, labels_name)
-                f_shape = f_shape if f_shape is not None else h_shape
-                f_dtype = f_dtype if f_dtype is not None else h_dtype
-                f_ldtype = f_ldtype if f_ldtype is not None else h_ldtype
+                in_file = dataset_layout(self.dataset_spec, labels_name)
+                f_shape = f_shape if f_shape is not None else in_file.shape
+                f_dtype = f_dtype if f_dtype is not None else in_file.dtype
+                f_ldtype = f_ldtype if f_ldtype is not None else in_file.label_dtype
             self.dtype = np.dtype(dtype if dtype is not None else (f_dtype if f_dtype is not None else np.uint8))
             if shape is None:
                 shape = f_shape if f_shape is not None and dtype is None else \
@@ -206,6 +208,14 @@ class Loader:
                                  f"sample is {self.sample_bytes}")
             self._label_stored, self.label_dtype = _resolve_label_dtypes(
                 f_ldtype, self.label_bytes, label_dtype)
+            self.label_shape = ()
+            if self.label_bytes and self.label_bytes > self._label_stored.itemsize:
+                # Labels of several elements (a many-file dataset's whole labels array per
+                # file): libsolar knows their bytes, not their shape.
+                if in_file is None:
+                    in_file = dataset_layout(self.dataset_spec, labels_name)
+                self.label_shape = _label_shape(self.label_bytes, self._label_stored,
+                                                in_file.label_shape)
         except Exception:
             self.close()
             raise
