@@ -252,9 +252,12 @@ def _resolve_label_dtypes(file_dtype, label_bytes, label_dtype):
         stored = np.dtype(label_dtype)
     elif label_bytes in (1, 2, 4, 8):
         stored = np.dtype(f"i{label_bytes}")
+    elif label_dtype is not None and label_bytes % np.dtype(label_dtype).itemsize == 0:
+        stored = np.dtype(label_dtype)  # a label of several elements (fabric:// unitPar)
     else:
         raise ValueError(f"solar.Loader: a label is {label_bytes} bytes and its type is unknown: "
-                         f"pass label_dtype= with a {label_bytes}-byte type")
+                         f"pass label_dtype= with a type whose size divides {label_bytes} (a "
+                         "label of several values: label_dtype='float32' for 4-byte floats)")
     if label_bytes % stored.itemsize:
         raise ValueError(f"solar.Loader: the file's label type {stored} is {stored.itemsize} "
                          f"bytes, libsolar's labels are {label_bytes}: not a whole number of "

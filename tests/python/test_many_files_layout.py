@@ -13,8 +13,8 @@ import pytest
 
 h5py = pytest.importorskip("h5py")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-from solar.dataset import (DatasetInfo, _label_shape, dataset_files, dataset_layout,  # noqa: E402
-                           names_many_files)
+from solar.dataset import (DatasetInfo, _label_shape, _resolve_label_dtypes,  # noqa: E402
+                           dataset_files, dataset_layout, names_many_files)
 
 SAMPLE = (4, 6, 6, 6)  # the artifact's split is 4 x 128^3 int16; smaller here
 ROWS, DLIO_FILES, LAST = 50, 8, 17
@@ -205,3 +205,17 @@ def test_a_label_of_several_elements_keeps_the_files_shape():
     assert _label_shape(16, f32, None) == (4,)
     assert _label_shape(24, f32, (2, 3)) == (2, 3)
     assert _label_shape(24, f32, (5,)) == (6,)  # the file disagrees with libsolar: its bytes
+
+
+def test_a_label_of_several_elements_is_read_as_its_type():
+    f32, i4, i8 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)
+    # The file's (or libsolar's) type: unitPar's 16 bytes are 4 float32, kept as float32.
+    assert _resolve_label_dtypes(f32, 16, None) == (f32, f32)
+    assert _resolve_label_dtypes(i4, 8, None) == (i4, i8)
+    with pytest.raises(ValueError, match="not a whole number"):
+        _resolve_label_dtypes(f32, 6, None)
+    # Without it (fabric://): a label_dtype that divides the label says how to read it.
+    assert _resolve_label_dtypes(None, 16, "float32") == (f32, f32)
+    assert _resolve_label_dtypes(None, 4, None) == (i4, i8)
+    with pytest.raises(ValueError, match="type whose size divides 16"):
+        _resolve_label_dtypes(None, 16, None)
