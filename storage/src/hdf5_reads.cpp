@@ -173,8 +173,10 @@ void Hdf5Source::Impl::read_h5(std::span<const SampleRun> runs, std::byte* dst) 
   std::vector<hsize_t> start(rank, 0), count(dims);
   std::byte* out = dst;
   for (const auto& r : runs) {
-    start[0] = r.first;
-    count[0] = r.count;
+    if (!options.whole) {  // whole: the one sample is the whole array
+      start[0] = r.first;
+      count[0] = r.count;
+    }
     for (unsigned attempt = 1;; ++attempt) {  // I/O errors retried as in read_raw
       {
         std::lock_guard g(h5::lock());

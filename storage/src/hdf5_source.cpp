@@ -114,8 +114,8 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
                                    im->where(), static_cast<int>(H5Tget_class(ftype.get())),
                                    H5Tget_size(ftype.get())));
   DatasetInfo& info = im->info;
-  info.samples = im->dims[0];
-  info.sample_shape.assign(im->dims.begin() + 1, im->dims.end());
+  info.samples = options.whole ? 1 : im->dims[0];
+  info.sample_shape.assign(im->dims.begin() + (options.whole ? 0 : 1), im->dims.end());
   info.dtype = *dtype;
   info.sample_bytes = dtype_size(*dtype);
   for (auto d : info.sample_shape) info.sample_bytes *= d;
@@ -157,9 +157,11 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
 
   // Unfiltered chunks of whole samples lie in the file as raw bytes too: look each chunk's
   // address up once (a B-tree lookup each) and pread them like a contiguous dataset.
+  // (Whole: only one chunk holding the whole array.)
   if (!options.mpio && layout == H5D_CHUNKED && filters == 0 && h5::native_order(ftype.get()) &&
-      std::equal(chunk.begin() + 1, chunk.end(), im->dims.begin() + 1) && chunk[0] >= 1) {
-    const std::uint64_t per = chunk[0];
+      std::equal(chunk.begin() + 1, chunk.end(), im->dims.begin() + 1) && chunk[0] >= 1 &&
+      (!options.whole || chunk[0] == im->dims[0])) {
+    const std::uint64_t per = options.whole ? 1 : chunk[0];
     const std::uint64_t chunks = (info.samples + per - 1) / per;
     std::vector<std::uint64_t> addr(chunks);
     std::vector<hsize_t> coord(rank, 0);
@@ -189,8 +191,10 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
 #endif
 
   if (auto gen = h5::string_attribute(im->dset.get(), "solar_generator");
-      gen && *gen == content::kGenerator)
+      gen && *gen == content::kGenerator) {
     info.seed = h5::u64_attribute(im->dset.get(), "solar_seed");
+    info.generated_first = h5::u64_attribute(im->dset.get(), "solar_first");
+  }
   H5Eclear2(H5E_DEFAULT);
 
   // Labels: optional; when present they must have one entry per sample.
@@ -201,9 +205,13 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
                             fmt::format("{}:{}: cannot open labels", path, label)),
                   H5Dclose);
     h5::Handle ls(H5Dget_space(ld.get()), H5Sclose);
-    const int lrank = H5Sget_simple_extent_ndims(ls.get());
+    int lrank = H5Sget_simple_extent_ndims(ls.get());
     std::vector<hsize_t> ldims(std::max(lrank, 0));
     if (lrank > 0) H5Sget_simple_extent_dims(ls.get(), ldims.data(), nullptr);
+    if (options.whole) {  // the whole labels array is the one sample's label
+      ldims.insert(ldims.begin(), 1);
+      ++lrank;
+    }
     if (lrank < 1 || ldims[0] != info.samples)
       throw StorageError(fmt::format("{}:{}: labels need one entry per sample ({}), but the "
                                      "dataset has shape {}",
@@ -225,6 +233,15 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
   }
 
   if (im->raw()) im->pool = std::make_unique<IoPool>(std::max(1u, options.io_threads) - 1);
+  DatasetFile& f = im->entry;
+  f.path = path;
+  f.set_stat(im->opened);
+  f.count = info.samples;
+  f.data_offset = im->raw_offset;
+  if (!im->raw_offset && im->samples_per_chunk > 0) {
+    f.sample_offsets.resize(info.samples);
+    for (std::uint64_t i = 0; i < info.samples; ++i) f.sample_offsets[i] = im->file_offset(i);
+  }
   return std::unique_ptr<Hdf5Source>(new Hdf5Source(std::move(im)));
 }
 
@@ -242,6 +259,11 @@ std::string Hdf5Source::describe() const { return impl_->where(); }
 const std::string& Hdf5Source::identity() const { return impl_->identity; }
 const struct ::stat& Hdf5Source::opened_stat() const { return impl_->opened; }
 void Hdf5Source::check_unchanged() const { impl_->check_unchanged(); }
+std::span<const DatasetFile> Hdf5Source::files() const { return {&impl_->entry, 1}; }
+void Hdf5Source::check_file(std::size_t, bool path) const {
+  impl_->check_unchanged();
+  if (path) impl_->check_path();
+}
 void Hdf5Source::check_path() const { impl_->check_path(); }
 
 // The open file (fstat: rewritten or truncated in place) and, in check_path, its path (stat:

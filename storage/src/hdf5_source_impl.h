@@ -46,6 +46,7 @@ struct Hdf5Source::Impl {
   std::atomic<std::uint64_t> direct_reads{0};
   std::atomic<std::uint64_t> requests{0};  // read_exact calls: requests to the storage
   std::vector<std::byte> labels;  // all labels, read once at open (small)
+  DatasetFile entry;              // the DatasetFiles view: this one file
   std::string identity;
   struct stat opened {};  // fstat of fd at open
   // The link count and change time check_unchanged compares with: opened's, until a link

@@ -4,7 +4,11 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <sys/stat.h>
+
 #include "solar/dataset_spec.h"
+#include "solar/storage/dataset_files.h"
 #include "solar/storage/fabric_source.h"
 #include "solar/storage/hdf5_source.h"
 
@@ -39,6 +43,22 @@ std::unique_ptr<SampleSource> open_unchecked(std::string_view spec, const Source
                                    spec));
   if (parsed.kind == Kind::no_file)
     throw StorageError(fmt::format("source '{}': no file; use FILE.h5:/dataset", spec));
+  if (names_many_files(spec)) {
+    // The index the launcher wrote, when there is one for this spec and these labels; else
+    // list and check every file here.
+    std::string index = o.index_path;
+    if (index.empty())
+      if (const char* env = std::getenv("SOLAR_DATASET_INDEX")) index = env;
+    struct stat st {};
+    if (!index.empty() && ::stat(index.c_str(), &st) == 0) {
+      try {
+        return open_files_source(read_index(index, spec, o.label_dataset), o);
+      } catch (const StorageError&) {
+        // made for another spec or labels, or damaged: the scan below decides
+      }
+    }
+    return open_files_source(scan_dataset(spec, o.label_dataset), o);
+  }
   Hdf5Options h;
   h.io_threads = o.io_threads;
   h.label_dataset = o.label_dataset;

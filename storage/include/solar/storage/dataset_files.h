@@ -31,6 +31,9 @@
 
 namespace solar::storage {
 
+// Labels of at most this many bytes a file are kept in the index (DatasetFile::labels).
+inline constexpr std::uint64_t kIndexLabelBytes = 4096;
+
 // One file of a dataset, as indexed.
 struct DatasetFile {
   std::string path;
@@ -45,9 +48,11 @@ struct DatasetFile {
   // sample_offsets[k]. Neither (compressed, filtered, other byte order): read through HDF5.
   std::optional<std::uint64_t> data_offset;
   std::vector<std::uint64_t> sample_offsets;
-  // The labels of its samples as raw contiguous bytes at label_offset + k * label_bytes; empty:
+  // Its samples' labels (count * label_bytes), kept in the index when they are small (at most
+  // kIndexLabelBytes a file: CosmoFlow's unitPar, DLIO's labels): then no reader goes to the
+  // file for them, which on storage bound by requests would halve the samples read. Empty:
   // read through HDF5 (or the dataset has no labels).
-  std::optional<std::uint64_t> label_offset;
+  std::vector<std::byte> labels;
 
   bool raw() const { return data_offset.has_value() || !sample_offsets.empty(); }
   // File offset of local sample k's bytes (raw() only).
@@ -61,7 +66,7 @@ struct DatasetFile {
   std::string differs(const struct ::stat& st) const;
 };
 
-// A file-backed source's files. SampleSource::files() returns it for HDF5 sources (one file
+// A file-backed source's files. SampleSource::file_set() returns it for HDF5 sources (one file
 // for FILE.h5, many for a directory, glob or list) and nothing for solar-stored.
 class DatasetFiles {
  public:

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "solar/storage/dataset_files.h"
 #include "solar/storage/sample_source.h"
 
 namespace solar::storage {
@@ -41,9 +42,12 @@ struct Hdf5Options {
   // requests (IOPS) rather than bytes, where another request costs more than the gap's bytes:
   // about latency x bandwidth. 0: every piece its own request.
   std::uint64_t read_gap = 0;
+  // The whole array is one sample (a dataset of one file per sample: CosmoFlow's `split`):
+  // samples() is 1, the sample shape is the array's shape, and the labels array is its label.
+  bool whole = false;
 };
 
-class Hdf5Source : public SampleSource {
+class Hdf5Source : public SampleSource, public DatasetFiles {
  public:
   // Opens `dataset` in `path`. Throws StorageError naming the file or dataset when it is
   // missing, unreadable, truncated, or not an array of samples (rank < 1).
@@ -70,6 +74,11 @@ class Hdf5Source : public SampleSource {
   void check_path() const;
   // fstat of the file at open (identity() is made of it).
   const struct ::stat& opened_stat() const;
+  // DatasetFiles: the one file, sample 0 first. check_file(0, path): check_unchanged(), and
+  // with `path` check_path().
+  const DatasetFiles* file_set() const override { return this; }
+  std::span<const DatasetFile> files() const override;
+  void check_file(std::size_t i, bool path = true) const override;
 
   const std::string& path() const;
   // File offset of sample 0 when the samples lie in the file as raw bytes (contiguous,

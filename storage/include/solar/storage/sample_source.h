@@ -50,6 +50,10 @@ struct DatasetInfo {
   DType label_dtype = DType::int32;
   std::uint64_t label_bytes = 0;            // bytes of one sample's label
   std::optional<std::uint64_t> seed;        // content seed when written by `solar gen`
+  // Written by `solar gen` as one file of many: the global id of this file's first sample
+  // (attribute solar_first); a dataset of many files keeps `seed` only when every file's is
+  // its place in the dataset.
+  std::optional<std::uint64_t> generated_first;
   std::string layout;                       // contiguous, chunked, gzip, ... (for people)
 
   std::string shape_string() const;         // "4x128x128x128"
@@ -95,7 +99,7 @@ class SampleSource {
 
   // The files the samples lie in (dataset_files.h), for file-backed sources; nullptr for
   // solar-stored.
-  virtual const DatasetFiles* files() const { return nullptr; }
+  virtual const DatasetFiles* file_set() const { return nullptr; }
 };
 
 // "file inode I size S mtime SEC.NSEC": a file's identity (no device number: it differs between

@@ -1,0 +1,247 @@
+// Datasets of many files (solar/storage/dataset_files.h): listing a directory, a glob and a
+// list, the global sample order, the index file, reads across files, and the refusals (a file
+// that differs, is replaced, rewritten, deleted, or is not HDF5). Real HDF5 files written by
+// storage's own writer, each file with its own seed so that a byte from the wrong file shows.
+#include "solar/storage/dataset_files.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "solar/storage/content.h"
+#include "solar/storage/hdf5_writer.h"
+#include "solar/storage/sample_source.h"
+#include "test_util.h"
+
+namespace solar::storage {
+namespace {
+
+namespace fs = std::filesystem;
+using test::error_of;
+using test::TempDir;
+
+const std::vector<std::uint64_t> kShape = {2, 4, 4};  // 64 bytes of int16
+
+// A file of `samples` rows at `rel` below `dir`, content seed `seed`.
+std::string put(const TempDir& dir, const std::string& rel, std::uint64_t samples,
+                std::uint64_t seed, std::vector<std::uint64_t> shape = kShape) {
+  GenSpec s;
+  s.path = dir.file(rel);
+  fs::create_directories(fs::path(s.path).parent_path());
+  s.samples = samples;
+  s.shape = std::move(shape);
+  s.seed = seed;
+  s.force = true;
+  write_dataset(s);
+  return s.path;
+}
+
+struct Expect {  // global sample g is local sample `local` of the file of seed `seed`
+  std::uint64_t seed, local;
+};
+
+// Reads every sample one run at a time and all together, and checks each byte and label.
+void expect_samples(SampleSource& src, const std::vector<Expect>& want) {
+  const DatasetInfo& info = src.info();
+  ASSERT_EQ(info.samples, want.size());
+  std::vector<std::byte> all(want.size() * info.sample_bytes);
+  const SampleRun everything{0, want.size()};
+  src.read({&everything, 1}, all.data());
+  std::vector<std::int32_t> labels(want.size());
+  src.read_labels({&everything, 1}, reinterpret_cast<std::byte*>(labels.data()));
+  for (std::size_t g = 0; g < want.size(); ++g) {
+    EXPECT_TRUE(content::check_sample(want[g].seed, want[g].local,
+                                      all.data() + g * info.sample_bytes, info.sample_bytes))
+        << "sample " << g;
+    EXPECT_EQ(labels[g], content::label(want[g].seed, want[g].local)) << "label " << g;
+  }
+  // Runs crossing file boundaries, out of order: each lands where asked.
+  const std::vector<SampleRun> runs = {{want.size() - 3, 3}, {0, 2}, {1, want.size() - 2}};
+  std::vector<std::byte> some(total_samples(runs) * info.sample_bytes);
+  src.read(runs, some.data());
+  std::size_t k = 0;
+  for (const auto& r : runs)
+    for (std::uint64_t g = r.first; g < r.first + r.count; ++g, ++k)
+      EXPECT_TRUE(content::check_sample(want[g].seed, want[g].local,
+                                        some.data() + k * info.sample_bytes, info.sample_bytes))
+          << "run sample " << g;
+}
+
+TEST(DatasetFiles, ADirectoryIsItsHdf5FilesInSortedPathOrderRowsWithBrackets) {
+  TempDir dir;
+  put(dir, "train/b/x.h5", 3, 12);
+  put(dir, "train/a/z.hdf5", 5, 11);
+  put(dir, "train/a/zz.h5", 4, 13);
+  std::ofstream(dir.file("train/a/README.txt")) << "not a sample file\n";
+  const std::string spec = dir.file("train") + ":/data[]";
+  ASSERT_TRUE(names_many_files(spec));
+  auto src = open_source(spec);
+  std::vector<Expect> want;
+  for (std::uint64_t i = 0; i < 5; ++i) want.push_back({11, i});  // a/z.hdf5
+  for (std::uint64_t i = 0; i < 4; ++i) want.push_back({13, i});  // a/zz.h5
+  for (std::uint64_t i = 0; i < 3; ++i) want.push_back({12, i});  // b/x.h5
+  expect_samples(*src, want);
+  ASSERT_NE(src->file_set(), nullptr);
+  const auto files = src->file_set()->files();
+  ASSERT_EQ(files.size(), 3U);
+  EXPECT_EQ(files[1].first, 5U);
+  EXPECT_EQ(files[2].first, 9U);
+  EXPECT_TRUE(files[0].raw());
+  EXPECT_EQ(src->info().sample_shape, kShape);
+  EXPECT_NE(src->identity().find("files 3 samples 12"), std::string::npos) << src->identity();
+}
+
+TEST(DatasetFiles, WithoutBracketsEachFileIsOneSample) {
+  TempDir dir;
+  for (int k = 0; k < 4; ++k) put(dir, fmt::format("u/{:03}.h5", k), 1, 20 + k);
+  auto src = open_source(dir.file("u") + ":/data");
+  EXPECT_EQ(src->info().samples, 4U);
+  EXPECT_EQ(src->info().sample_shape, (std::vector<std::uint64_t>{1, 2, 4, 4}));
+  // One sample per file: the whole array of 1 row, content of row 0.
+  std::vector<Expect> want;
+  for (std::uint64_t k = 0; k < 4; ++k) want.push_back({20 + k, 0});
+  expect_samples(*src, want);
+}
+
+TEST(DatasetFiles, AGlobAndAListNameTheSameFilesAListInItsOwnOrder) {
+  TempDir dir;
+  put(dir, "g/0.h5", 2, 1);
+  put(dir, "g/1.h5", 3, 2);
+  put(dir, "g/2.h5", 2, 3);
+  auto by_dir = open_source(dir.file("g") + ":/data[]");
+  auto by_glob = open_source(dir.file("g") + "/*.h5:/data[]");
+  EXPECT_EQ(by_glob->info().samples, 7U);
+  // The identity hashes the files and their content, not how they were named.
+  EXPECT_EQ(by_dir->identity(), by_glob->identity());
+  // A list: relative paths are relative to the list's folder; its order is the sample order.
+  std::ofstream(dir.file("g/list.txt")) << "# the order a script's index pickle gives\n"
+                                        << "2.h5\n\n"
+                                        << dir.file("g/0.h5") << "\n1.h5\n";
+  auto by_list = open_source("@" + dir.file("g/list.txt") + ":/data[]");
+  std::vector<Expect> want = {{3, 0}, {3, 1}, {1, 0}, {1, 1}, {2, 0}, {2, 1}, {2, 2}};
+  expect_samples(*by_list, want);
+  EXPECT_NE(by_list->identity(), by_dir->identity());
+  // Twice the same file: refused, naming it.
+  std::ofstream(dir.file("g/twice.txt")) << "0.h5\n1.h5\n0.h5\n";
+  EXPECT_NE(error_of([&] { open_source("@" + dir.file("g/twice.txt") + ":/data[]"); })
+                .find("a second time"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { open_source(dir.file("g") + "/*.nope:/data[]"); })
+                .find("no files match"),
+            std::string::npos);
+}
+
+TEST(DatasetFiles, TheIndexFileIsReadInsteadOfAScanAndMustBeForTheSameSpec) {
+  TempDir dir;
+  put(dir, "d/a.h5", 4, 7);
+  put(dir, "d/b.h5", 2, 8);
+  const std::string spec = dir.file("d") + ":/data[]";
+  DatasetIndex x = scan_dataset(spec, "/label");
+  ASSERT_EQ(x.files.size(), 2U);
+  ASSERT_EQ(x.files[0].labels.size(), 4U * 4);  // small labels live in the index
+  const std::string path = dir.file("index.txt");
+  write_index(x, path);
+  DatasetIndex y = read_index(path, spec, "/label");
+  EXPECT_EQ(y.identity, x.identity);
+  EXPECT_EQ(y.info.samples, 6U);
+  EXPECT_EQ(y.files[1].first, 4U);
+  EXPECT_EQ(y.files[0].labels, x.files[0].labels);
+  EXPECT_EQ(y.files[1].data_offset, x.files[1].data_offset);
+  // Another spec, other labels, a damaged file: each refused with what to do.
+  EXPECT_NE(error_of([&] { read_index(path, dir.file("d") + ":/data", "/label"); })
+                .find("was made for"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { read_index(path, spec, ""); }).find("labels"), std::string::npos);
+  {
+    std::stringstream text;
+    text << std::ifstream(path).rdbuf();
+    std::string s = text.str();
+    const auto at = s.find("\n4 ");  // the first file's count
+    ASSERT_NE(at, std::string::npos) << s;
+    s[at + 1] = '3';
+    std::ofstream(dir.file("bad.txt")) << s;
+  }
+  EXPECT_NE(error_of([&] { read_index(dir.file("bad.txt"), spec, "/label"); }), "(no error)");
+  // Opened through the index: the same samples, and no scan (a file put there since is not
+  // part of the dataset the index describes).
+  put(dir, "d/c.h5", 3, 9);
+  SourceOptions so;
+  so.index_path = path;
+  auto src = open_source(spec, so);
+  EXPECT_EQ(src->identity(), x.identity);
+  expect_samples(*src, {{7, 0}, {7, 1}, {7, 2}, {7, 3}, {8, 0}, {8, 1}});
+  // No index there: the dataset is scanned (and now has c.h5).
+  so.index_path = dir.file("missing-index.txt");
+  EXPECT_EQ(open_source(spec, so)->info().samples, 9U);
+}
+
+TEST(DatasetFiles, FilesThatDifferAreRefusedNamingTheFile) {
+  TempDir dir;
+  put(dir, "m/0.h5", 3, 1);
+  put(dir, "m/1.h5", 3, 2, {2, 4, 8});
+  std::string e = error_of([&] { open_source(dir.file("m") + ":/data[]"); });
+  EXPECT_NE(e.find("m/1.h5 does not match"), std::string::npos) << e;
+  EXPECT_NE(e.find("2x4x8"), std::string::npos) << e;
+  // Rows of different counts without []: the hint says to add it.
+  put(dir, "r/0.h5", 3, 1);
+  put(dir, "r/1.h5", 2, 2);
+  e = error_of([&] { open_source(dir.file("r") + ":/data"); });
+  EXPECT_NE(e.find("put [] after its name"), std::string::npos) << e;
+  // Not HDF5, in a glob that takes it: refused, naming it.
+  std::ofstream(dir.file("r/2.h5")) << "plain text, not HDF5\n";
+  e = error_of([&] { open_source(dir.file("r") + "/*.h5:/data[]"); });
+  EXPECT_NE(e.find("r/2.h5"), std::string::npos) << e;
+  EXPECT_NE(e.find("not an HDF5 file"), std::string::npos) << e;
+}
+
+TEST(DatasetFiles, AFileReplacedRewrittenOrDeletedAfterTheIndexIsNeverRead) {
+  TempDir dir;
+  put(dir, "f/0.h5", 3, 1);
+  const std::string victim = put(dir, "f/1.h5", 3, 2);
+  put(dir, "f/2.h5", 3, 3);
+  auto src = open_source(dir.file("f") + ":/data[]");
+  const std::uint64_t sb = src->info().sample_bytes;
+  std::vector<std::byte> buf(3 * sb);
+  const SampleRun second{3, 3}, first{0, 3};
+  auto read = [&](SampleRun r) { return error_of([&] { src->read({&r, 1}, buf.data()); }); };
+  ASSERT_EQ(read(second), "(no error)");
+  // Replaced: another file (same shape, other content) moved over its path.
+  put(dir, "other.h5", 3, 99);
+  fs::rename(dir.file("other.h5"), victim);
+  std::string e = read(second);
+  EXPECT_NE(e.find("f/1.h5"), std::string::npos) << e;
+  EXPECT_NE(e.find("not the file indexed"), std::string::npos) << e;
+  EXPECT_THROW(src->file_set()->check_file(1), StorageError);
+  // The other files are still served.
+  EXPECT_EQ(read(first), "(no error)");
+  EXPECT_TRUE(content::check_sample(1, 0, buf.data(), sb));
+  // Rewritten in place (a byte appended) and deleted: likewise.
+  const std::string third = dir.file("f/2.h5");
+  std::ofstream(third, std::ios::app) << 'x';
+  e = read({6, 3});
+  EXPECT_NE(e.find("f/2.h5"), std::string::npos) << e;
+  fs::remove(dir.file("f/0.h5"));
+  e = read(first);
+  EXPECT_NE(e.find("f/0.h5"), std::string::npos) << e;
+}
+
+TEST(DatasetFiles, ManyFilesFewDescriptors) {
+  TempDir dir;
+  for (int k = 0; k < 300; ++k) put(dir, fmt::format("n/{:04}.h5", k), 1, 100 + k);
+  SourceOptions so;
+  so.max_open_files = 2;  // at most two files open at once, whatever io_threads says
+  so.io_threads = 16;
+  auto src = open_source(dir.file("n") + ":/data", so);
+  std::vector<Expect> want;
+  for (std::uint64_t k = 0; k < 300; ++k) want.push_back({100 + k, 0});
+  expect_samples(*src, want);
+}
+
+}  // namespace
+}  // namespace solar::storage
