@@ -40,9 +40,9 @@ using storage::StorageError;
 struct GenOptions {
   std::string out;
   std::optional<std::uint64_t> samples;
-  std::string preset = "cosmoflow";
-  std::optional<std::string> shape, dtype;
+  std::optional<std::string> preset, shape, dtype, storage_layout;
   std::string layout = "contiguous";
+  std::optional<std::uint64_t> files, samples_per_file, universes_per_dir;
   std::uint64_t seed = 0;
   bool force = false;
   bool yes = false;
@@ -54,6 +54,8 @@ struct GenOptions {
 constexpr std::uint64_t kGenConfirmBytes = 10ULL << 30;
 // Datasets from this size on are announced (size, free space) before writing starts.
 constexpr std::uint64_t kGenAnnounceBytes = 1ULL << 30;
+// More files than this in one dataset is a mistake more often than a wish.
+constexpr std::uint64_t kMaxFiles = 10'000'000;
 
 struct Preset {
   const char* name;
@@ -61,10 +63,21 @@ struct Preset {
   const char* dtype;
 };
 const std::vector<Preset>& presets() {
-  static const std::vector<Preset> p = {{"cosmoflow", {4, 128, 128, 128}, "int16"},  // 16 MiB
-                                        {"small", {4, 32, 32, 32}, "int16"},         // 256 KiB
-                                        {"tiny", {4, 8, 8, 8}, "int16"}};            // 4 KiB
+  static const std::vector<Preset> p = {
+      {"cosmoflow", {4, 128, 128, 128}, "int16"},  // 16 MiB
+      {"small", {4, 32, 32, 32}, "int16"},         // 256 KiB
+      {"tiny", {4, 8, 8, 8}, "int16"},             // 4 KiB
+      {"deepcam", {768, 1152, 16}, "float32"},     // 54 MiB, MLPerf HPC DeepCAM
+      {"dlio", {256, 256}, "uint8"}};              // 64 KiB, DLIO's record_length 65536
   return p;
+}
+// The preset a layout takes when none is given: the workload's own sample.
+const char* default_preset(storage::FilesLayout l) {
+  switch (l) {
+    case storage::FilesLayout::deepcam: return "deepcam";
+    case storage::FilesLayout::dlio: return "dlio";
+    default: return "cosmoflow";
+  }
 }
 
 std::vector<std::uint64_t> parse_shape(const std::string& s) {
@@ -85,18 +98,89 @@ std::vector<std::uint64_t> parse_shape(const std::string& s) {
   return dims;
 }
 
+std::optional<storage::Layout> parse_storage_layout(const std::string& s) {
+  if (s == "contiguous") return storage::Layout::contiguous;
+  if (s == "chunked") return storage::Layout::chunked;
+  if (s == "gzip") return storage::Layout::gzip;
+  return std::nullopt;
+}
+
+// --layout, --storage-layout and the options only some layouts take, into `spec`.
+void parse_layouts(const GenOptions& o, storage::GenSpec& spec) {
+  using storage::FilesLayout;
+  const std::optional<storage::Layout> stored = parse_storage_layout(o.layout);
+  if (stored) spec.files = FilesLayout::single;
+  else if (o.layout == "per-sample-files") spec.files = FilesLayout::per_sample_files;
+  else if (o.layout == "deepcam") spec.files = FilesLayout::deepcam;
+  else if (o.layout == "dlio") spec.files = FilesLayout::dlio;
+  else
+    throw ConfigError("--layout", fmt::format("'{}' is not contiguous, chunked, gzip (one file) "
+                                              "or per-sample-files, deepcam, dlio (a directory)",
+                                              o.layout));
+  spec.layout = stored.value_or(storage::Layout::contiguous);
+  if (o.storage_layout) {
+    const auto s = parse_storage_layout(*o.storage_layout);
+    if (!s)
+      throw ConfigError("--storage-layout", fmt::format("'{}' is not contiguous, chunked or gzip",
+                                                        *o.storage_layout));
+    if (stored && *s != *stored)
+      throw ConfigError("--storage-layout", fmt::format("{} contradicts --layout {}; give one "
+                                                        "of them",
+                                                        *o.storage_layout, o.layout));
+    spec.layout = *s;
+  }
+  const std::string name(storage::to_string(spec.files));
+  if (spec.files != FilesLayout::dlio && (o.files || o.samples_per_file))
+    throw ConfigError(o.files ? "--files" : "--samples-per-file",
+                      fmt::format("only --layout dlio puts several samples in each of N files; "
+                                  "--layout {} writes {}; drop it or use --layout dlio",
+                                  o.layout,
+                                  spec.files == FilesLayout::single ? "one file"
+                                                                    : "one file per sample"));
+  if (spec.files != FilesLayout::per_sample_files && o.universes_per_dir)
+    throw ConfigError("--universes-per-dir", fmt::format("only --layout per-sample-files has "
+                                                         "universes; drop it for --layout {}",
+                                                         o.layout));
+  if (o.files && (*o.files == 0 || *o.files > kMaxFiles))
+    throw ConfigError("--files", fmt::format("must be in 1..{}", kMaxFiles));
+  if (o.samples_per_file && (*o.samples_per_file == 0 || *o.samples_per_file > kMaxSamples))
+    throw ConfigError("--samples-per-file", fmt::format("must be in 1..{}", kMaxSamples));
+  if (o.universes_per_dir && *o.universes_per_dir == 0)
+    throw ConfigError("--universes-per-dir", "must be at least 1");
+  spec.file_count = o.files.value_or(0);
+  spec.samples_per_file = o.samples_per_file.value_or(0);
+  spec.universes_per_dir = o.universes_per_dir.value_or(64);
+}
+
+// What a reader is told to read the dataset with.
+std::string reader_arguments(const storage::GenSpec& spec) {
+  return fmt::format("--dataset {} --labels {}", storage::dataset_spec(spec),
+                     storage::gen_arrays(spec).labels);
+}
+
 void run_gen(const GenOptions& o) {
   storage::GenSpec spec;
+  std::vector<storage::GenFile> files;
   try {
     spec.path = o.out;
-    if (!o.samples) throw ConfigError("--samples", "required (number of samples, ≥ 1)");
-    if (*o.samples == 0 || *o.samples > kMaxSamples)
+    parse_layouts(o, spec);
+    if (!o.samples && spec.files == storage::FilesLayout::dlio && o.files && o.samples_per_file &&
+        *o.files * *o.samples_per_file <= kMaxSamples)
+      spec.samples = *o.files * *o.samples_per_file;  // every file full
+    else if (!o.samples)
+      throw ConfigError("--samples", "required (number of samples, ≥ 1)");
+    else
+      spec.samples = *o.samples;
+    if (spec.samples == 0 || spec.samples > kMaxSamples)
       throw ConfigError("--samples", fmt::format("must be in 1..{}", kMaxSamples));
-    spec.samples = *o.samples;
+    const std::string preset = o.preset.value_or(default_preset(spec.files));
     const Preset* p = nullptr;
     for (const auto& x : presets())
-      if (o.preset == x.name) p = &x;
-    if (!p) throw ConfigError("--preset", fmt::format("'{}' is not cosmoflow, small or tiny", o.preset));
+      if (preset == x.name) p = &x;
+    if (!p)
+      throw ConfigError("--preset", fmt::format("'{}' is not cosmoflow, small, tiny, deepcam or "
+                                                "dlio",
+                                                preset));
     spec.shape = o.shape ? parse_shape(*o.shape) : p->shape;
     const std::string dt = o.dtype.value_or(p->dtype);
     auto dtype = storage::parse_dtype(dt);
@@ -105,14 +189,22 @@ void run_gen(const GenOptions& o) {
                                                "int32, uint32, int64, uint64, float32, float64",
                                                dt));
     spec.dtype = *dtype;
-    if (o.layout == "contiguous") spec.layout = storage::Layout::contiguous;
-    else if (o.layout == "chunked") spec.layout = storage::Layout::chunked;
-    else if (o.layout == "gzip") spec.layout = storage::Layout::gzip;
-    else throw ConfigError("--layout", fmt::format("'{}' is not contiguous, chunked or gzip", o.layout));
     spec.seed = o.seed;
     spec.force = o.force;
+    try {
+      files = storage::gen_files(spec);
+    } catch (const StorageError& e) {
+      const std::string what = e.what();
+      const auto colon = what.find(": ");
+      throw ConfigError(what.substr(0, colon), what.substr(colon + 2));
+    }
+    if (files.size() > kMaxFiles)
+      throw ConfigError("--samples", fmt::format("--layout {} would write {} files, more than "
+                                                 "{}; write fewer samples, or several samples a "
+                                                 "file with --layout dlio",
+                                                 o.layout, files.size(), kMaxFiles));
     std::error_code ec;
-    if (std::filesystem::exists(o.out, ec) && !o.force)
+    if (std::filesystem::exists(std::filesystem::symlink_status(o.out, ec)) && !o.force)
       throw ConfigError("OUT", fmt::format("{} already exists; pass --force to replace it", o.out));
   } catch (const ConfigError& e) {
     exit_code() = usage("gen", e.what());
@@ -126,18 +218,20 @@ void run_gen(const GenOptions& o) {
     }
     sb *= d;
   }
-  // What it will write (data and one int32 label per sample), against the free space.
-  const std::uint64_t per = sb + 4;
-  const bool huge = per > ~std::uint64_t{0} / spec.samples;
-  const std::uint64_t total = huge ? ~std::uint64_t{0} : spec.samples * per;
-  const std::string size_text = fmt::format("{}{} ({} samples of {})", huge ? "more than " : "",
-                                            format_bytes(total), spec.samples, format_bytes(sb));
+  // What it will write (data, labels, each file's metadata), against the free space.
+  const std::uint64_t total = storage::dataset_bytes(spec);
+  const bool huge = total == ~std::uint64_t{0};
+  const std::string size_text = fmt::format("{}{} ({} samples of {}{})", huge ? "more than " : "",
+                                            format_bytes(total), spec.samples, format_bytes(sb),
+                                            files.size() > 1
+                                                ? fmt::format(" in {} files", files.size())
+                                                : "");
   {
-    // The file is written beside OUT and renamed at the end: a file it replaces (--force)
-    // still takes its space until then.
+    // The dataset is written beside OUT and moved into place at the end: one it replaces
+    // (--force) still takes its space until then.
     namespace fs = std::filesystem;
     std::error_code ec;
-    const fs::path dir = fs::absolute(o.out, ec).parent_path();
+    const fs::path dir = fs::absolute(o.out, ec).lexically_normal().parent_path();
     const fs::space_info space = fs::space(dir, ec);
     const bool known = !ec;  // no such directory: the writer says so
     const std::string free_text =
@@ -171,11 +265,33 @@ void run_gen(const GenOptions& o) {
   const double s = since(t0);
   std::string shape;
   for (auto d : spec.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
-  fmt::print("wrote {}: /data {} samples of {} {} ({} each, {} in all), layout {}, seed {}; "
-             "/label int32; {:.1f} s ({:.2f} GB/s)\n",
-             o.out, spec.samples, shape, storage::to_string(spec.dtype), format_bytes(sb),
-             format_bytes(sb * spec.samples), storage::to_string(spec.layout), spec.seed, s,
-             gbps(sb * spec.samples, s));
+  const storage::GenArrays arrays = storage::gen_arrays(spec);
+  std::string label_shape;
+  for (auto d : arrays.label_shape) label_shape += (label_shape.empty() ? "" : "x") + std::to_string(d);
+  if (spec.files == storage::FilesLayout::single) {
+    fmt::print("wrote {}: /data {} samples of {} {} ({} each, {} in all), layout {}, seed {}; "
+               "/label int32; {:.1f} s ({:.2f} GB/s)\n",
+               o.out, spec.samples, shape, storage::to_string(spec.dtype), format_bytes(sb),
+               format_bytes(sb * spec.samples), storage::to_string(spec.layout), spec.seed, s,
+               gbps(sb * spec.samples, s));
+  } else {
+    const auto& first = files.front();
+    fmt::print("wrote {}: {} files ({} to {}), {} {} samples of {} {} ({} each, {} in all{}), "
+               "{} {}{} a sample, arrays {}, seed {}; {:.1f} s ({:.2f} GB/s)\n",
+               o.out, files.size(), first.path, files.back().path, arrays.data, spec.samples,
+               shape, storage::to_string(spec.dtype), format_bytes(sb),
+               format_bytes(sb * spec.samples),
+               spec.files == storage::FilesLayout::dlio
+                   ? fmt::format(", {} a file", first.count) +
+                         (files.back().count != first.count
+                              ? fmt::format(", the last {}", files.back().count)
+                              : "")
+                   : "",
+               arrays.labels, storage::to_string(arrays.label_dtype),
+               label_shape.empty() ? "" : " " + label_shape, storage::to_string(spec.layout),
+               spec.seed, s, gbps(sb * spec.samples, s));
+  }
+  fmt::print("read it with: {}\n", reader_arguments(spec));
 }
 
 
@@ -185,16 +301,35 @@ void add_gen_command(CLI::App& app) {
   auto g = std::make_shared<GenOptions>();
   CLI::App* gen = app.add_subcommand(
       "gen",
-      "Write a dataset: /data with N samples (content a deterministic function of seed and\n"
-      "index, so `solar verify` can check every byte) and /label (one int32 per sample).\n"
-      "Size: N × the sample size (--preset/--shape/--dtype) + 4 bytes a sample. It refuses\n"
-      "(exit 2, nothing written) anything larger than the free space where OUT goes, asks\n"
-      "for --yes above 10 GiB, and says how much it writes from 1 GiB on.");
-  gen->add_option("out", g->out, "The HDF5 file to write (OUT.h5)")->type_name(kFile)->required();
-  gen->add_option("--samples", g->samples, "Number of samples N (required)")->type_name(kUint);
+      "Write a dataset whose content is a deterministic function of the seed and each sample's\n"
+      "global id (files in sorted path order, then the samples within each), so that `solar\n"
+      "verify` and `solar-example-train --verify` can check every byte and label. --layout:\n"
+      "  contiguous, chunked, gzip  one file OUT: /data (N samples) and /label (int32 each)\n"
+      "  per-sample-files  the SOLAR artifact's CosmoFlow: a directory OUT of universes of 64\n"
+      "      samples, --universes-per-dir (64) a subfolder, one sample a file:\n"
+      "      OUT/000/univ0000_000.hdf5 .. with /split (the sample) and /unitPar (float32, 4)\n"
+      "  deepcam  MLPerf HPC DeepCAM: OUT/data-000000.h5 .., one sample a file: /climate/data\n"
+      "      (H x W x C, preset deepcam) and /climate/labels_0 (int32, H x W)\n"
+      "  dlio  DLIO / MLPerf Storage: --files N, OUT/img_0_of_N.hdf5 .. with /records (rows of\n"
+      "      samples, preset dlio: 256x256 uint8) and /labels (int64 each); --samples over the\n"
+      "      files (or --samples-per-file K), the last file shorter when they do not divide\n"
+      "The arrays of a directory's files are stored as --storage-layout says. It prints the\n"
+      "--dataset and --labels to read it with. Every file is written to a temporary and renamed,\n"
+      "a directory as a whole beside OUT and moved into place at the end: a dataset at OUT is\n"
+      "complete. Size: N x the sample size (--preset/--shape/--dtype) + labels + metadata. It\n"
+      "refuses (exit 2, nothing written) anything larger than the free space where OUT goes,\n"
+      "asks for --yes above 10 GiB, and says how much it writes from 1 GiB on.");
+  gen->add_option("out", g->out, "The HDF5 file (OUT.h5) or directory to write")
+      ->type_name(kFile)
+      ->required();
+  gen->add_option("--samples", g->samples,
+                  "Number of samples N (required; dlio: or --files x --samples-per-file)")
+      ->type_name(kUint);
   gen->add_option("--preset", g->preset,
                   "Sample shape and dtype: cosmoflow = 4x128x128x128 int16 (16 MiB), small = "
-                  "4x32x32x32 int16 (256 KiB), tiny = 4x8x8x8 int16 (4 KiB) [cosmoflow]")
+                  "4x32x32x32 int16 (256 KiB), tiny = 4x8x8x8 int16 (4 KiB), deepcam = "
+                  "768x1152x16 float32 (54 MiB), dlio = 256x256 uint8 (64 KiB) [the layout's: "
+                  "deepcam, dlio, else cosmoflow]")
       ->type_name("NAME");
   gen->add_option("--shape", g->shape, "Shape of one sample, e.g. 4,128,128,128 (overrides the preset)")
       ->type_name("UINT,...");
@@ -203,11 +338,24 @@ void add_gen_command(CLI::App& app) {
                   "(overrides the preset)")
       ->type_name("DTYPE");
   gen->add_option("--layout", g->layout,
-                  "contiguous (raw, fastest), chunked (one sample per chunk), gzip (chunked + "
-                  "deflate level 1) [contiguous]")
+                  "One file: contiguous (raw, fastest), chunked (one sample per chunk), gzip "
+                  "(chunked + deflate level 1); a directory: per-sample-files, deepcam, dlio "
+                  "(above) [contiguous]")
       ->type_name("LAYOUT");
+  gen->add_option("--storage-layout", g->storage_layout,
+                  "How the arrays of a directory's files are stored: contiguous, chunked, gzip "
+                  "[contiguous]")
+      ->type_name("LAYOUT");
+  gen->add_option("--files", g->files, "dlio: number of files N")->type_name(kUint);
+  gen->add_option("--samples-per-file", g->samples_per_file,
+                  "dlio: samples in each file but the last [N / --files, rounded up]")
+      ->type_name(kUint);
+  gen->add_option("--universes-per-dir", g->universes_per_dir,
+                  "per-sample-files: universes (64 samples each) a subfolder [64]")
+      ->type_name(kUint);
   gen->add_option("--seed", g->seed, "Content seed [0]")->type_name(kUint);
-  gen->add_flag("--force", g->force, "Replace OUT if it exists");
+  gen->add_flag("--force", g->force,
+                "Replace OUT if it exists (a directory only when it holds HDF5 files alone)");
   gen->add_flag("-y,--yes", g->yes,
                 "Write more than 10 GiB (never more than the free space)");
   gen->add_flag_callback("--no-progress", [g] { g->progress = false; }, "No progress bar");

@@ -43,6 +43,7 @@ struct VerifyOptions {
   std::optional<std::uint64_t> sample;
   std::optional<std::uint64_t> seed;
   std::string batch = "64M";
+  std::string labels = "/label";
   bool progress = true;
   bool json = false;
   SourceFlags flags;
@@ -58,7 +59,7 @@ void run_verify(const VerifyOptions& o) {
     if (batch_bytes == 0) throw ConfigError("--batch-bytes", "must be > 0");
     if (o.range && o.sample) throw ConfigError("--sample", "give --range or --sample, not both");
     try {
-      src = o.flags.open(o.source);
+      src = o.flags.open(o.source, o.labels);
     } catch (const StorageError& e) {
       throw ConfigError("SOURCE", e.what());
     }
@@ -102,11 +103,14 @@ void run_verify(const VerifyOptions& o) {
   }
   const auto& info = src->info();
   const std::uint64_t sb = info.sample_bytes;
-  const bool check_labels = info.has_labels && info.label_dtype == storage::DType::int32 &&
-                            info.label_bytes == 4;
+  // Labels of any dtype and size (content.h's fill_label).
+  const bool check_labels = info.has_labels && info.label_bytes > 0;
+  const std::uint64_t lb = check_labels ? info.label_bytes : 0;
+  // One file of a dataset of many (its solar_first): its samples are the dataset's from there.
+  const std::uint64_t offset = info.generated_first.value_or(0);
   const auto parts = batches(runs, sb, batch_bytes);
   std::vector<std::byte> buf(std::min(batch_bytes, storage::total_samples(runs) * sb) + sb);
-  std::vector<std::int32_t> labels;
+  std::vector<std::byte> labels;
   std::vector<std::uint64_t> bad, bad_labels;
   std::uint64_t checked = 0;
   const std::uint64_t total = storage::total_samples(runs);
@@ -120,12 +124,12 @@ void run_verify(const VerifyOptions& o) {
       src->read(part, buf.data());
       read_s += since(tr);
       if (check_labels) {
-        labels.resize(n);
-        src->read_labels(part, reinterpret_cast<std::byte*>(labels.data()));
+        labels.resize(n * lb);
+        src->read_labels(part, labels.data());
       }
       std::vector<std::uint64_t> ids;
       for (const auto& r : part)
-        for (std::uint64_t i = 0; i < r.count; ++i) ids.push_back(r.first + i);
+        for (std::uint64_t i = 0; i < r.count; ++i) ids.push_back(offset + r.first + i);
       std::vector<char> ok(n, 1);
       std::atomic<std::size_t> next{0};
       auto work = [&] {
@@ -137,7 +141,8 @@ void run_verify(const VerifyOptions& o) {
       helper.join();
       for (std::uint64_t i = 0; i < n; ++i) {
         if (!ok[i]) bad.push_back(ids[i]);
-        if (check_labels && labels[i] != storage::content::label(seed, ids[i]))
+        if (check_labels && !storage::content::check_label(seed, ids[i], info.label_dtype,
+                                                            labels.data() + i * lb, lb))
           bad_labels.push_back(ids[i]);
       }
       checked += n;
@@ -163,10 +168,11 @@ void run_verify(const VerifyOptions& o) {
                                       {"ok", all_ok}}
                            .dump(2));
   } else {
-    fmt::print("{}: {} {} samples of {} {} ({}){}, seed {}\n", src->describe(),
+    fmt::print("{}: {} {} samples of {} {} ({}){}, seed {}{}\n", src->describe(),
                all_ok ? "verified" : "checked", checked, info.shape_string(),
                storage::to_string(info.dtype), format_bytes(bytes),
-               check_labels ? " and their labels" : "", seed);
+               check_labels ? " and their labels" : "", seed,
+               offset ? fmt::format(", ids from {} (solar_first)", offset) : "");
     fmt::print("read {:.2f} GB/s, overall {:.2f} GB/s ({:.2f} s)\n", gbps(bytes, read_s),
                gbps(bytes, s), s);
     auto list = [](const std::vector<std::uint64_t>& v) {
@@ -193,9 +199,15 @@ void add_verify_command(CLI::App& app) {
       "verify",
       "Read samples through a source and check every byte (and label) against the generator\n"
       "of `solar gen`. Exit code 0: all match; 1: a mismatch or a read failed; 2: bad input.");
-  verify->add_option("source", v->source, "FILE.h5:/dataset (default /data) or fabric://HOST:PORT/NAME")
+  verify->add_option("source", v->source,
+                     "FILE.h5:/dataset (default /data), a directory, glob or @LIST of files "
+                     "(DIR/:/split, DIR/:/records[]) or fabric://HOST:PORT/NAME")
       ->type_name(kSource)
       ->required();
+  verify->add_option("--labels", v->labels,
+                     "Labels dataset in each file ('' for none; /unitPar, /climate/labels_0, "
+                     "/labels) [/label]")
+      ->type_name("NAME");
   verify->add_option("--range", v->range, "Only samples FIRST:END (END exclusive)")
       ->type_name("UINT:UINT");
   verify->add_option("--sample", v->sample, "Only this many samples, chosen at random")

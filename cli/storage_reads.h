@@ -62,8 +62,10 @@ struct SourceFlags {
                     "fabric://: libfabric provider (default: the server's)")
         ->type_name("NAME");
   }
-  std::unique_ptr<storage::SampleSource> open(const std::string& spec) const {
+  std::unique_ptr<storage::SampleSource> open(const std::string& spec,
+                                              const std::string& labels = "/label") const {
     storage::SourceOptions so;
+    so.label_dataset = labels;
     so.io_threads = threads;
     so.queue_depth = queue_depth;
     so.timeout_s = timeout;

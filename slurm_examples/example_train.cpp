@@ -235,6 +235,7 @@ int main(int argc, char** argv) {
     const std::uint32_t epochs = loader ? loader->epochs() : direct->epochs();
     const std::uint64_t label_bytes = loader ? loader->label_bytes() : direct->label_bytes();
     std::uint64_t seed = 0;
+    solar::storage::DType label_dtype = solar::storage::DType::int32;
     if (verify) {
       // The content seed is stored with the dataset (solar gen writes it).
       solar::storage::SourceOptions so;
@@ -245,6 +246,7 @@ int main(int argc, char** argv) {
         throw solar::Error(fmt::format("--verify: {} was not written by solar gen (no seed)",
                                        src->describe()));
       seed = *src->info().seed;
+      label_dtype = src->info().label_dtype;
     }
     auto per_rank = [&](std::string path) {
       if (const auto at = path.find("%r"); at != std::string::npos)
@@ -297,11 +299,9 @@ int main(int argc, char** argv) {
         if (rec) rec << ' ' << idx;
         if (!verify) continue;
         bool ok = solar::storage::content::check_sample(seed, idx, data(i), bytes);
-        if (ok && label_bytes == 4) {
-          std::int32_t l;
-          std::memcpy(&l, label(i), 4);
-          ok = l == solar::storage::content::label(seed, idx);
-        }
+        if (ok && label_bytes)  // of any dtype and size: content.h's fill_label
+          ok = solar::storage::content::check_label(
+              seed, idx, label_dtype, static_cast<const std::byte*>(label(i)), label_bytes);
         if (!ok && bad++ < 5)
           std::fprintf(stderr, "rank %u: sample %llu at step %llu has wrong content\n", rank,
                        static_cast<unsigned long long>(idx), static_cast<unsigned long long>(step));

@@ -1,5 +1,6 @@
 #include "solar/storage/content.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -58,6 +59,50 @@ bool check_sample(std::uint64_t seed, std::uint64_t index, const std::byte* src,
 
 std::int32_t label(std::uint64_t seed, std::uint64_t index) {
   return static_cast<std::int32_t>(mix(base(seed, index)) >> 33);
+}
+
+namespace {
+// Element k of a label, as the dtype's little-endian bytes in the low end of a word.
+std::uint64_t label_element(std::uint64_t b, std::uint64_t k, DType dtype) {
+  const std::uint64_t r = mix(b ^ (k * kGolden));
+  if (dtype == DType::float32) {
+    const float f = static_cast<float>(r >> 40) * 0x1p-24f;
+    return std::bit_cast<std::uint32_t>(f);
+  }
+  if (dtype == DType::float64)
+    return std::bit_cast<std::uint64_t>(static_cast<double>(r >> 11) * 0x1p-53);
+  return r >> 33;  // every integer dtype: its low bits, little-endian
+}
+
+// Calls `part(offset, word, n)` for the label's elements in order: n bytes of `word` at offset.
+template <class F>
+void for_label_elements(std::uint64_t seed, std::uint64_t index, DType dtype,
+                        std::uint64_t bytes, F&& part) {
+  const std::uint64_t b = base(seed, index);
+  const std::uint64_t size = dtype_size(dtype);
+  for (std::uint64_t off = 0, k = 0; off < bytes; off += size, ++k)
+    if (!part(off, label_element(b, k, dtype), std::min(size, bytes - off))) return;
+}
+}  // namespace
+
+void fill_label(std::uint64_t seed, std::uint64_t index, DType dtype, std::byte* dst,
+                std::uint64_t bytes) {
+  for_label_elements(seed, index, dtype, bytes,
+                     [&](std::uint64_t off, std::uint64_t w, std::uint64_t n) {
+                       std::memcpy(dst + off, &w, n);
+                       return true;
+                     });
+}
+
+bool check_label(std::uint64_t seed, std::uint64_t index, DType dtype, const std::byte* src,
+                 std::uint64_t bytes) {
+  bool same = true;
+  for_label_elements(seed, index, dtype, bytes,
+                     [&](std::uint64_t off, std::uint64_t w, std::uint64_t n) {
+                       same = std::memcmp(src + off, &w, n) == 0;
+                       return same;
+                     });
+  return same;
 }
 
 }  // namespace solar::storage::content

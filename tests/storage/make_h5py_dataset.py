@@ -23,13 +23,35 @@ def mix(z):
     return z ^ (z >> np.uint64(31))
 
 
-def sample_bytes(seed, index, nbytes):
+def _base(seed, index):
     key = mix(np.uint64(seed) ^ np.uint64(0x5EED5EED5EED5EED))
-    base = mix(key + np.uint64(index) * G)
+    return mix(key + np.uint64(index) * G)
+
+
+def sample_bytes(seed, index, nbytes):
+    """(bytes, int32 label) of sample `index`."""
+    base = _base(seed, index)
     words = (nbytes + 7) // 8
     k = np.arange(1, words + 1, dtype=np.uint64)
     w = mix(base + k * G).astype("<u8")
     return w.tobytes()[:nbytes], int(np.int32(mix(base) >> np.uint64(33)))
+
+
+def label_bytes(seed, index, dtype, nbytes):
+    """Sample `index`'s label as `nbytes` bytes of `dtype` (content.h's fill_label): element k
+    from r_k = mix(base ^ k*G); integers r_k >> 33 modulo 2^bits, float32 (r_k >> 40) * 2^-24,
+    float64 (r_k >> 11) * 2^-53, little-endian."""
+    dt = np.dtype(dtype).newbyteorder("<")
+    n = (nbytes + dt.itemsize - 1) // dt.itemsize
+    with np.errstate(over="ignore"):
+        r = mix(_base(seed, index) ^ (np.arange(n, dtype=np.uint64) * G))
+    if dt.kind == "f" and dt.itemsize == 4:
+        v = (r >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)
+    elif dt.kind == "f":
+        v = (r >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    else:
+        v = r >> np.uint64(33)
+    return v.astype(dt).tobytes()[:nbytes]
 
 
 def main():

@@ -8,11 +8,22 @@
 //   label  = int32(mix(base_i) >> 33)
 //   mix(z) = SplitMix64's finaliser (z ^= z>>30; z *= 0xBF58476D1CE4E5B9; z ^= z>>27;
 //            z *= 0x94D049BB133111EB; z ^= z>>31), all arithmetic mod 2^64.
+//
+// A label of any dtype and size (fill_label: the CosmoFlow artifact's unitPar, float32[4];
+// DeepCAM's labels_0, a 2-D mask; DLIO's int64 labels) is elements k = 0, 1, ... of
+//   r_k    = mix(base_i ^ (k * G))                 (r_0 = mix(base_i): element 0 of an
+//                                                   integer label is `label` above)
+//   integers: the value r_k >> 33 (0 .. 2^31 - 1) in the dtype, modulo 2^bits, little-endian
+//   float32: (r_k >> 40) * 2^-24, float64: (r_k >> 11) * 2^-53 (in [0, 1), exact)
+// and a label's bytes past its last whole element (none for an array of the dtype) are the
+// next element's first bytes.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+
+#include "solar/storage/sample_source.h"
 
 namespace solar::storage::content {
 
@@ -24,5 +35,13 @@ void fill_sample(std::uint64_t seed, std::uint64_t index, std::byte* dst, std::u
 bool check_sample(std::uint64_t seed, std::uint64_t index, const std::byte* src,
                   std::uint64_t bytes);
 std::int32_t label(std::uint64_t seed, std::uint64_t index);
+
+// Sample `index`'s label as `bytes` bytes of `dtype` (the rule above). An int32 label of 4
+// bytes is label(seed, index).
+void fill_label(std::uint64_t seed, std::uint64_t index, DType dtype, std::byte* dst,
+                std::uint64_t bytes);
+// True when `src` holds exactly sample `index`'s label.
+bool check_label(std::uint64_t seed, std::uint64_t index, DType dtype, const std::byte* src,
+                 std::uint64_t bytes);
 
 }  // namespace solar::storage::content
