@@ -160,6 +160,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   bo.transparent = o.transparent;
   bo.peers = !o.peer_dir.empty();
   bo.page_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (o.transparent) count_file_tables(*source_, bo);
   buf_ = buffer_layout(header_.config, label_bytes_, bo);
   const std::uint64_t bytes = buf_.map_bytes;
   const std::uint64_t avail = sys::mem_available_bytes();

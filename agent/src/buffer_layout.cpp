@@ -50,8 +50,11 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
   const std::uint64_t N = c.samples;
   b.entries_offset = b.index_offset + sizeof(solar_xindex);
   b.consumed_offset = b.entries_offset + N * sizeof(std::uint64_t);
-  b.extents_offset = b.consumed_offset + (N * 4 + 7) / 8 * 8;
-  b.map_bytes = o.transparent ? b.extents_offset + N * sizeof(solar_xextent)
+  b.files_offset = b.consumed_offset + (N * 4 + 7) / 8 * 8;
+  b.files = o.transparent ? o.files : 0;
+  b.extents = o.transparent ? o.extents : 0;
+  b.extents_offset = b.files_offset + b.files * sizeof(solar_xfile);
+  b.map_bytes = o.transparent ? b.extents_offset + b.extents * sizeof(solar_xextent)
                 : o.peers     ? b.consumed_offset
                               : labels_end;
   return b;

@@ -45,12 +45,15 @@ struct BufferLayout {
   std::uint64_t ring_batch = 0;    // slots per ring batch (b + δ)
   bool inline_copy = false;        // batches small enough to copy without a thread hop
   // Transparent mode: the sample index follows the labels, page-aligned (solar/transparent.h):
-  // its header, N 64-bit entries, N 32-bit consumed counters (padded to 8 bytes), then N
-  // extents (chunked datasets).
+  // its header, N 64-bit entries, N 32-bit consumed counters (padded to 8 bytes), then the
+  // file table (BufferOptions::files solar_xfile) and the extents of the chunked files
+  // (BufferOptions::extents solar_xextent).
   std::uint64_t index_offset = 0;
   std::uint64_t entries_offset = 0;
   std::uint64_t consumed_offset = 0;
+  std::uint64_t files_offset = 0;
   std::uint64_t extents_offset = 0;
+  std::uint64_t files = 0, extents = 0;  // the tables' records (transparent)
   std::uint64_t map_bytes = 0;     // the whole memfd: slots, then the index (transparent, peers)
   std::uint64_t handover_slots = 0;  // peers: cache slots beyond the plan's, see BufferOptions
 
@@ -79,6 +82,9 @@ struct BufferOptions {
   // admits, at most one step's handovers are left there out of staging_steps (≥ 2) steps.
   bool peers = false;
   std::uint64_t page_bytes = 4096;
+  // Transparent: the dataset's files, and the chunked ones' extents together (one per sample
+  // of a chunked file): the index's tables (count_file_tables, transparent_pacer.h).
+  std::uint64_t files = 0, extents = 0;
 };
 
 // The layout of the buffer for plan config `c` (its samples, sample size, ranks, batch, δ and

@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "agent_impl.h"
-#include "solar/storage/hdf5_source.h"
+#include "solar/storage/dataset_files.h"
 
 namespace solar::agent {
 
@@ -17,8 +19,11 @@ void DatasetWatch::join() {
 }
 
 void DatasetWatch::loop() {
-  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(a_.source_.get());
-  if (!h5) return;
+  const storage::DatasetFiles* set = a_.source_->file_set();
+  if (!set || set->files().empty()) return;
+  const std::size_t files = set->files().size();
+  const std::size_t slice = std::min<std::size_t>(files, kWatchSlice);
+  std::size_t next = 0;  // the next file to check
   for (;;) {
     {
       std::unique_lock lk(a_.mu_);
@@ -26,8 +31,7 @@ void DatasetWatch::loop() {
       if (a_.stopping_ || !a_.fatal_.empty()) return;
     }
     try {
-      h5->check_unchanged();
-      h5->check_path();
+      for (std::size_t k = 0; k < slice; ++k, next = (next + 1) % files) set->check_file(next);
     } catch (const storage::StorageError& e) {
       a_.fail(fmt::format("{}; this agent stops serving it", e.what()));
       return;

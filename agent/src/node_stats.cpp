@@ -169,6 +169,7 @@ nlohmann::json NodeStats::transparent_json(std::uint64_t consumed_steps) const {
           {"torn", relaxed(x.torn)},             {"attached", relaxed(x.attached)},
           {"waited_reads", relaxed(x.waited_reads)},
           {"waited_seconds", static_cast<double>(relaxed(x.waited_ns)) * 1e-9},
+          {"opens", relaxed(x.opens)},
           {"consumed_steps", consumed_steps}};
 }
 

@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <thread>
 
 #include "agent_impl.h"
-#include "solar/storage/hdf5_source.h"
+#include "solar/storage/dataset_files.h"
 
 namespace solar::agent {
 
@@ -27,44 +29,91 @@ std::uint64_t monotonic_ns() {
 
 // ---- transparent mode ---------------------------------------------------------------------
 
+void count_file_tables(const storage::SampleSource& source, BufferOptions& o) {
+  o.files = o.extents = 0;
+  if (const storage::DatasetFiles* set = source.file_set())
+    for (const storage::DatasetFile& f : set->files()) {
+      ++o.files;
+      if (!f.data_offset) o.extents += f.sample_offsets.size();
+    }
+}
+
 void TransparentPacer::setup() {
-  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(a_.source_.get());
-  if (!h5 || !h5->sample_offset(0))
+  const storage::DatasetFiles* set = a_.source_->file_set();
+  const auto files = set ? set->files() : std::span<const storage::DatasetFile>{};
+  const auto cooked = std::find_if(files.begin(), files.end(),
+                                   [](const storage::DatasetFile& f) { return !f.raw(); });
+  if (files.empty() || cooked != files.end())
     throw AgentError(fmt::format(
-        "--transparent serves reads of an HDF5 dataset whose samples lie in the file as raw "
-        "bytes (contiguous, or unfiltered chunks of whole samples); {} is not one (compressed "
+        "--transparent serves reads of HDF5 files whose samples lie in the file as raw bytes "
+        "(contiguous, or unfiltered chunks of whole samples); {}{} is not one (compressed "
         "datasets and solar-stored are not served transparently: use solar's loader, or "
-        "rewrite the dataset with `h5repack -l CONTI`)",
-        a_.source_->describe()));
-  // The file the source opened (and the plan's identity was checked against), not the path.
-  const struct stat& st = h5->opened_stat();
+        "rewrite the files with `h5repack -l CONTI`)",
+        a_.source_->describe(),
+        cooked != files.end() ? fmt::format(": its file {}", cooked->path) : std::string()));
+  if (files.size() != a_.buf_.files)
+    throw AgentError(fmt::format("{} has {} files but its buffer was laid out for {}",
+                                 a_.source_->describe(), files.size(), a_.buf_.files));
   auto* x = reinterpret_cast<solar_xindex*>(a_.base_ + a_.buf_.index_offset);
   const std::uint64_t N = a_.header_.config.samples;
   x->samples = N;
   x->sample_bytes = a_.sample_bytes_;
   x->slot_bytes = a_.buf_.slot_bytes;
-  x->data_offset = h5->raw_offset().value_or(0);
-  x->file_dev = st.st_dev;
-  x->file_ino = st.st_ino;
-  x->file_size = static_cast<std::uint64_t>(st.st_size);
-  x->file_mtime_sec = st.st_mtim.tv_sec;
-  x->file_mtime_nsec = st.st_mtim.tv_nsec;
-  x->file_ctime_sec = st.st_ctim.tv_sec;
-  x->file_ctime_nsec = st.st_ctim.tv_nsec;
-  // The source checked the file against the plan just now: the first lease (pace_loop renews).
+  // The file table: each file as this agent stats it (the device number is this host's; the
+  // rest must be the file the source indexed and checked against the plan), sorted by
+  // (dev, ino) for the interposer's lookup at open. 10^5 files: 10^5 stats, once.
+  auto* table = reinterpret_cast<solar_xfile*>(a_.base_ + a_.buf_.files_offset);
+  auto* ext = reinterpret_cast<solar_xextent*>(a_.base_ + a_.buf_.extents_offset);
+  std::uint64_t extents = 0;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const storage::DatasetFile& f = files[i];
+    struct stat st {};
+    if (::stat(f.path.c_str(), &st) != 0)
+      throw AgentError(fmt::format("{} (of {}): {}; a dataset must stay as it was indexed while "
+                                   "a job reads it",
+                                   f.path, a_.source_->describe(), std::strerror(errno)));
+    if (const std::string why = f.differs(st); !why.empty())
+      throw AgentError(fmt::format("{} (of {}) is not the file indexed: {}; a dataset must stay "
+                                   "as it was indexed while a job reads it",
+                                   f.path, a_.source_->describe(), why));
+    solar_xfile& t = table[i];
+    t = solar_xfile{};
+    t.dev = st.st_dev;
+    t.ino = st.st_ino;
+    t.size = static_cast<std::uint64_t>(st.st_size);
+    t.mtime_sec = st.st_mtim.tv_sec;
+    t.mtime_nsec = st.st_mtim.tv_nsec;
+    t.ctime_sec = st.st_ctim.tv_sec;
+    t.ctime_nsec = st.st_ctim.tv_nsec;
+    t.first = f.first;
+    t.count = f.count;
+    if (f.data_offset) {
+      t.data_offset = *f.data_offset;
+      continue;
+    }
+    // Chunked: where each sample is, sorted by file offset (chunks lie in any order).
+    if (extents + f.sample_offsets.size() > a_.buf_.extents)
+      throw AgentError(fmt::format("{} has more chunk extents than its buffer was laid out for",
+                                   a_.source_->describe()));
+    t.extents_first = extents;
+    t.extents = f.sample_offsets.size();
+    for (std::uint64_t k = 0; k < t.extents; ++k)
+      ext[extents + k] = {f.sample_offsets[k], f.first + k};
+    std::sort(ext + extents, ext + extents + t.extents,
+              [](const solar_xextent& a, const solar_xextent& b) { return a.offset < b.offset; });
+    extents += t.extents;
+  }
+  std::sort(table, table + files.size(), [](const solar_xfile& a, const solar_xfile& b) {
+    return a.dev != b.dev ? a.dev < b.dev : a.ino < b.ino;
+  });
+  x->files = files.size();
+  x->files_offset = a_.buf_.files_offset;
+  x->extents = extents;
+  x->extents_offset = a_.buf_.extents_offset;
+  // The source checked the files against the plan just now: the first lease (loop renews).
   x->lease_until_ns = monotonic_ns() + SOLAR_XINDEX_LEASE_NS;
   x->entries_offset = a_.buf_.entries_offset;
   x->consumed_offset = a_.buf_.consumed_offset;
-  x->extents_offset = a_.buf_.extents_offset;
-  x->extents = 0;
-  if (!h5->raw_offset()) {  // chunked: where each sample is, sorted by file offset
-    auto* ext = reinterpret_cast<solar_xextent*>(a_.base_ + x->extents_offset);
-    for (std::uint64_t i = 0; i < N; ++i) ext[i] = {*h5->sample_offset(i), i};
-    std::sort(ext, ext + N, [](const solar_xextent& a, const solar_xextent& b) {
-      return a.offset < b.offset;
-    });
-    x->extents = N;
-  }
   a_.table_.attach_index(reinterpret_cast<std::uint64_t*>(a_.base_ + x->entries_offset));
   xconsumed_ = reinterpret_cast<std::uint32_t*>(a_.base_ + x->consumed_offset);
   std::atomic_ref<std::uint64_t>(x->magic).store(SOLAR_XINDEX_MAGIC, std::memory_order_release);
@@ -102,13 +151,17 @@ void TransparentPacer::withdraw_stopped() {
 }
 
 bool TransparentPacer::withdraw_if_changed() {
-  const auto* h5 = dynamic_cast<const storage::Hdf5Source*>(a_.source_.get());
-  if (!xindex_ || !h5) return false;
+  const storage::DatasetFiles* set = xindex_ ? a_.source_->file_set() : nullptr;
+  if (!set) return false;
   if (std::atomic_ref<std::uint64_t>(xindex_->withdrawn).load(std::memory_order_acquire) ==
       SOLAR_XINDEX_FILE_CHANGED)
     return true;
+  // Many files: one changed is refused by the interposers' identity check of every read they
+  // serve (its ctime moved), and the others keep being served; withdrawing the whole buffer
+  // for it would send every rank to storage. One file: it is the whole dataset.
+  if (set->files().size() != 1) return false;
   try {
-    h5->check_unchanged();
+    set->check_file(0, false);
     return false;
   } catch (const storage::StorageError& e) {
     std::atomic_ref<std::uint64_t>(xindex_->withdrawn)
@@ -124,8 +177,9 @@ bool TransparentPacer::withdraw_if_changed() {
 // a step: the agent then keeps what it has and the reads it misses go to the file.
 //
 // It also keeps the watch's lease (solar_xindex::lease_until_ns): every SOLAR_XINDEX_RENEW_NS
-// it checks the file and, when it is unchanged, vouches for it until SOLAR_XINDEX_LEASE_NS after
-// the moment before the check. An agent killed (SIGKILL, the OOM killer) or stopped renews
+// it checks the file (one file; many are checked by the interposers on every read they serve)
+// and, when it is unchanged, vouches for it until SOLAR_XINDEX_LEASE_NS after the moment before
+// the check. An agent killed (SIGKILL, the OOM killer) or stopped renews
 // nothing, and its readers stop serving within the lease: nobody watches the file then.
 void TransparentPacer::loop() {
   std::uint64_t next_check = 0;

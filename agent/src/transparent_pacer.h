@@ -25,9 +25,15 @@
 #include <vector>
 
 #include "agent.h"
+#include "buffer_layout.h"
+#include "solar/storage/sample_source.h"
 #include "solar/transparent.h"
 
 namespace solar::agent {
+
+// The sizes of the file table and the extent table the index carries (BufferOptions::files,
+// ::extents) for `source`'s files (none for a source without files: setup() refuses it).
+void count_file_tables(const storage::SampleSource& source, BufferOptions& o);
 
 class TransparentPacer {
  public:
@@ -35,8 +41,9 @@ class TransparentPacer {
   TransparentPacer(const TransparentPacer&) = delete;
   TransparentPacer& operator=(const TransparentPacer&) = delete;
 
-  // Start-up: the index in the buffer, attached to the slot table; throws AgentError when the
-  // dataset's samples do not lie in the file as raw bytes.
+  // Start-up: the index and its file table in the buffer, attached to the slot table; throws
+  // AgentError when the dataset's samples do not lie in its files as raw bytes, or a file is
+  // not the one indexed.
   void setup();
   // The shared index (null in batch mode): where it lies tells the interposer's hello reply.
   const solar_xindex* index() const { return xindex_; }
@@ -44,6 +51,8 @@ class TransparentPacer {
   void join();
   // When the dataset file has changed since the agent opened it, tells every interposer to
   // serve nothing more from the buffer (they read the file instead) and says so; true then.
+  // A dataset of many files is not withdrawn for one (the interposers refuse a changed file's
+  // reads themselves): false.
   bool withdraw_if_changed();
   // The agent failed: the interposers stop serving its buffer (nobody watches the file once it
   // is gone), FILE_CHANGED if the file changed, else AGENT_STOPPED.

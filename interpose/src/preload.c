@@ -1,10 +1,12 @@
-/* libsolar_preload.so: serves an unmodified rank's reads of the dataset file from the node
+/* libsolar_preload.so: serves an unmodified rank's reads of the dataset's files from the node
  * agent's shared buffer (job-transparent mode). LD_PRELOAD it; see interpose/README.md.
  *
- * Only pread-family reads of fds that are this exact file (same dev/ino as $SOLAR_DATASET's
- * path), at byte ranges of samples that the agent's index marks resident, are served from the
- * mapping; everything else goes to the real libc function unchanged. Plain C, libc only: no
- * locks and no malloc on the hot path; symbols are resolved in the constructor.
+ * Only pread-family reads of fds that are exactly a file of the agent's file table (the same
+ * dev, ino, size, mtime and ctime), at byte ranges of samples that the agent's index marks
+ * resident, are served from the mapping; everything else goes to the real libc function
+ * unchanged. One file ($SOLAR_DATASET = FILE.h5[:/name]) is a table of one; a directory, a
+ * glob or @LIST names many. Plain C, libc only: no locks and no malloc on the hot path;
+ * symbols are resolved in the constructor.
  */
 #define _GNU_SOURCE
 #undef _FORTIFY_SOURCE /* we define the functions the fortify wrappers would inline */
@@ -12,6 +14,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -95,21 +98,30 @@ static int close_fd(int fd) { return real_close ? real_close(fd) : sys_close(fd)
 /* ---- configuration and process state ------------------------------------------------------ */
 
 enum { FD_MAX = 65536 };
-enum { FD_NONE = 0, FD_PLAIN = 1, FD_DIRECT = 2 }; /* fds[] values */
+/* fds[] values: FD_NONE, or (file + 1) << 2 | FD_PLAIN or FD_DIRECT, file the fd's index in the
+ * file table; file + 1 == 0: a dataset candidate opened before this process was attached (or
+ * while another thread attached), looked up at its first read. */
+enum { FD_NONE = 0, FD_PLAIN = 1, FD_DIRECT = 2, FD_MODE = 3 };
+enum { FILES_MAX = 1 << 29 }; /* file + 1 fits in fds[]' upper 30 bits */
 enum { X_UNTRIED, X_ATTACHING, X_ATTACHED, X_FAILED }; /* xstate values */
+/* What $SOLAR_DATASET's file part names: one file, or many (a directory, a glob, @LIST).
+ * SPEC_FILE_OR_DIR: told apart by a stat of the path, once, at the first open it concerns. */
+enum { SPEC_FILE, SPEC_DIR, SPEC_GLOB, SPEC_LIST, SPEC_FILE_OR_DIR };
 
 static int active;                 /* 0: inert, every wrapper is the real function */
 static int verbose;                /* $SOLAR_VERBOSE set */
 static pid_t my_pid;               /* getpid() of this process: differs in a vfork child */
-static char ds_path[PATH_MAX];     /* the dataset's file */
-static const char *ds_base;        /* its basename, inside ds_path */
+static char ds_path[PATH_MAX];     /* the spec's file part: the file, directory, glob or list */
+static const char *ds_base;        /* its basename, inside ds_path (a glob's: the pattern) */
+static int spec_said;              /* SPEC_* as the spec's text says */
 static char sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 
-static _Atomic int ds_known;       /* ds_dev/ds_ino hold the stat of ds_path */
+static _Atomic int ds_known;       /* ds_kind (and for a file ds_dev/ds_ino) hold ds_path's stat */
+static _Atomic int ds_kind = SPEC_FILE_OR_DIR;
 static _Atomic uint64_t ds_dev, ds_ino;
 
-static _Atomic unsigned char fds[FD_MAX]; /* FD_* per fd number */
-static _Atomic int fd_high = -1;          /* no fd above this was ever tracked */
+static _Atomic uint32_t fds[FD_MAX]; /* per fd number, above */
+static _Atomic int fd_high = -1;     /* no fd above this was ever tracked */
 
 static _Atomic int xstate = X_UNTRIED;
 static struct {                           /* the attachment, written before xstate=ATTACHED */
@@ -117,33 +129,47 @@ static struct {                           /* the attachment, written before xsta
   const _Atomic uint64_t *entries;        /* N entries */
   _Atomic uint32_t *consumed;             /* N counters */
   struct solar_xstats *stats;
-  const struct solar_xextent *ext;        /* chunked: n_ext extents sorted by offset; else NULL */
+  /* Private copies of the file table (sorted by dev, ino) and the extent table, checked once:
+   * what is checked is what is used, whatever the shared memory says later. Kept for the
+   * process's life (88 bytes a file, 16 an extent). */
+  const struct solar_xfile *files;
+  const struct solar_xextent *ext;
   const _Atomic uint64_t *withdrawn;      /* the agent saw the file change: serve nothing */
-  const _Atomic uint64_t *lease_until;    /* the agent's watch vouches for the file until then */
-  struct solar_xindex id;                 /* the private copy of the header: the file's identity */
-  uint64_t n, n_ext;
-  uint64_t s, slot_bytes, slots, data_begin, data_end;
+  const _Atomic uint64_t *lease_until;    /* the agent's watch vouches for the files until then */
+  uint64_t n, nfiles;
+  uint64_t s, slot_bytes, slots;
 } X;
 
 static void stat_add(uint64_t *field, uint64_t v) {
   atomic_fetch_add_explicit((_Atomic uint64_t *)field, v, memory_order_relaxed);
 }
 
-/* The file behind an fd is the one the index describes: the same inode, size, modification and
+/* The file behind an fd is the one the table describes: the same inode, size, modification and
  * change time. ctime moves on every write and cannot be set back, so neither a rewrite in place
  * (even one that restores the mtime) nor a new file on a reused inode number passes. */
-enum { ID_SAME, ID_CHANGED, ID_OTHER }; /* ID_CHANGED: the dataset's inode, other content */
-static int identity_of(const struct stat *st, const struct solar_xindex *ix) {
-  if (!S_ISREG(st->st_mode) || ix->file_dev != (uint64_t)st->st_dev ||
-      ix->file_ino != (uint64_t)st->st_ino)
+enum { ID_SAME, ID_CHANGED, ID_OTHER }; /* ID_CHANGED: the file's inode, other content */
+static int identity_of(const struct stat *st, const struct solar_xfile *f) {
+  if (!S_ISREG(st->st_mode) || f->dev != (uint64_t)st->st_dev || f->ino != (uint64_t)st->st_ino)
     return ID_OTHER;
-  if (ix->file_size != (uint64_t)st->st_size ||
-      ix->file_mtime_sec != (int64_t)st->st_mtim.tv_sec ||
-      ix->file_mtime_nsec != (int64_t)st->st_mtim.tv_nsec ||
-      ix->file_ctime_sec != (int64_t)st->st_ctim.tv_sec ||
-      ix->file_ctime_nsec != (int64_t)st->st_ctim.tv_nsec)
+  if (f->size != (uint64_t)st->st_size || f->mtime_sec != (int64_t)st->st_mtim.tv_sec ||
+      f->mtime_nsec != (int64_t)st->st_mtim.tv_nsec ||
+      f->ctime_sec != (int64_t)st->st_ctim.tv_sec || f->ctime_nsec != (int64_t)st->st_ctim.tv_nsec)
     return ID_CHANGED;
   return ID_SAME;
+}
+
+/* The first file of the table with st's (dev, ino), or -1: a binary search (sorted by them). */
+static int64_t file_of(const struct stat *st) {
+  const uint64_t dev = (uint64_t)st->st_dev, ino = (uint64_t)st->st_ino;
+  uint64_t lo = 0, hi = X.nfiles; /* the first entry not below (dev, ino) */
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    const struct solar_xfile *f = &X.files[mid];
+    if (f->dev < dev || (f->dev == dev && f->ino < ino)) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == X.nfiles || X.files[lo].dev != dev || X.files[lo].ino != ino) return -1;
+  return (int64_t)lo;
 }
 
 static uint64_t monotonic_ns(void) {
@@ -264,18 +290,46 @@ static int xhello(struct solar_xhello_ok *ok) {
   return memfd;
 }
 
-/* A chunked dataset's extent table: sorted, non-overlapping, inside the file, samples < n. */
-static int extents_sane(const struct solar_xextent *e, uint64_t n, uint64_t s, uint64_t size) {
-  for (uint64_t i = 0; i < n; ++i) {
-    if (e[i].sample >= n || e[i].offset > size || size - e[i].offset < s) return 0;
-    if (i > 0 && e[i].offset - e[i - 1].offset < s) return 0; /* also catches unsorted */
-    if (i > 0 && e[i].offset < e[i - 1].offset) return 0;
+/* One file's extents: sorted by offset, not overlapping, inside the file, its own samples. */
+static int extents_sane(const struct solar_xextent *e, uint64_t count, uint64_t first,
+                        uint64_t s, uint64_t size) {
+  for (uint64_t i = 0; i < count; ++i) {
+    if (e[i].sample < first || e[i].sample - first >= count || e[i].offset > size ||
+        size - e[i].offset < s)
+      return 0;
+    if (i > 0 && (e[i].offset < e[i - 1].offset || e[i].offset - e[i - 1].offset < s)) return 0;
   }
   return 1;
 }
 
-/* Maps the agent's buffer and checks its index against the file behind the matching fd.
- * Returns 1 with X filled in, or 0. */
+/* The file table: sorted by (dev, ino); each file's samples inside [0, n) and its bytes inside
+ * the file, contiguous or by its own extents inside the extent table. */
+static int files_sane(const struct solar_xfile *f, uint64_t nfiles, const struct solar_xextent *e,
+                      uint64_t n_ext, uint64_t n, uint64_t s) {
+  for (uint64_t i = 0; i < nfiles; ++i, ++f) {
+    if (i > 0 && (f->dev < f[-1].dev || (f->dev == f[-1].dev && f->ino < f[-1].ino))) return 0;
+    if (f->count > n || f->first > n - f->count) return 0;
+    if (f->extents == 0) {
+      if (f->count > 0 && (f->data_offset > f->size || (f->size - f->data_offset) / s < f->count))
+        return 0;
+    } else if (f->extents != f->count || f->extents_first > n_ext ||
+               n_ext - f->extents_first < f->extents ||
+               !extents_sane(e + f->extents_first, f->extents, f->first, s, f->size)) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* A private copy of `count` records of `size` bytes at `off` of the mapping, or NULL. */
+static void *copy_table(const unsigned char *base, uint64_t off, uint64_t count, size_t size) {
+  void *p = malloc(count ? (size_t)count * size : 1);
+  if (p) memcpy(p, base + off, (size_t)count * size);
+  return p;
+}
+
+/* Maps the agent's buffer and checks its index and tables (one file: and that the file behind
+ * the fd that made us attach is the one it holds). Returns 1 with X filled in, or 0. */
 static int attach_now(const struct stat *file) {
   struct solar_xhello_ok ok;
   int memfd = xhello(&ok);
@@ -303,42 +357,48 @@ static int attach_now(const struct stat *file) {
     if (verbose) say("solar: cannot map the node agent's buffer", NULL, NULL, errno);
     return 0;
   }
-  /* One private copy of the header (and below of the extent table): what is checked is what is
-   * used, whatever the shared memory says later. */
+  /* One private copy of the header (and below of the tables): what is checked is what is used,
+   * whatever the shared memory says later. */
   struct solar_xindex hdr;
   memcpy(&hdr, base + at, sizeof hdr);
   const struct solar_xindex *ix = &hdr;
+  struct solar_xfile *files = NULL;
   struct solar_xextent *ext = NULL;
   const uint64_t n = ix->samples, s = ix->sample_bytes, eo = ix->entries_offset,
-                 co = ix->consumed_offset;
+                 co = ix->consumed_offset, nf = ix->files, fo = ix->files_offset,
+                 ne = ix->extents, xo = ix->extents_offset;
   const char *why = NULL;
   if (ix->magic != SOLAR_XINDEX_MAGIC || n == 0 || s == 0 || ix->slot_bytes < s ||
       n > UINT64_MAX / 8 / s || eo % 8 != 0 || eo > len || (len - eo) / 8 < n || co % 4 != 0 ||
-      co > len || (len - co) / 4 < n || ix->data_offset > UINT64_MAX - n * s || s > len ||
-      (ix->extents != 0 && (ix->extents != n || ix->extents_offset % 8 != 0 ||
-                            ix->extents_offset > len ||
-                            (len - ix->extents_offset) / sizeof(struct solar_xextent) < n))) {
+      co > len || (len - co) / 4 < n || s > len || nf == 0 || nf > FILES_MAX || fo % 8 != 0 ||
+      fo > len || (len - fo) / sizeof(struct solar_xfile) < nf || ne > n ||
+      (ne != 0 && (xo % 8 != 0 || xo > len || (len - xo) / sizeof(struct solar_xextent) < ne))) {
     why = "solar: the node agent's index is malformed; reading the dataset directly";
-  } else if (ix->extents != 0 &&
-             (!(ext = malloc((size_t)n * sizeof *ext)) ||
-              !memcpy(ext, base + ix->extents_offset, (size_t)n * sizeof *ext) ||
-              !extents_sane(ext, n, s, (uint64_t)file->st_size))) {
-    why = "solar: the node agent's extent table is malformed; reading the dataset directly";
-  } else if (identity_of(file, ix) != ID_SAME ||
-             (ix->extents == 0 && ix->data_offset + n * s > ix->file_size)) {
-    say("solar: ", ds_path, " is not the file the node agent holds; reading it directly", -1);
+  } else if (!(files = copy_table(base, fo, nf, sizeof *files)) ||
+             !(ext = copy_table(base, xo, ne, sizeof *ext)) ||
+             !files_sane(files, nf, ext, ne, n, s)) {
+    why = "solar: the node agent's file table is malformed; reading the dataset directly";
   } else {
+    X.files = files;
+    X.nfiles = nf;
+    const int64_t i = file_of(file);
+    if (atomic_load_explicit(&ds_kind, memory_order_relaxed) == SPEC_FILE &&
+        (i < 0 || identity_of(file, &files[i]) != ID_SAME)) {
+      say("solar: ", ds_path, " is not the file the node agent holds; reading it directly", -1);
+      goto fail;
+    }
     /* The counters (consumed[], stats) are the only bytes we write: make just their pages
      * writable; the samples stay read-only. Needs the memfd opened for writing, unsealed. */
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t lo[2] = {(uintptr_t)base + at, (uintptr_t)base + co};
     const uintptr_t hi[2] = {lo[0] + sizeof *ix, lo[1] + n * 4};
-    for (int i = 0; i < 2 && !why; ++i) {
-      uintptr_t from = lo[i] & ~(page - 1);
-      if (mprotect((void *)from, hi[i] - from, PROT_READ | PROT_WRITE) != 0)
+    for (int k = 0; k < 2 && !why; ++k) {
+      uintptr_t from = lo[k] & ~(page - 1);
+      if (mprotect((void *)from, hi[k] - from, PROT_READ | PROT_WRITE) != 0)
         why = "solar: the node agent's counters are not writable; reading the dataset directly";
     }
     if (!why) {
+      const struct solar_xindex *shared = (const struct solar_xindex *)(base + at);
       X.base = base;
       X.entries = (const _Atomic uint64_t *)(base + eo);
       X.consumed = (_Atomic uint32_t *)(base + co);
@@ -347,25 +407,19 @@ static int attach_now(const struct stat *file) {
       X.slot_bytes = ix->slot_bytes;
       X.slots = (len - s) / ix->slot_bytes + 1; /* slots whose S bytes lie inside the mapping */
       X.n = n;
-      X.withdrawn = (const _Atomic uint64_t *)&((const struct solar_xindex *)(base + at))->withdrawn;
-      X.lease_until =
-          (const _Atomic uint64_t *)&((const struct solar_xindex *)(base + at))->lease_until_ns;
-      X.id = hdr;
-      if (ix->extents) {
-        X.ext = ext; /* the private copy: kept for the process's life */
-        X.n_ext = n;
-        X.data_begin = X.ext[0].offset;
-        X.data_end = X.ext[n - 1].offset + s;
-      } else {
-        X.data_begin = ix->data_offset;
-        X.data_end = ix->data_offset + n * s;
-      }
+      X.ext = ext;
+      X.withdrawn = (const _Atomic uint64_t *)&shared->withdrawn;
+      X.lease_until = (const _Atomic uint64_t *)&shared->lease_until_ns;
       stat_add(&X.stats->attached, 1);
       if (verbose) say("solar: serving ", ds_path, " from the node agent's buffer", -1);
       return 1;
     }
   }
   if (why && verbose) say(why, NULL, NULL, -1);
+fail:
+  X.files = NULL;
+  X.nfiles = 0;
+  free(files);
   free(ext);
   munmap(base, (size_t)len);
   return 0;
@@ -380,11 +434,11 @@ static void attach(const struct stat *file) {
 
 /* ---- fd tracking ---------------------------------------------------------------------------- */
 
-static unsigned char fd_mark(int fd) {
+static uint32_t fd_mark(int fd) {
   return fd >= 0 && fd < FD_MAX ? atomic_load_explicit(&fds[fd], memory_order_relaxed) : FD_NONE;
 }
 
-static void fd_mark_set(int fd, unsigned char mark) {
+static void fd_mark_set(int fd, uint32_t mark) {
   atomic_store_explicit(&fds[fd], mark, memory_order_relaxed);
   if (mark == FD_NONE) return;
   int high = atomic_load_explicit(&fd_high, memory_order_relaxed);
@@ -403,67 +457,115 @@ static void untrack_range(unsigned int first, unsigned int last) {
   for (unsigned int fd = first; fd <= last; ++fd) fd_mark_set((int)fd, FD_NONE);
 }
 
-static int is_dataset(const struct stat *st) {
+/* What the spec names, and for one file its (dev, ino): from the text, else from a stat of the
+ * path, once (a path that is not there yet is stat'ed again at the next open). */
+static int spec_kind(void) {
+  if (spec_said != SPEC_FILE_OR_DIR) return spec_said;
   if (!atomic_load_explicit(&ds_known, memory_order_acquire)) {
     struct stat ds;
-    if (stat(ds_path, &ds) != 0) return 0;
+    if (stat(ds_path, &ds) != 0) return SPEC_FILE_OR_DIR;
     atomic_store_explicit(&ds_dev, (uint64_t)ds.st_dev, memory_order_relaxed);
     atomic_store_explicit(&ds_ino, (uint64_t)ds.st_ino, memory_order_relaxed);
+    atomic_store_explicit(&ds_kind, S_ISDIR(ds.st_mode) ? SPEC_DIR : SPEC_FILE,
+                          memory_order_relaxed);
     atomic_store_explicit(&ds_known, 1, memory_order_release);
   }
-  return S_ISREG(st->st_mode) &&
-         (uint64_t)st->st_dev == atomic_load_explicit(&ds_dev, memory_order_relaxed) &&
-         (uint64_t)st->st_ino == atomic_load_explicit(&ds_ino, memory_order_relaxed);
+  return atomic_load_explicit(&ds_kind, memory_order_relaxed);
 }
+
+/* The HDF5 file names a directory's listing takes (dataset_files.h). */
+static int hdf5_name(const char *base) {
+  static const char *const suffixes[] = {".h5", ".hdf5", ".hdf", ".he5"};
+  const size_t len = strlen(base);
+  for (size_t i = 0; i < sizeof suffixes / sizeof *suffixes; ++i) {
+    const size_t sl = strlen(suffixes[i]);
+    if (len > sl && strcasecmp(base + len - sl, suffixes[i]) == 0) return 1;
+  }
+  return 0;
+}
+
+/* Whether a file of this basename may be the dataset's, for a spec of this kind: the cheap
+ * test before any fstat (a script opens many other files: modules, libraries, its outputs). A
+ * list may name any file: every regular file is looked up. */
+static int may_be_dataset(int kind, const char *base) {
+  switch (kind) {
+    case SPEC_FILE: return strcmp(base, ds_base) == 0;
+    case SPEC_DIR: return hdf5_name(base);
+    case SPEC_GLOB: return fnmatch(ds_base, base, FNM_PERIOD) == 0;
+    case SPEC_LIST: return 1;
+    default: return strcmp(base, ds_base) == 0 || hdf5_name(base);
+  }
+}
+
+static void count_open(void) { stat_add(&X.stats->opens, 1); }
 
 /* After a successful open of `path` returned fd. */
 static void opened(int fd, const char *path, int flags) {
   if (!active || fd < 0 || fd >= FD_MAX) return;
   const char *slash = strrchr(path, '/');
-  if (strcmp(slash ? slash + 1 : path, ds_base) != 0) {
+  const char *base = slash ? slash + 1 : path;
+  if (!may_be_dataset(spec_said, base)) {
     if (fd_mark(fd) != FD_NONE && same_process()) fd_mark_set(fd, FD_NONE); /* closed behind us */
     return;
   }
   if (!same_process()) return;
   const int saved = errno;
   struct stat st;
+  uint32_t mark = FD_NONE;
   /* Read-only opens only: a writer may change the file under the buffer; O_PATH can't read. */
   const int readable = (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH);
-  if (readable && fstat(fd, &st) == 0 && is_dataset(&st)) {
+  const int kind = readable ? spec_kind() : SPEC_FILE_OR_DIR;
+  if (kind != SPEC_FILE_OR_DIR && may_be_dataset(kind, base) && fstat(fd, &st) == 0 &&
+      S_ISREG(st.st_mode) &&
+      (kind != SPEC_FILE ||
+       ((uint64_t)st.st_dev == atomic_load_explicit(&ds_dev, memory_order_relaxed) &&
+        (uint64_t)st.st_ino == atomic_load_explicit(&ds_ino, memory_order_relaxed)))) {
     attach(&st);
-    /* The path's inode was the dataset's when it was first seen; once attached, the whole
-     * identity must be the index's (the inode number may since have gone to a new file). */
-    const int other = atomic_load_explicit(&xstate, memory_order_acquire) == X_ATTACHED &&
-                      identity_of(&st, &X.id) != ID_SAME;
-    fd_mark_set(fd, other ? FD_NONE : (flags & O_DIRECT) ? FD_DIRECT : FD_PLAIN);
-  } else {
-    fd_mark_set(fd, FD_NONE);
+    mark = (flags & O_DIRECT) ? FD_DIRECT : FD_PLAIN;
+    /* Attached: the fd is the table's file of its (dev, ino), with that whole identity (the
+     * inode number may since have gone to a new file, which has another ctime), or nothing.
+     * Attaching in another thread: looked up at its first read. */
+    if (atomic_load_explicit(&xstate, memory_order_acquire) == X_ATTACHED) {
+      const int64_t i = file_of(&st);
+      if (i >= 0 && identity_of(&st, &X.files[i]) == ID_SAME) {
+        mark |= (uint32_t)(i + 1) << 2;
+        count_open();
+      } else {
+        if (verbose && kind != SPEC_FILE)
+          say("solar: ", path, " is not a file the node agent holds; reading it directly", -1);
+        mark = FD_NONE;
+      }
+    }
   }
+  fd_mark_set(fd, mark);
   errno = saved;
 }
 
 /* ---- serving a read ------------------------------------------------------------------------- */
 
-/* Which sample's bytes file offset `pos` is, and how far into it; 0: none (metadata, labels,
- * chunk index nodes between chunks). O(1) for contiguous datasets, a binary search for
- * chunked ones. */
-static int locate(uint64_t pos, uint64_t *k, uint64_t *in) {
-  if (pos < X.data_begin || pos >= X.data_end) return 0;
-  if (!X.ext) {
-    const uint64_t rel = pos - X.data_begin;
-    *k = rel / X.s;
+/* Which sample's bytes offset `pos` of file f is, and how far into it; 0: none (metadata,
+ * labels, chunk index nodes between chunks). O(1) for contiguous datasets, a binary search over
+ * the file's extents for chunked ones. */
+static int locate(const struct solar_xfile *f, uint64_t pos, uint64_t *k, uint64_t *in) {
+  if (!f->extents) {
+    if (pos < f->data_offset) return 0;
+    const uint64_t rel = pos - f->data_offset, j = rel / X.s;
+    if (j >= f->count) return 0;
+    *k = f->first + j;
     *in = rel % X.s;
     return 1;
   }
-  uint64_t lo = 0, hi = X.n_ext; /* the last extent starting at or before pos */
+  const struct solar_xextent *e = X.ext + f->extents_first;
+  if (pos < e[0].offset) return 0;
+  uint64_t lo = 0, hi = f->extents; /* the last extent starting at or before pos */
   while (hi - lo > 1) {
     const uint64_t mid = lo + (hi - lo) / 2;
-    if (X.ext[mid].offset <= pos) lo = mid;
+    if (e[mid].offset <= pos) lo = mid;
     else hi = mid;
   }
-  if (X.ext[lo].offset > pos || pos - X.ext[lo].offset >= X.s) return 0;
-  *k = X.ext[lo].sample;
-  *in = pos - X.ext[lo].offset;
+  if (pos - e[lo].offset >= X.s) return 0;
+  *k = e[lo].sample;
+  *in = pos - e[lo].offset;
   return 1;
 }
 
@@ -533,12 +635,13 @@ static uint64_t wait_in_flight(uint64_t k, uint64_t e, uint64_t *deadline) {
   return e;
 }
 
-/* Copies the resident samples' bytes of [pos, pos+n) in order; stops at the first sample that
- * is not resident or changed during its copy. Returns the bytes copied. */
-static size_t copy_resident(unsigned char *dst, size_t n, uint64_t pos) {
+/* Copies the resident samples' bytes of [pos, pos+n) of file f in order; stops at the first
+ * sample that is not resident or changed during its copy. Returns the bytes copied. */
+static size_t copy_resident(const struct solar_xfile *f, unsigned char *dst, size_t n,
+                            uint64_t pos) {
   size_t done = 0;
   uint64_t k, in, deadline = 0;
-  while (done < n && locate(pos, &k, &in)) {
+  while (done < n && locate(f, pos, &k, &in)) {
     const size_t len = X.s - in < n - done ? (size_t)(X.s - in) : n - done;
     uint64_t e1 = atomic_load_explicit(&X.entries[k], memory_order_acquire);
     if ((e1 & 0xffffffffu) == 0 && e1 != 0) e1 = wait_in_flight(k, e1, &deadline);
@@ -560,10 +663,10 @@ static size_t copy_resident(unsigned char *dst, size_t n, uint64_t pos) {
  * pread can bring several (HDF5's 64 KiB sieve over small rows, a chunk of several samples),
  * and HDF5 then serves them from its own cache without another pread. A short count's rest
  * is counted by the follow-up read that fetches it. */
-static void count_consumed(uint64_t pos, uint64_t span) {
+static void count_consumed(const struct solar_xfile *f, uint64_t pos, uint64_t span) {
   const uint64_t end = pos + span;
   uint64_t k, in;
-  while (pos < end && locate(pos, &k, &in)) {
+  while (pos < end && locate(f, pos, &k, &in)) {
     if (in == 0) atomic_fetch_add_explicit(&X.consumed[k], 1, memory_order_relaxed);
     pos += X.s - in;
   }
@@ -577,8 +680,11 @@ enum { DIRECT_ALIGN = 4096 };
 static atomic_int warned_changed, warned_unwatched;
 
 static void say_changed(void) {
-  if (!atomic_exchange(&warned_changed, 1))
+  if (atomic_exchange(&warned_changed, 1)) return;
+  if (atomic_load_explicit(&ds_kind, memory_order_relaxed) == SPEC_FILE)
     say("solar: ", ds_path, " changed during the run; reading it directly", -1);
+  else
+    say("solar: a file of ", ds_path, " changed during the run; reading it directly", -1);
 }
 
 static ssize_t file_pread(int fd, void *buf, size_t n, off_t off) {
@@ -590,7 +696,7 @@ static ssize_t file_pread(int fd, void *buf, size_t n, off_t off) {
  * resident prefix from the buffer, the rest from the file (never a short count the kernel would
  * not return: a program may take one for the end of the file). */
 static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
-  const unsigned char mark = fd_mark(fd);
+  const uint32_t mark = fd_mark(fd);
   if (mark == FD_NONE || n == 0 || off < 0 || n > SSIZE_MAX) return -1;
   if (atomic_load_explicit(&xstate, memory_order_acquire) != X_ATTACHED) return -1;
   const uint64_t withdrawn = atomic_load_explicit(X.withdrawn, memory_order_relaxed);
@@ -600,16 +706,34 @@ static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
       say("solar: the node agent stopped; reading ", ds_path, " directly", -1);
     return -1;
   }
-  const uint64_t pos = (uint64_t)off;
-  uint64_t k, in;
-  if (!locate(pos, &k, &in)) return -1; /* metadata, labels: not samples */
-  if (mark == FD_DIRECT && (((uintptr_t)buf | pos | (uint64_t)n) & (DIRECT_ALIGN - 1)) != 0)
-    return -1;
-  /* The fd is still the dataset: a number closed behind our back (fclose, a raw close, io_uring)
-   * and reused for another file, or the file rewritten, is seen here, on every read served. */
   const int saved = errno;
   struct stat st;
-  const int id = fstat(fd, &st) == 0 ? identity_of(&st, &X.id) : ID_OTHER;
+  int have_st = 0;
+  uint32_t file = mark >> 2; /* its index + 1; 0: not looked up yet (opened while attaching) */
+  if (file == 0) {
+    const int64_t i = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? file_of(&st) : -1;
+    errno = saved;
+    if (i < 0) {
+      if (same_process()) fd_mark_set(fd, FD_NONE);
+      return -1;
+    }
+    file = (uint32_t)i + 1;
+    uint32_t expected = mark; /* unless closed (or resolved) meanwhile */
+    if (same_process())
+      atomic_compare_exchange_strong(&fds[fd], &expected, file << 2 | (mark & FD_MODE));
+    have_st = 1;
+    count_open();
+  }
+  const struct solar_xfile *f = &X.files[file - 1];
+  const uint64_t pos = (uint64_t)off;
+  uint64_t k, in;
+  if (!locate(f, pos, &k, &in)) return -1; /* metadata, labels: not samples */
+  if ((mark & FD_MODE) == FD_DIRECT &&
+      (((uintptr_t)buf | pos | (uint64_t)n) & (DIRECT_ALIGN - 1)) != 0)
+    return -1;
+  /* The fd is still the file: a number closed behind our back (fclose, a raw close, io_uring)
+   * and reused for another file, or the file rewritten, is seen here, on every read served. */
+  const int id = have_st || fstat(fd, &st) == 0 ? identity_of(&st, f) : ID_OTHER;
   errno = saved;
   if (id != ID_SAME) {
     if (same_process()) fd_mark_set(fd, FD_NONE); /* for good: its reads go to the file */
@@ -617,20 +741,20 @@ static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
     return -1;
   }
   if (monotonic_ns() > atomic_load_explicit(X.lease_until, memory_order_acquire)) {
-    /* Nobody watches the file now (the agent was killed, or is stopped): read it. The reads
+    /* Nobody watches the files now (the agent was killed, or is stopped): read them. The reads
      * still count, for an agent that comes back. */
     if (verbose && !atomic_exchange(&warned_unwatched, 1))
       say("solar: the node agent no longer watches ", ds_path, "; reading it directly", -1);
-    count_consumed(pos, n);
+    count_consumed(f, pos, n);
     stat_add(&X.stats->miss_reads, 1);
     stat_add(&X.stats->miss_bytes, n);
     return -1;
   }
-  size_t done = copy_resident(buf, n, pos);
-  if (done < n && mark == FD_DIRECT) done = 0; /* O_DIRECT: whole requests, from one place */
+  size_t done = copy_resident(f, buf, n, pos);
+  if (done < n && (mark & FD_MODE) == FD_DIRECT) done = 0; /* O_DIRECT: whole requests */
   /* After the copy (an eviction paced on it cannot start during it): what this read brings
    * in, served or from the file, counts as consumed. */
-  count_consumed(pos, n);
+  count_consumed(f, pos, n);
   if (done == 0) {
     stat_add(&X.stats->miss_reads, 1);
     stat_add(&X.stats->miss_bytes, n);
@@ -773,7 +897,7 @@ EXPORT void closefrom(int lowfd) {
 
 /* dup2/dup3: newfd is closed and becomes oldfd's file. */
 static int dup_common(int oldfd, int newfd, int flags, int three) {
-  const unsigned char mark = fd_mark(oldfd);
+  const uint32_t mark = fd_mark(oldfd);
   const int change = oldfd != newfd && newfd >= 0 && newfd < FD_MAX &&
                      (mark != FD_NONE || fd_mark(newfd) != FD_NONE) && same_process();
   if (change) fd_mark_set(newfd, FD_NONE);
@@ -826,18 +950,31 @@ __attribute__((constructor)) static void solar_preload_init(void) {
   have_avx2 = __builtin_cpu_supports("avx2");
 #endif
 
-  /* $SOLAR_DATASET is FILE:/dataset; the file is everything before the last ":/" after the
-     first character (protocol/src/dataset_spec.cpp; tests/protocol/dataset_spec_cases.json). */
+  /* $SOLAR_DATASET is FILE[:/dataset]; the file is everything before the last ":/" after the
+     first character; @LIST names a list (the @ comes off), `*?[` in the file a glob, a
+     trailing / a directory (otherwise a stat tells a directory from a file). The dataset, and
+     a `[]` after it, do not matter here (protocol/src/dataset_spec.cpp;
+     tests/protocol/dataset_spec_cases.json). No I/O here: the constructor runs in every
+     process. */
   const char *ds = getenv("SOLAR_DATASET"), *sock = getenv("SOLAR_SOCKET");
   if (!ds || !*ds || strncmp(ds, "fabric://", 9) == 0 || !sock || !*sock) return;
   size_t len = strlen(ds);
   for (const char *p = strstr(ds + 1, ":/"); p; p = strstr(p + 1, ":/")) len = (size_t)(p - ds);
+  spec_said = SPEC_FILE_OR_DIR;
+  if (ds[0] == '@') {
+    spec_said = SPEC_LIST;
+    ++ds;
+    --len;
+  }
   if (len == 0 || len >= sizeof ds_path || strlen(sock) >= sizeof sock_path) return;
   memcpy(ds_path, ds, len);
   ds_path[len] = '\0';
+  if (spec_said != SPEC_LIST && strpbrk(ds_path, "*?[")) spec_said = SPEC_GLOB;
+  else if (spec_said != SPEC_LIST && ds_path[len - 1] == '/') spec_said = SPEC_DIR;
   const char *slash = strrchr(ds_path, '/');
   ds_base = slash ? slash + 1 : ds_path;
-  if (!*ds_base) return;
+  if (!*ds_base && (spec_said == SPEC_GLOB || spec_said == SPEC_FILE_OR_DIR)) return;
+  if (spec_said != SPEC_FILE_OR_DIR) atomic_store(&ds_kind, spec_said);
   memcpy(sock_path, sock, strlen(sock) + 1);
   const char *v = getenv("SOLAR_VERBOSE");
   verbose = v && *v;

@@ -101,9 +101,10 @@ def wait_until(pred, timeout=30, what="condition"):
 # ---- the real node agent ------------------------------------------------------------------------
 
 PROTO_MAGIC, OP_ERROR, OP_XHELLO, OP_XHELLO_OK = 0x524C4F53, 10, 11, 12
-PROTO_VERSION = 5  # solar/protocol.h kVersion, solar/transparent.h SOLAR_PROTO_VERSION
+PROTO_VERSION = 6  # solar/protocol.h kVersion, solar/transparent.h SOLAR_PROTO_VERSION
 XINDEX_MAGIC = 0x5844495852414C53
-XINDEX = struct.Struct("<QQQQQQQQqqqqQQQQQQ")  # solar_xindex up to lease_until_ns
+XINDEX = struct.Struct("<12Q")  # solar_xindex up to lease_until_ns
+XFILE = struct.Struct("<3Q4q4Q")  # solar_xfile
 
 
 class BufferIndex:
@@ -141,10 +142,16 @@ class BufferIndex:
             os.close(fds[0])
         self.index_at = index_offset
         f = XINDEX.unpack_from(self.map, index_offset)
-        (magic, self.samples, self.sample_bytes, self.slot_bytes, self.data_offset, self.file_dev,
-         self.file_ino, self.file_size, _, _, _, _, self.entries_at, self.consumed_at, _, _, _,
-         _) = f
+        (magic, self.samples, self.sample_bytes, self.slot_bytes, self.nfiles, self.files_at,
+         self.extents, self.extents_at, self.entries_at, self.consumed_at, _, _) = f
         assert magic == XINDEX_MAGIC
+
+    def files(self):
+        """The file table: one dict per solar_xfile, in the table's (dev, ino) order."""
+        names = ("dev", "ino", "size", "mtime_sec", "mtime_nsec", "ctime_sec", "ctime_nsec",
+                 "first", "count", "data_offset", "extents_first", "extents")
+        return [dict(zip(names, XFILE.unpack_from(self.map, self.files_at + i * XFILE.size)))
+                for i in range(self.nfiles)]
 
     def lease_until(self):
         """The agent's lease (solar_xindex::lease_until_ns, CLOCK_MONOTONIC ns)."""

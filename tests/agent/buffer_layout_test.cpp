@@ -176,9 +176,17 @@ TEST(BufferLayout, TransparentIndexFollowsTheSlotsAndLabelsPageAligned) {
   EXPECT_LT(b.index_offset, slots_end + 4096);
   EXPECT_EQ(b.entries_offset, b.index_offset + sizeof(solar_xindex));
   EXPECT_EQ(b.consumed_offset, b.entries_offset + N * 8);
-  EXPECT_EQ(b.extents_offset, b.consumed_offset + 40008U);  // 4·N rounded up to 8
-  EXPECT_EQ(b.extents_offset % 8, 0U);
-  EXPECT_EQ(b.map_bytes, b.extents_offset + N * sizeof(solar_xextent));
+  EXPECT_EQ(b.files_offset, b.consumed_offset + 40008U);  // 4·N rounded up to 8
+  EXPECT_EQ(b.extents_offset, b.files_offset);              // no files counted
+  EXPECT_EQ(b.map_bytes, b.extents_offset);
+  o.files = 3;  // the file table, then the chunked files' extents
+  o.extents = 1000;
+  const BufferLayout t = buffer_layout(c, 4, o);
+  EXPECT_EQ(t.files_offset, b.files_offset);
+  EXPECT_EQ(t.files_offset % 8, 0U);
+  EXPECT_EQ(t.extents_offset, t.files_offset + 3 * sizeof(solar_xfile));
+  EXPECT_EQ(t.extents_offset % 8, 0U);
+  EXPECT_EQ(t.map_bytes, t.extents_offset + 1000 * sizeof(solar_xextent));
   o.page_bytes = 65536;
   EXPECT_EQ(buffer_layout(c, 4, o).index_offset % 65536, 0U);
 }

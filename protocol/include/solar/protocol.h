@@ -44,9 +44,10 @@
 namespace solar::protocol {
 
 inline constexpr std::uint32_t kMagic = 0x524c4f53;  // "SOLR"
-inline constexpr std::uint16_t kVersion = 5;
+inline constexpr std::uint16_t kVersion = 6;
 // Version 5: the transparent mode's index (solar/transparent.h) carries the file's ctime and the
-// watch's lease.
+// watch's lease. Version 6: a table of the dataset's files (solar_xfile) instead of one file's
+// identity, and solar_xstats::opens.
 // `next` requests one rank may have unanswered (version 3; 8 since version 4); a further one
 // is refused.
 inline constexpr std::uint32_t kMaxStepsAsked = 8;

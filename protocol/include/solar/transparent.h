@@ -20,14 +20,25 @@
  * `gen` changes on every publication, so a slot recycled and re-filled during the copy is seen.
  * Only the low 32 bits tell whether the bytes are there (0: not, or not yet).
  *
- * Where a sample's bytes are in the file: a contiguous dataset's sample i is at
- * data_offset + i*S (extents == 0); a chunked one's (unfiltered, whole samples per chunk, e.g.
- * one chunk per sample) is given by a table of `extents` {file offset, sample} pairs sorted by
- * offset, at `extents_offset`: sample k's bytes are [offset, offset + S).
+ * Which files the entries describe: a FILE TABLE of `files` solar_xfile at `files_offset`, one
+ * per file of the dataset (a single file is a table of one), sorted by (dev, ino) so that the
+ * interposer finds an fd's file with one fstat and a binary search. Each holds the file's
+ * identity as the agent stat'ed it at start (dev, ino, size, mtime, ctime: the interposer serves
+ * only fds whose fstat matches all of these, at open and again on every read it serves), the
+ * global id of its sample 0 (`first`) and its sample count, and where its samples' bytes lie:
+ * contiguous (extents == 0): local sample k is [data_offset + k*S, data_offset + (k+1)*S);
+ * chunked (unfiltered, whole samples per chunk, e.g. one chunk per sample): its `extents`
+ * entries of the global extent table (`extents` solar_xextent at `extents_offset`), from
+ * extents_first, sorted by offset within the file, .sample the global id: [offset, offset + S).
+ * Sample ids are global: entries and counters below are indexed by them. Two entries may name
+ * the same (dev, ino) (a list naming a file twice): their bytes are the same; the interposer
+ * serves the first.
  *
  * After the entries come one 32-bit counter per sample, `consumed[i]`, which readers increment
  * (relaxed fetch-add) when they read sample i from the start, hit or miss: the agent paces its
- * evictions on them. Then the statistics block (relaxed fetch-adds).
+ * evictions on them. Then the file table and the extent table, which the agent writes once,
+ * before it publishes the magic (release store), and never changes; a reader copies them. The
+ * header's statistics block takes relaxed fetch-adds.
  *
  * Handshake: the interposer connects to $SOLAR_SOCKET and sends a frame of the agent protocol
  * (solar/protocol.h: 16-byte header {magic "SOLR", version SOLAR_PROTO_VERSION, op, length, 0}) with op
@@ -55,7 +66,7 @@ extern "C" {
  * reading it from the storage the reader would read it from. */
 #define SOLAR_XINDEX_WAIT_NS 1000000000ULL
 /* solar/protocol.h's kVersion (checked there at compile time). */
-#define SOLAR_PROTO_VERSION 5
+#define SOLAR_PROTO_VERSION 6
 #define SOLAR_OP_XHELLO 11
 #define SOLAR_OP_XHELLO_OK 12
 
@@ -75,40 +86,48 @@ struct solar_xstats {     /* counters readers add to; the agent reports them */
   uint64_t torn;                    /* copies abandoned because the entry changed */
   uint64_t attached;                /* processes that mapped the buffer */
   uint64_t waited_reads, waited_ns; /* reads that waited for a sample in flight, and how long */
-  uint64_t reserved[8];
+  uint64_t opens;                   /* opens of a dataset file (each reached the file system) */
+  uint64_t reserved[7];
 };
 
 struct solar_xextent {
   uint64_t offset; /* file offset of the sample's first byte */
-  uint64_t sample;
+  uint64_t sample; /* its global id */
+};
+
+struct solar_xfile {       /* one file of the dataset, as the agent stat'ed it */
+  uint64_t dev, ino, size; /* an fd is this file when its fstat has all of these, and: */
+  int64_t mtime_sec, mtime_nsec; /* ctime moves on every write and cannot be set back: neither */
+  int64_t ctime_sec, ctime_nsec; /* a rewrite in place nor a new file on a reused inode passes */
+  uint64_t first;          /* global id of its sample 0 */
+  uint64_t count;          /* its samples: global ids [first, first + count) */
+  uint64_t data_offset;    /* contiguous (extents == 0): local sample k at data_offset + k*S */
+  uint64_t extents_first;  /* chunked: its extents in the extent table, sorted by offset */
+  uint64_t extents;        /* 0: contiguous; else count */
 };
 
 struct solar_xindex {
   uint64_t magic;           /* SOLAR_XINDEX_MAGIC */
-  uint64_t samples;         /* N */
+  uint64_t samples;         /* N, over all files */
   uint64_t sample_bytes;    /* S */
   uint64_t slot_bytes;      /* distance between slots in the buffer */
-  uint64_t data_offset;     /* file offset of sample 0 (contiguous dataset): sample i's bytes
-                               are [data_offset + i*S, data_offset + (i+1)*S) of the file */
-  /* The file the entries describe; the interposer serves only fds whose fstat matches all of
-     these, checked at open and again on every read it serves (an fd number closed behind its
-     back and reused for another file, or the file rewritten: ctime changes on every write and
-     cannot be set back, and an inode number reused for a new file comes with a new ctime). */
-  uint64_t file_dev, file_ino, file_size;
-  int64_t file_mtime_sec, file_mtime_nsec;
-  int64_t file_ctime_sec, file_ctime_nsec;
+  uint64_t files;           /* F >= 1 */
+  uint64_t files_offset;    /* from the start of the buffer: F solar_xfile sorted by (dev, ino) */
+  uint64_t extents;         /* the chunked files' extents together (0: every file contiguous) */
+  uint64_t extents_offset;  /* from the start of the buffer: `extents` solar_xextent */
   uint64_t entries_offset;  /* from the start of the buffer: N uint64 entries */
   uint64_t consumed_offset; /* from the start of the buffer: N uint32 counters */
-  uint64_t extents_offset;  /* chunked: from the start of the buffer, `extents` solar_xextent */
-  uint64_t extents;         /* 0: contiguous (data_offset applies); else N */
   uint64_t withdrawn;       /* nonzero: readers serve nothing more from the buffer (relaxed
                                load per read). SOLAR_XINDEX_FILE_CHANGED: the file changed
-                               under the agent; SOLAR_XINDEX_AGENT_STOPPED: the agent stopped
-                               (nobody watches the file any more) */
+                               under the agent (a single file; a changed file of many is
+                               refused by the per-read identity check alone);
+                               SOLAR_XINDEX_AGENT_STOPPED: the agent stopped (nobody watches
+                               the files any more) */
   uint64_t lease_until_ns;  /* CLOCK_MONOTONIC nanoseconds: the agent found the file unchanged
-                               at most SOLAR_XINDEX_LEASE_NS before this and renews it every
-                               SOLAR_XINDEX_RENEW_NS; once it has passed (the agent was killed,
-                               or is stopped), readers serve nothing until it is renewed */
+                               (many files: it was alive) at most SOLAR_XINDEX_LEASE_NS before
+                               this and renews it every SOLAR_XINDEX_RENEW_NS; once it has
+                               passed (the agent was killed, or is stopped), readers serve
+                               nothing until it is renewed */
   struct solar_xstats stats;
 };
 
