@@ -23,6 +23,7 @@
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
 #include "solar/node_summary.h"
+#include "solar/storage/dataset_files.h"
 #include "solar/storage/sample_source.h"
 
 namespace solar::cli {
@@ -230,6 +231,7 @@ void run_run(const RunOptions& o) {
   const RunTimes times;
   PlanConfig c;
   std::unique_ptr<storage::SampleSource> src;
+  std::optional<storage::DatasetIndex> index;  // a dataset of many files
   BufferSpec buffer;
   std::uint64_t read_gap = 0;
   try {
@@ -250,7 +252,22 @@ void run_run(const RunOptions& o) {
     storage::SourceOptions so;
     so.label_dataset = o.labels;
     try {
-      src = storage::open_source(o.dataset, so);
+      if (storage::names_many_files(o.dataset)) {
+        // Listed and checked once, here; agents and ranks read the index (launcher.cpp).
+        const auto began = std::chrono::steady_clock::now();
+        index = storage::scan_dataset(o.dataset, o.labels, [&](std::uint64_t done, std::uint64_t n) {
+          if (n >= 4096 && done < n)
+            fmt::print(stderr, "solar run: checking the dataset's files: {} of {}\r", done, n);
+        });
+        if (o.verbose || index->files.size() >= 4096)
+          fmt::print(stderr, "solar run: dataset: {} files, {} samples, indexed in {:.2f} s\n",
+                     index->files.size(), index->info.samples,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - began)
+                         .count());
+        src = storage::open_files_source(*index, so);
+      } else {
+        src = storage::open_source(o.dataset, so);
+      }
     } catch (const std::exception& e) {
       throw ConfigError("--dataset", e.what());
     }
@@ -287,6 +304,7 @@ void run_run(const RunOptions& o) {
   LaunchSpec spec;
   spec.plan = &plan;
   spec.dataset = o.dataset;
+  spec.index = index ? &*index : nullptr;
   spec.labels = o.labels;
   spec.command = o.command;
   spec.agents = !o.no_agent;
@@ -335,7 +353,11 @@ void add_run_commands(CLI::App& app) {
       ->type_name(kUint);
   run->add_option("--nodes", o->nodes, "Simulated nodes, each with its own agent and buffer [1]")
       ->type_name(kUint);
-  run->add_option("--dataset", o->dataset, "FILE.h5[:/dataset] or fabric://HOST:PORT/NAME")
+  run->add_option("--dataset", o->dataset,
+                  "FILE.h5[:/dataset], many files: DIR[:/name] (its *.h5 *.hdf5 *.hdf *.he5, "
+                  "recursively), 'GLOB[:/name]' or @LIST[:/name] (one path a line) -- each "
+                  "file's array one sample, or with [] after the name its rows (DIR:/records[]); "
+                  "samples numbered in sorted path (or list) order -- or fabric://HOST:PORT/NAME")
       ->type_name(kSource)
       ->required();
   run->add_option("--labels", o->labels, "Labels dataset ('' for none) [/label]")

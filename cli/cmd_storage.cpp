@@ -10,6 +10,7 @@
 #include "cmd_storage.h"
 #include "commands.h"
 #include "options.h"
+#include "solar/storage/dataset_files.h"
 #include "solar/storage/sample_source.h"
 
 namespace solar::cli {
@@ -21,7 +22,7 @@ void add_storage_commands(CLI::App& app) {
   // What the SPANK plugin needs from a dataset, read in this separate process so that the
   // plugin itself never loads HDF5, MPI or libfabric into srun or slurmstepd.
   struct InfoOptions {
-    std::string source, labels = "/label", provider;
+    std::string source, labels = "/label", provider, index_out;
   };
   auto in = std::make_shared<InfoOptions>();
   CLI::App* info = app.add_subcommand(
@@ -36,14 +37,27 @@ void add_storage_commands(CLI::App& app) {
       ->type_name("PATH");
   info->add_option("--provider", in->provider, "libfabric provider for fabric:// sources")
       ->type_name("NAME");
+  info->add_option("--index-out", in->index_out,
+                   "A dataset of many files: also write its index here (agents and ranks read it "
+                   "instead of listing and checking every file); nothing is written for one file")
+      ->type_name(kFile);
   info->callback([in] {
     storage::SourceOptions so;
     so.label_dataset = in->labels;
     so.provider = in->provider;
     try {
-      const auto src = storage::open_source(in->source, so);
+      std::unique_ptr<storage::SampleSource> src;
+      if (storage::names_many_files(in->source)) {
+        storage::DatasetIndex index = storage::scan_dataset(in->source, in->labels);
+        if (!in->index_out.empty()) storage::write_index(index, in->index_out);
+        src = storage::open_files_source(std::move(index), so);
+      } else {
+        src = storage::open_source(in->source, so);
+      }
       const auto& i = src->info();
+      const auto* files = src->file_set();
       fmt::print("{}\n", nlohmann::json{{"samples", i.samples},
+                                         {"files", files ? files->files().size() : 0},
                                          {"sample_bytes", i.sample_bytes},
                                          {"label_bytes", i.has_labels ? i.label_bytes : 0},
                                          {"shape", i.shape_string()},

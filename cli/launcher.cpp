@@ -147,7 +147,8 @@ LaunchResult launch(const LaunchSpec& spec) {
   static const char* const kOurs[] = {"SOLAR_PLAN=",        "SOLAR_NODE=",
                                       "SOLAR_LOCAL_RANK=",  "SOLAR_DATASET=",
                                       "SOLAR_LABELS=",      "SOLAR_SOCKET=",
-                                      "SOLAR_START_EPOCH=", "SOLAR_START_STEP="};
+                                      "SOLAR_START_EPOCH=", "SOLAR_START_STEP=",
+                                      "SOLAR_DATASET_INDEX="};
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
@@ -155,6 +156,11 @@ LaunchResult launch(const LaunchSpec& spec) {
                     [&](const char* p) { return kv.rfind(p, 0) == 0; }))
       continue;
     base_env.push_back(kv);
+  }
+  if (spec.index) {
+    const fs::path index_path = dir / "dataset.index";
+    storage::write_index(*spec.index, index_path.string());
+    base_env.push_back("SOLAR_DATASET_INDEX=" + index_path.string());
   }
 
   std::vector<pid_t> agents(c.nodes, -1);

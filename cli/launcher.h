@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "solar/core/plan.h"
+#include "solar/storage/dataset_files.h"
 #include "solar/storage/sample_source.h"
 
 namespace solar::cli {
@@ -37,6 +38,9 @@ class ScratchDir {
 struct LaunchSpec {
   Plan const* plan = nullptr;     // what the agents and ranks follow
   std::string dataset;            // SampleSource spec
+  // A dataset of many files: its index, written to the run directory and named to agents and
+  // ranks by $SOLAR_DATASET_INDEX, so that none lists and checks the files again.
+  const storage::DatasetIndex* index = nullptr;
   std::string labels = "/label";  // labels dataset ("" = none)
   std::vector<std::string> command;         // the rank program and its arguments
   std::vector<std::string> extra_env;       // NAME=VALUE added to every rank

@@ -132,6 +132,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   so.direct = o.direct_io;
   so.read_gap = o.read_gap;
   so.expect_identity = header_.dataset_identity;
+  so.index_path = o.dataset_index;
   // Unmodified ranks read whatever the path holds (the interposer serves only the file the
   // agent holds); batch ranks depend on this agent, which stops when the path changes.
   so.check_path = !o.transparent;

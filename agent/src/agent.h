@@ -23,6 +23,7 @@ struct AgentOptions {
   std::uint32_t node = 0;    // which node's part to execute
   std::string dataset;       // SampleSource spec: FILE.h5[:/dset] or fabric://host:port/name
   std::string labels = "/label";
+  std::string dataset_index;  // many files: the index to read (else $SOLAR_DATASET_INDEX, a scan)
   std::string socket;        // Unix socket path (its directory should be private, 0700)
   unsigned io_threads = 8;   // parallel requests within one read
   unsigned readers = 4;      // steps read concurrently

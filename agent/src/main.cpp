@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
   app.add_option("--dataset", o.dataset, "FILE.h5[:/dataset] or fabric://HOST:PORT/NAME")
       ->required();
   app.add_option("--labels", o.labels, "Labels dataset in the file ('' for none) [/label]");
+  app.add_option("--dataset-index", o.dataset_index,
+                 "A dataset of many files: the index the launcher wrote (else "
+                 "$SOLAR_DATASET_INDEX; without either the files are listed and checked here)");
   app.add_option("--socket", o.socket, "Unix socket to serve on (in a private directory)")
       ->required();
   app.add_option("--log", log_file, "Log file [stderr]");

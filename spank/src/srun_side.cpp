@@ -35,13 +35,31 @@ namespace solar::spank {
 namespace {
 
 // The dataset's shape and identity, from the `solar dataset-info` child process: HDF5 (with
-// MPI) and libfabric stay out of srun and slurmstepd.
-DatasetShape read_dataset(const State& s) {
+// MPI) and libfabric stay out of srun and slurmstepd. A dataset of many files also gives its
+// index (listed and checked once, here), kept in `index` for the step's folder.
+DatasetShape read_dataset(const State& s, std::string& index) {
   std::vector<std::string> argv = {s.config.solar, "dataset-info", s.options.dataset_spec(),
                                    "--labels", s.options.labels_dataset()};
   if (!s.config.provider.empty()) argv.insert(argv.end(), {"--provider", s.config.provider});
+  // A private folder for the index, removed before this returns.
+  const char* tmp = std::getenv("TMPDIR");
+  std::string scratch = std::string(tmp && *tmp ? tmp : "/tmp") + "/solar-index-XXXXXX";
+  if (!::mkdtemp(scratch.data()))
+    throw ConfigError("--solar-dataset", fmt::format("cannot make a temporary folder {}: {}",
+                                                     scratch, std::strerror(errno)));
+  struct Remove {
+    const std::string& dir;
+    ~Remove() { sys::remove_tree(dir); }
+  } remove{scratch};
+  argv.insert(argv.end(), {"--index-out", scratch + "/index"});
   std::string out, err;
   const int status = sys::run_captured(argv, s.config.timeout_s, out, err);
+  index.clear();
+  if (std::ifstream in(scratch + "/index"); in) {
+    std::ostringstream all;
+    all << in.rdbuf();
+    index = all.str();
+  }
   while (!err.empty() && (err.back() == '\n' || err.back() == '\r')) err.pop_back();
   if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) == 127)
     throw ConfigError("--solar-dataset",
@@ -193,7 +211,7 @@ int validate_options(spank_t, State& s) {
     s.options.validate();
     // --solar-stats: checked now, not when the step is over.
     if (!s.options.stats_path().empty()) check_output_file(s.options.stats_path(), "--solar-stats");
-    s.dataset = read_dataset(s);
+    s.dataset = read_dataset(s, s.dataset_index);
     // What holds for any step shape (one node, one rank) fails now, before an allocation.
     plan_config_for_step(s.options, s.config, *s.dataset, 1, 1, node_memory_bytes());
     return 0;
@@ -277,6 +295,14 @@ int plan_step(spank_t sp, State& s) {
     sys::remove_tree(folder);
     return -1;
   }
+  if (!s.dataset_index.empty()) {  // the agents and ranks read it instead of every file
+    if (const char* step = sys::write_file_atomically(index_in(folder), s.dataset_index, 0600)) {
+      error(fmt::format("writing the dataset index {}: {}: {}", index_in(folder), step,
+                        std::strerror(errno)));
+      sys::remove_tree(folder);
+      return -1;
+    }
+  }
   s.step_folder = folder;
   s.nodes = nodes;
   s.job = job;
@@ -292,6 +318,7 @@ int plan_step(spank_t sp, State& s) {
       {"SOLAR_VERBOSE", s.options.is_verbose() ? "1" : "0"},
       {"SOLAR_TRANSPARENT", s.options.is_transparent() ? "1" : "0"},
       {"SOLAR_PEERS", s.peers ? "1" : "0"},
+      {"SOLAR_DATASET_INDEX", s.dataset_index.empty() ? "" : index_in(folder)},
   };
   for (const auto& [name, value] : env)
     if (::setenv(name, value.c_str(), 1) != 0) {

@@ -32,6 +32,7 @@ struct State {
 
   // srun / sbatch / salloc
   std::optional<DatasetShape> dataset;  // read in init_post_opt (solar dataset-info)
+  std::string dataset_index;  // a dataset of many files: its index (solar dataset-info), or ""
   std::string step_folder;  // plan_dir's folder of the step (plan, logs, peers); removed in exit
   bool peers = false;  // --solar-peers on several nodes: the step's peer folder, removed in exit
   std::uint32_t nodes = 0;

@@ -70,6 +70,7 @@ std::vector<std::string> job_folders(const std::string& dir, const std::string& 
 }
 
 std::string plan_in(const std::string& folder) { return folder + "/plan"; }
+std::string index_in(const std::string& folder) { return folder + "/dataset.index"; }
 std::string agent_log_in(const std::string& folder, std::uint32_t node) {
   return fmt::format("{}/node{}.log", folder, node);
 }

@@ -42,6 +42,7 @@ std::vector<std::string> job_folders(const std::string& dir, const std::string& 
 std::string plan_in(const std::string& folder);                          // plan
 std::string agent_log_in(const std::string& folder, std::uint32_t node);  // nodeN.log
 std::string peer_dir_in(const std::string& folder);                      // peers/
+std::string index_in(const std::string& folder);  // dataset.index (a dataset of many files)
 
 // Opens `path` read-only if it is a regular file owned by `uid`: O_NOFOLLOW (a link at the
 // name is refused), O_NONBLOCK (a FIFO there cannot block the open), O_CLOEXEC; type and owner

@@ -144,6 +144,10 @@ int start_node_agent(spank_t sp, State& s) {
             "--labels", job_env(sp, "SOLAR_LABELS").value_or("/label"),
             "--socket", l.socket};
   if (s.config.zero_copy) l.args.push_back("--zero-copy");
+  // A dataset of many files: the index srun wrote in the step's folder (the folder, found
+  // from the step's ids and owner, is what is trusted; the agent checks every file against it).
+  if (struct stat ist {}; ::lstat(index_in(*folder).c_str(), &ist) == 0 && S_ISREG(ist.st_mode))
+    l.args.insert(l.args.end(), {"--dataset-index", index_in(*folder)});
   // The plan lies in a folder of the user's, who could replace it after check_plan: the agent
   // checks the site's limit again on the plan it reads.
   if (const auto cap = buffer_cap(s.config, node_memory_bytes()))
