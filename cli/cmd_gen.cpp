@@ -1,5 +1,6 @@
 // solar gen: write a generated dataset (content checkable from (seed, index)).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -263,11 +264,9 @@ void run_gen(const GenOptions& o) {
     return;
   }
   const double s = since(t0);
-  std::string shape;
-  for (auto d : spec.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+  const std::string shape = fmt::format("{}", fmt::join(spec.shape, "x"));
   const storage::GenArrays arrays = storage::gen_arrays(spec);
-  std::string label_shape;
-  for (auto d : arrays.label_shape) label_shape += (label_shape.empty() ? "" : "x") + std::to_string(d);
+  const std::string label_shape = fmt::format("{}", fmt::join(arrays.label_shape, "x"));
   if (spec.files == storage::FilesLayout::single) {
     fmt::print("wrote {}: /data {} samples of {} {} ({} each, {} in all), layout {}, seed {}; "
                "/label int32; {:.1f} s ({:.2f} GB/s)\n",

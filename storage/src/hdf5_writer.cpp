@@ -173,7 +173,8 @@ void write_attributes(hid_t dset, std::uint64_t seed, std::uint64_t first,
                          where + ": cannot write attribute"),
                H5Aclose);
   h5::check(H5Awrite(a.get(), str.get(), content::kGenerator.data()), where);
-  for (const auto& [name, value] : {std::pair{"solar_seed", seed}, std::pair{"solar_first", first}}) {
+  for (const auto& [name, value] :
+       {std::pair{"solar_seed", seed}, std::pair{"solar_first", first}}) {
     h5::Handle b(h5::check(H5Acreate2(dset, name, H5T_STD_U64LE, scalar.get(), H5P_DEFAULT,
                                       H5P_DEFAULT),
                            where + ": cannot write attribute"),

@@ -265,3 +265,41 @@ def test_verify_reads_the_whole_layout(tmp_path, layout, args, labels):
     doc = json.loads(p.stdout)
     assert doc["ok"] and doc["labels_checked"], doc
     assert doc["samples"] == {"per-sample-files": 70, "deepcam": 4, "dlio": 380}[layout], doc
+
+
+@pytest.mark.skipif(not os.environ.get("SOLAR_EXAMPLE_TRAIN"), reason="needs SOLAR_EXAMPLE_TRAIN")
+@pytest.mark.parametrize("layout,args,corrupt", [
+    ("per-sample-files", ["--samples", "70", "--preset", "tiny"],
+     ("000/univ0000_005.hdf5", "unitPar", -1, 5)),
+    ("deepcam", ["--samples", "24", "--shape", "6,8,2"],
+     ("data-000003.h5", "climate/labels_0", -1, 3)),
+    ("dlio", ["--files", "8", "--samples-per-file", "50", "--samples", "380", "--shape", "8,8"],
+     ("img_7_of_8.hdf5", "labels", 7, 357)),
+])
+def test_example_train_verifies_samples_and_labels_of_every_layout(tmp_path, layout, args,
+                                                                   corrupt):
+    out = tmp_path / layout
+    text = gen(out, "--layout", layout, "--seed", 4, *args)
+    spec, labels = re.search(r"--dataset (\S+) --labels (\S+)", text).groups()
+
+    def train():
+        return subprocess.run(
+            [SOLAR, "run", "-n", "2", "--no-agent", "--dataset", spec, "--labels", labels,
+             "--buffer", "50%", "--epochs", "1", "--batch", "2", "--",
+             os.environ["SOLAR_EXAMPLE_TRAIN"], "--verify"],
+            capture_output=True, text=True, timeout=300)
+
+    p = train()
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (p.stdout + p.stderr).count("verified (0 wrong)") == 2, p.stdout + p.stderr
+    # One label element off: that sample, by its global id, is wrong (labels of any size are
+    # checked, not only int32 ones).
+    name, array, element, gid = corrupt
+    with h5py.File(out / name, "r+") as f:
+        value = f[array][()]
+        value.flat[element] += 1
+        f[array][...] = value
+    p = train()
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert f"sample {gid} at step" in p.stderr + p.stdout, p.stdout + p.stderr
+    assert "verified (1 wrong)" in p.stdout + p.stderr, p.stdout + p.stderr
