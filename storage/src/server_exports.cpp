@@ -16,8 +16,8 @@ Export Export::parse(const std::string& spec) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.')
       throw StorageError(fmt::format("--export '{}': the name may use letters, digits, - _ . only",
                                      spec));
-  protocol::FileDataset where =
-      protocol::split_file_dataset(std::string_view(spec).substr(eq + 1));
+  e.spec = spec.substr(eq + 1);
+  protocol::FileDataset where = protocol::split_file_dataset(e.spec);
   e.path = std::move(where.file);
   e.dataset = std::move(where.dataset);
   return e;
@@ -29,17 +29,30 @@ void StorageServer::Impl::open_export(const Export& e) {
       throw StorageError(fmt::format("--export {}: the name is used twice", e.name));
   auto ex = std::make_unique<Exported>();
   ex->spec = e;
-  Hdf5Options ho;
-  ho.io_threads = 2;
   try {
-    ex->source = Hdf5Source::open(e.path, e.dataset, ho);
+    if (names_many_files(e.spec)) {  // many files, one export: staged reads (or --in-memory)
+      SourceOptions so;
+      so.io_threads = 4;
+      so.label_dataset = opt.labels;
+      ex->source = open_source(e.spec, so);
+    } else {
+      Hdf5Options ho;
+      ho.io_threads = 2;
+      ho.label_dataset = opt.labels;
+      auto file = Hdf5Source::open(e.path, e.dataset, ho);
+      ex->file = file.get();
+      ex->source = std::move(file);
+    }
   } catch (const StorageError& err) {
     throw StorageError(fmt::format("--export {}: {}", e.name, err.what()));
   }
   const DatasetInfo& info = ex->source->info();
   ex->identity = fmt::format("solar-stored export {} of {}", e.name, ex->source->identity());
   const std::uint64_t bytes = info.samples * info.sample_bytes;
-  if (auto off = ex->source->raw_offset(); off && bytes > 0 && opt.in_memory) {
+  const auto off = ex->file ? ex->file->raw_offset() : std::nullopt;
+  if (!ex->file && bytes > 0 && opt.in_memory) {
+    load_into_memory(*ex);
+  } else if (off && bytes > 0 && opt.in_memory) {
     load_into_memory(*ex);
   } else if (off && bytes > 0) {
     const int fd = ::open(e.path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -104,9 +117,10 @@ void StorageServer::Impl::load_into_memory(Exported& ex) {
   ho.label_dataset.clear();
   ho.io_threads = 4;
   ho.direct = true;
-  std::unique_ptr<Hdf5Source> loader;
+  std::unique_ptr<Hdf5Source> own;  // one file: a second handle, O_DIRECT
+  SampleSource* loader = ex.source.get();  // many files: the export's source checks each file
   try {
-    loader = Hdf5Source::open(ex.spec.path, ex.spec.dataset, ho);
+    if (ex.file) loader = (own = Hdf5Source::open(ex.spec.path, ex.spec.dataset, ho)).get();
   } catch (const StorageError& err) {
     throw StorageError(fmt::format("--export {}: {}", name, err.what()));
   }
@@ -145,9 +159,9 @@ void StorageServer::Impl::load_into_memory(Exported& ex) {
 // caught here (twice a second) rather than at a read: the export stops being served.
 void StorageServer::Impl::watch_exports() {
   for (auto& ex : exports) {
-    if (!ex->rma || ex->changed.load(std::memory_order_acquire)) continue;
+    if (!ex->rma || !ex->file || ex->changed.load(std::memory_order_acquire)) continue;
     try {
-      ex->source->check_unchanged();
+      ex->file->check_unchanged();
       continue;
     } catch (const StorageError& e) {
       ex->changed_why = e.what();

@@ -49,7 +49,8 @@ using nlohmann::json;
 // One exported dataset and the memory clients read it from.
 struct Exported {
   Export spec;
-  std::unique_ptr<Hdf5Source> source;
+  std::unique_ptr<SampleSource> source;
+  Hdf5Source* file = nullptr;  // a single file's source (the same object), else null
   std::string identity;  // changes when the file does: clients refuse to resume on another
   bool rma = false;      // contiguous: mapped and registered; else staged
   // With --in-memory: `map` is the server's own (anonymous) copy of the data, not the file's

@@ -26,8 +26,12 @@ int main(int argc, char** argv) {
                  "fabric endpoint binds to the same host [127.0.0.1:0]");
   app.add_option("--export", exports,
                  "NAME=FILE.h5:/dataset to export (repeatable; /dataset defaults to /data; "
-                 "labels come from /label in the same file when present)")
+                 "labels come from --labels in the same file when present), or a dataset of "
+                 "many files as one export: NAME=DIR:/name, NAME='GLOB:/name', NAME=@LIST:/name "
+                 "(each file's array one sample; /name[] for its rows)")
       ->required();
+  app.add_option("--labels", o.labels,
+                 "The labels array in every exported file ('' for none) [/label]");
   app.add_option("--provider", o.provider,
                  "libfabric provider, e.g. tcp;ofi_rxm (default), shm (same host only), verbs;"
                  "ofi_rxm. Without it $FI_PROVIDER is honoured");

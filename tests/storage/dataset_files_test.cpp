@@ -245,3 +245,31 @@ TEST(DatasetFiles, ManyFilesFewDescriptors) {
 
 }  // namespace
 }  // namespace solar::storage
+
+namespace solar::storage {
+namespace {
+
+// solar-stored exports a dataset of many files as one export: a client reads it by global id,
+// plain and --in-memory.
+TEST(DatasetFiles, SolarStoredExportsADirectoryAsOneExport) {
+  TempDir dir;
+  put(dir, "e/0.h5", 4, 31);
+  put(dir, "e/1.h5", 2, 32);
+  put(dir, "e/2.h5", 3, 33);
+  std::vector<Expect> want;
+  for (std::uint64_t i = 0; i < 4; ++i) want.push_back({31, i});
+  for (std::uint64_t i = 0; i < 2; ++i) want.push_back({32, i});
+  for (std::uint64_t i = 0; i < 3; ++i) want.push_back({33, i});
+  for (const bool in_memory : {false, true}) {
+    std::vector<std::string> args = {"--export", "many=" + dir.file("e") + ":/data[]"};
+    if (in_memory) args.push_back("--in-memory");
+    test::StoredProcess server(dir, args);
+    ASSERT_TRUE(server.start()) << server.log();
+    auto src = open_source(server.uri("many"));
+    EXPECT_EQ(src->file_set(), nullptr);  // the files are the server's
+    expect_samples(*src, want);
+  }
+}
+
+}  // namespace
+}  // namespace solar::storage

@@ -19,7 +19,10 @@ struct Export {
   std::string name;     // what clients ask for: fabric://host:port/NAME
   std::string path;     // FILE.h5
   std::string dataset;  // /data
-  // Parses NAME=FILE.h5:/dataset (dataset defaults to /data). Throws StorageError.
+  std::string spec;     // FILE.h5:/dataset as given, or many files: DIR:/name, 'GLOB:/name',
+                        // @LIST:/name (dataset_files.h)
+  // Parses NAME=FILE.h5:/dataset (dataset defaults to /data) or NAME=DIR:/name (a dataset of
+  // many files, one export). Throws StorageError.
   static Export parse(const std::string& spec);
 };
 
@@ -51,6 +54,7 @@ struct ServerOptions {
   // (a storage server's DRAM tier) instead of from the mapped file's page cache. An export
   // that does not fit in available memory is refused by name; staged exports are unaffected.
   bool in_memory = false;
+  std::string labels = "/label";  // the labels array in every export's file(s) ("" = none)
 };
 
 class StorageServer {
