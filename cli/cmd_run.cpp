@@ -255,7 +255,7 @@ void run_run(const RunOptions& o) {
       if (storage::names_many_files(o.dataset)) {
         // Listed and checked once, here; agents and ranks read the index (launcher.cpp).
         const auto began = std::chrono::steady_clock::now();
-        index = storage::scan_dataset(o.dataset, o.labels, [&](std::uint64_t done, std::uint64_t n) {
+        index = storage::index_dataset(o.dataset, o.labels, [&](std::uint64_t done, std::uint64_t n) {
           if (n >= 4096 && done < n)
             fmt::print(stderr, "solar run: checking the dataset's files: {} of {}\r", done, n);
         });

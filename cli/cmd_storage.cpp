@@ -48,7 +48,7 @@ void add_storage_commands(CLI::App& app) {
     try {
       std::unique_ptr<storage::SampleSource> src;
       if (storage::names_many_files(in->source)) {
-        storage::DatasetIndex index = storage::scan_dataset(in->source, in->labels);
+        storage::DatasetIndex index = storage::index_dataset(in->source, in->labels);
         if (!in->index_out.empty()) storage::write_index(index, in->index_out);
         src = storage::open_files_source(std::move(index), so);
       } else {

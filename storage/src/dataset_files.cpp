@@ -19,6 +19,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -219,7 +220,8 @@ bool names_many_files(std::string_view spec) {
 }
 
 DatasetIndex scan_dataset(std::string_view spec, const std::string& label_dataset,
-                          const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+                          const std::function<void(std::uint64_t, std::uint64_t)>& progress,
+                          const DatasetIndex* previous) {
   const protocol::DatasetSpec parsed = protocol::parse_dataset_spec(spec);
   if (parsed.kind != protocol::DatasetSpec::Kind::file)
     throw StorageError(fmt::format("dataset '{}': not a dataset of files", spec));
@@ -237,8 +239,42 @@ DatasetIndex scan_dataset(std::string_view spec, const std::string& label_datase
   x.files.reserve(paths.size());
   bool seeded = true;
   std::optional<std::uint64_t> seed;
+  // A previous index of this spec: a file whose stat is the one indexed then (inode, size,
+  // mtime, ctime: any write moves the ctime) is taken from it without opening it.
+  std::unordered_map<std::string_view, const DatasetFile*> before;
+  if (previous && previous->spec == spec && previous->label_dataset == label_dataset)
+    for (const auto& f : previous->files) before.emplace(f.path, &f);
+  bool checked_previous = false;  // the previous index's files match this one's first
   for (std::size_t i = 0; i < paths.size(); ++i) {
     if (progress && i % 1024 == 0) progress(i, paths.size());
+    if (const auto it = before.find(paths[i]); it != before.end()) {
+      struct stat st {};
+      if (::stat(paths[i].c_str(), &st) == 0 && it->second->differs(st).empty()) {
+        if (i == 0) {
+          x.info = previous->info;
+          x.info.samples = 0;
+          x.info.layout = "contiguous";
+          if (const auto sp = previous->info.layout.find(" files, "); sp != std::string::npos)
+            x.info.layout = previous->info.layout.substr(sp + 8);
+          seed = previous->info.seed;
+        } else if (!checked_previous) {
+          if (const std::string why = mismatch(x.info, previous->info); !why.empty())
+            throw StorageError(fmt::format("dataset '{}': {} does not match the files before it: "
+                                           "{}; every file of a dataset must hold samples of one "
+                                           "shape and dtype (and the same labels)",
+                                           spec, paths[i], why));
+        }
+        checked_previous = true;
+        DatasetFile f = *it->second;
+        f.set_stat(st);
+        seeded = seeded && previous->info.seed && previous->info.seed == seed &&
+                 it->second->first == x.info.samples;
+        f.first = x.info.samples;
+        x.info.samples += f.count;
+        x.files.push_back(std::move(f));
+        continue;
+      }
+    }
     std::unique_ptr<Hdf5Source> h;
     try {
       h = Hdf5Source::open(paths[i], x.dataset, ho);
@@ -283,6 +319,53 @@ DatasetIndex scan_dataset(std::string_view spec, const std::string& label_datase
   if (!seeded) x.info.seed.reset();
   x.info.layout = fmt::format("{} files, {}", x.files.size(), x.info.layout);
   x.identity = identity_of(x);
+  return x;
+}
+
+std::string index_cache_path(std::string_view spec, const std::string& label_dataset) {
+  std::string dir;
+  if (const char* c = std::getenv("SOLAR_INDEX_CACHE"); c && *c) {
+    dir = c;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+    dir = std::string(x) + "/solar";
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    dir = std::string(home) + "/.cache/solar";
+  } else {
+    return {};
+  }
+  if (dir == "none") return {};
+  Fnv h;
+  h.add(spec);
+  h.add(label_dataset);
+  std::error_code ec;
+  if (!spec.starts_with("/") && !spec.starts_with("@/"))  // relative: also where from
+    h.add(fs::current_path(ec).string());
+  return fmt::format("{}/index-{:016x}", dir, h.h);
+}
+
+DatasetIndex index_dataset(std::string_view spec, const std::string& label_dataset,
+                           const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+  const std::string cache = index_cache_path(spec, label_dataset);
+  std::optional<DatasetIndex> previous;
+  struct stat st {};
+  if (!cache.empty() && ::stat(cache.c_str(), &st) == 0) {
+    try {
+      previous = read_index(cache, spec, label_dataset);
+    } catch (const StorageError&) {
+      // another spec on a hash collision, or damaged: scanned afresh, and replaced below
+    }
+  }
+  DatasetIndex x = scan_dataset(spec, label_dataset, progress, previous ? &*previous : nullptr);
+  if (!cache.empty() && (!previous || previous->identity != x.identity)) {
+    std::error_code ec;
+    fs::create_directories(fs::path(cache).parent_path(), ec);
+    ::chmod(fs::path(cache).parent_path().c_str(), 0700);
+    try {
+      write_index(x, cache);
+    } catch (const StorageError&) {
+      // a cache: the next job scans again
+    }
+  }
   return x;
 }
 

@@ -181,6 +181,32 @@ TEST(DatasetFiles, TheIndexFileIsReadInsteadOfAScanAndMustBeForTheSameSpec) {
   EXPECT_EQ(open_source(spec, so)->info().samples, 9U);
 }
 
+TEST(DatasetFiles, AScanTakesUnchangedFilesFromThePreviousIndexAndReopensChangedOnes) {
+  TempDir dir;
+  put(dir, "p/0.h5", 2, 1);
+  put(dir, "p/1.h5", 2, 2);
+  const std::string spec = dir.file("p") + ":/data[]";
+  DatasetIndex first = scan_dataset(spec, "/label");
+  // An entry only the previous index has (no open would give it): taken over while the file's
+  // stat is the one indexed.
+  DatasetIndex marked = first;
+  marked.files[1].data_offset = 12345;
+  EXPECT_EQ(scan_dataset(spec, "/label", {}, &marked).files[1].data_offset, 12345U);
+  // Rewritten (another row count): opened again, so the new count and offset are seen.
+  put(dir, "p/1.h5", 3, 2);
+  DatasetIndex again = scan_dataset(spec, "/label", {}, &marked);
+  EXPECT_EQ(again.files[1].count, 3U);
+  EXPECT_EQ(again.files[1].data_offset, first.files[1].data_offset);
+  EXPECT_EQ(again.info.samples, 5U);
+  EXPECT_NE(again.identity, first.identity);
+  // The cache: the second call finds the first's index (index_cache_path) and agrees with it.
+  ::setenv("SOLAR_INDEX_CACHE", dir.file("cache").c_str(), 1);
+  const DatasetIndex a = index_dataset(spec, "/label");
+  EXPECT_TRUE(fs::exists(index_cache_path(spec, "/label")));
+  EXPECT_EQ(index_dataset(spec, "/label").identity, a.identity);
+  ::unsetenv("SOLAR_INDEX_CACHE");
+}
+
 TEST(DatasetFiles, FilesThatDifferAreRefusedNamingTheFile) {
   TempDir dir;
   put(dir, "m/0.h5", 3, 1);

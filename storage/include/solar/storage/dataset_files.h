@@ -94,8 +94,21 @@ struct DatasetIndex {
 // optional `[]`). Every file must hold the array with the same sample shape and dtype (and the
 // same labels); the first file that differs, is missing, unreadable or not HDF5 is refused with
 // a StorageError naming it and what differs. `progress(done, total)` is called now and then.
+// With `previous` (an index of the same spec and labels), a file whose stat is still the one
+// indexed there is taken from it without opening it (a stat instead of an HDF5 open).
 DatasetIndex scan_dataset(std::string_view spec, const std::string& label_dataset,
-                          const std::function<void(std::uint64_t, std::uint64_t)>& progress = {});
+                          const std::function<void(std::uint64_t, std::uint64_t)>& progress = {},
+                          const DatasetIndex* previous = nullptr);
+
+// scan_dataset with the user's index cache: the index of the last scan of this spec (and
+// labels, and working directory for a relative spec) in $SOLAR_INDEX_CACHE, else
+// $XDG_CACHE_HOME/solar, else ~/.cache/solar ("none": no cache), is the `previous` one, and
+// the new index replaces it. What launchers (solar run, srun's dataset-info) call: a job over
+// the same files again costs a stat a file.
+DatasetIndex index_dataset(std::string_view spec, const std::string& label_dataset,
+                           const std::function<void(std::uint64_t, std::uint64_t)>& progress = {});
+// Where index_dataset keeps the index of `spec` ("" when there is no cache).
+std::string index_cache_path(std::string_view spec, const std::string& label_dataset);
 
 // True when `spec` names many files (a directory, a glob, @LIST), not one file or a server.
 // Stats the path (a directory is told from a file only so).
