@@ -63,13 +63,15 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
                                    path));
 #endif
   }
-  if (H5Fis_hdf5(path.c_str()) <= 0) {
+  im->file = h5::Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  // Only when the open failed is the signature looked at, for the message: an open less per
+  // file (a dataset of many files opens every one when it is indexed).
+  if (!im->file && H5Fis_hdf5(path.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     throw StorageError(fmt::format("{}: not an HDF5 file (or damaged); write one with `solar gen` "
                                    "or h5py",
                                    path));
   }
-  im->file = h5::Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
   if (!im->file) {
     const std::string e = h5::last_error();
     throw StorageError(fmt::format("{}: cannot open as HDF5 ({}); the file may be truncated or "
