@@ -10,6 +10,8 @@ under solar's transparent mode (libsolar_preload.so), same HDF5 file, same ranks
         --throttle 400M,2000
     /usr/bin/python3 bench/pytorch_io.py --nodes 4 --ranks 1 --buffer 26% --epochs 5 \
         --throttle 400M,2000 --modes baseline,transparent --peers     # buffers shared
+    /usr/bin/python3 bench/pytorch_io.py --layout per-sample-files --samples 400 \
+        --throttle 400M,2000 --workers 0           # the artifact's layout: one file a sample
 
 --throttle BPS[,IOPS] runs every mode inside one blkio cgroup capped at that read bandwidth
 (and IOPS) on the disk holding the dataset (root; cgroup v1 blkio, as bench/slow_storage.py): the
@@ -27,6 +29,13 @@ the SOLAR_* variables. Storage is cold at every epoch start (posix_fadvise DONTN
 after a barrier): the dataset stands for one on remote storage, not in the page cache. The
 baseline is tried with each --workers value and its best total is the one compared.
 Data-loading time = time a rank waits for its batches; per epoch, the slowest rank's.
+
+--layout per-sample-files reads the SOLAR artifact's CosmoFlow layout instead of one file:
+`solar gen --layout per-sample-files` (a folder of one HDF5 file per sample, /split and
+/unitPar float32[4]), and the rank script is the artifact's: paths = the sorted file list, and
+every __getitem__ opens and closes one file (`with h5py.File(path) as f: x = f['split'][:];
+y = f['unitPar'][:]`); solar.torch.Loader reads DIR/:/split with labels /unitPar. Cold
+storage then drops every file's pages at each epoch start.
 """
 import argparse
 import json
@@ -57,7 +66,27 @@ def find_build(build):
              "build first (scripts/build) or pass --build DIR")
 
 
-drop_cache = slow_storage.evict
+# The SOLAR artifact's CosmoFlow layout (--layout per-sample-files): each file one sample.
+ARTIFACT_ARRAY, ARTIFACT_LABELS = "split", "unitPar"
+# The files solar takes from a directory (storage/src/dataset_files.cpp), in its order.
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+
+
+def data_files(path):
+    """The HDF5 files of a dataset path: the file itself, or a directory's files below it in
+    sorted path order, which is solar's global sample order (and the order of the artifact's
+    sorted file list)."""
+    if not os.path.isdir(path):
+        return [path]
+    return sorted(os.path.join(d, n) for d, _, names in os.walk(path) for n in names
+                  if n.endswith(HDF5_SUFFIXES))
+
+
+def drop_cache(path):
+    """Cold storage: drops the page cache of the dataset's file, or of every file of a
+    directory."""
+    for f in data_files(path):
+        slow_storage.evict(f)
 
 
 _SRUN_RANK = ('RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS '
@@ -88,6 +117,7 @@ def solar_run(tool, dataset, a, rank_argv, extra=()):
     if a.launcher == "srun":
         solar = [] if no_agent else [
             f"--solar-dataset={dataset}", f"--solar-buffer={a.buffer}",
+            *([f"--solar-labels={a.labels}"] if getattr(a, "labels", None) else []),
             f"--solar-epochs={a.epochs}", f"--solar-batch={a.batch}", f"--solar-seed={a.seed}",
             "--solar-order=torch", "--solar-verbose",
             *(["--solar-transparent"] if transparent else [])]
@@ -96,6 +126,7 @@ def solar_run(tool, dataset, a, rank_argv, extra=()):
     else:
         cmd = [tool, "run", "--ranks-per-node", str(a.ranks), "--nodes", str(a.nodes),
                "--dataset", dataset,
+               *(["--labels", a.labels] if getattr(a, "labels", None) else []),
                "--buffer", a.buffer, "--epochs", str(a.epochs), "--batch", str(a.batch),
                "--seed", str(a.seed), "--order", "torch", *extra,
                *([] if no_agent else ["-v"]),
@@ -199,9 +230,11 @@ def add_common_args(ap):
 def make_dataset(tool, a, tmp, name="data.h5", samples=None, seed=0):
     if a.dataset and name == "data.h5":
         return a.dataset
-    path = os.path.join(tmp, name)
+    many = getattr(a, "layout", None) == "per-sample-files"
+    path = os.path.join(tmp, name.removesuffix(".h5") if many else name)
     subprocess.run([tool, "gen", path, "--samples", str(samples or a.samples), "--preset",
-                    a.preset, "--seed", str(seed), "--no-progress"], check=True,
+                    a.preset, "--seed", str(seed), "--no-progress",
+                    *(["--layout", "per-sample-files"] if many else [])], check=True,
                    capture_output=True)
     return path
 
@@ -228,9 +261,28 @@ class H5Samples:
         return torch.from_numpy(self.f["data"][i]), int(self.f["label"][i])
 
 
+class H5Files:
+    """The SOLAR artifact's Dataset (Cosmoflow): one file per sample, opened and closed in every
+    __getitem__; paths are the sorted file list."""
+
+    def __init__(self, root):
+        self.paths = data_files(root)
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        import h5py
+        import torch
+        with h5py.File(self.paths[i], "r") as f:
+            x = f[ARTIFACT_ARRAY][:]
+            y = f[ARTIFACT_LABELS][:]
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+
 def baseline_loader(path, a, rank, world):
     import torch.utils.data as tud
-    ds = H5Samples(path)
+    ds = H5Files(path) if os.path.isdir(path) else H5Samples(path)
     sampler = tud.DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True,
                                      seed=a.seed)
     loader = tud.DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers)
@@ -296,6 +348,10 @@ def rank_main(a):
 # --- driver --------------------------------------------------------------------------------------
 def sample_bytes_of(path):
     import h5py
+    if os.path.isdir(path):  # one file a sample: its whole array
+        with h5py.File(data_files(path)[0], "r") as f:
+            d = f[ARTIFACT_ARRAY]
+            return int(d.dtype.itemsize * max(1, int(np.prod(d.shape))))
     with h5py.File(path, "r") as f:
         d = f["data"]
         return int(d.dtype.itemsize * max(1, int(np.prod(d.shape[1:]))))
@@ -323,6 +379,11 @@ def main():
                     help="also write every figure (per-epoch times, limits, bytes each mode "
                          "read from the disk under --throttle) here, for bench/sweep and "
                          "solar report")
+    ap.add_argument("--layout", choices=["file", "per-sample-files"], default="file",
+                    help="the dataset: one HDF5 file of --samples samples, or the SOLAR "
+                         "artifact's folder of one file per sample (solar gen --layout "
+                         "per-sample-files: /split, /unitPar; the rank script opens and closes "
+                         "a file in every __getitem__) [file]")
     a = ap.parse_args()
     if a.rank:
         a.workers = int(a.workers)
@@ -333,15 +394,26 @@ def main():
     if not set(modes) <= {"baseline", "transparent", "solar", "floor"}:
         sys.exit(f"pytorch_io: --modes {a.modes}: choose from baseline, transparent, solar, "
                  f"floor")
+    many = a.layout == "per-sample-files"
+    if many and a.dataset and not os.path.isdir(a.dataset):
+        sys.exit(f"pytorch_io: --layout per-sample-files --dataset {a.dataset}: give the folder "
+                 f"of per-sample files (solar gen OUT --layout per-sample-files)")
+    a.labels = "/" + ARTIFACT_LABELS if many else None
     tool, lib = find_build(a.build)
     tmp = tempfile.mkdtemp(prefix="solar-bench-", dir=os.environ.get("SOLAR_BENCH_DIR"))
     global THROTTLE
     try:
         path = make_dataset(tool, a, tmp)
+        # What solar reads: the folder's every file, each one sample of /split (the trailing
+        # slash is how the transparent mode's interposer tells a folder from a file).
+        spec = os.path.join(path, "") + ":/" + ARTIFACT_ARRAY if many else path
         THROTTLE = make_throttle(a.throttle, path)
-        nbytes = os.path.getsize(path)
+        files = data_files(path)
+        nbytes = sum(os.path.getsize(f) for f in files)
         sb = sample_bytes_of(path)
-        print(f"dataset {path}: {a.samples} samples, {nbytes / 2**20:.0f} MiB; {a.nodes}x{a.ranks} "
+        print(f"dataset {path}: {a.samples} samples" +
+              (f" in {len(files)} files (one a sample, /split, labels /unitPar)" if many else "") +
+              f", {nbytes / 2**20:.0f} MiB; {a.nodes}x{a.ranks} "
               f"ranks, batch {a.batch}, {a.epochs} epochs, solar buffer {a.buffer} per node, "
               f"cold storage every epoch" +
               (f"; {THROTTLE.describe()}" if THROTTLE else ""))
@@ -370,7 +442,7 @@ def main():
         def run(mode, rank_argv, extra=()):
             before = THROTTLE.counters() if THROTTLE else None
             t0 = time.monotonic()
-            log = solar_run(tool, path, a, rank_argv, extra)
+            log = solar_run(tool, spec, a, rank_argv, extra)
             wall.setdefault(mode, []).append(time.monotonic() - t0)
             if THROTTLE:
                 disk.setdefault(mode, []).append(THROTTLE.counters()[0] - before[0])
@@ -391,9 +463,10 @@ def main():
             if "floor" in modes:  # the script's own cost: its file in memory all along
                 out = os.path.join(tmp, f"floor-{k}")
                 os.makedirs(out)
-                with open(path, "rb") as f:
-                    while f.read(16 << 20):
-                        pass
+                for file in files:
+                    with open(file, "rb") as f:
+                        while f.read(16 << 20):
+                            pass
                 w = workers[0]
                 run("floor", [me, "--rank", "baseline", "--workers", str(w), "--out", out,
                               "--library", lib, "--seed", str(a.seed), "--batch", str(a.batch),
@@ -464,7 +537,8 @@ def main():
         result = {"config": {k: getattr(a, k) for k in ("samples", "preset", "nodes", "ranks",
                                                           "batch", "epochs", "buffer", "seed",
                                                           "throttle", "workers", "repeat",
-                                                          "peers")},
+                                                          "peers")} |
+                            ({"layout": a.layout, "files": len(files)} if many else {}),
                   "sample_bytes": sb, "dataset_bytes": nbytes,
                   "modes": {"baseline": {"per_epoch_s": base, "total_s": sum(base),
                                          "num_workers": best,
