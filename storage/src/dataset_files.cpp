@@ -649,8 +649,9 @@ class FilesSource final : public SampleSource, public DatasetFiles {
       } catch (const std::system_error& e) {  // I/O errors: retried, then reported
         if (attempt >= kAttempts)
           throw StorageError(fmt::format("{} (of dataset '{}'): reading samples [{}, {}) of the "
-                                         "file failed ({} attempts): {}",
-                                         f.path, x_.spec, p.first, p.first + p.count, attempt,
+                                         "file (the dataset's [{}, {})) failed ({} attempts): {}",
+                                         f.path, x_.spec, p.first, p.first + p.count,
+                                         f.first + p.first, f.first + p.first + p.count, attempt,
                                          e.code().message()));
         std::this_thread::sleep_for(kPause * (1U << (attempt - 1)));
       }

@@ -103,11 +103,12 @@ def _sh(*args):
     return subprocess.run([str(a) for a in args], capture_output=True, text=True)
 
 
-@pytest.fixture
-def failing_disk(tmp_path):
-    """An ext4 file system on a loop device holding the dataset. `fail()` drops the file's
-    cached pages and shrinks the device to 1 MiB: every read of the file's blocks then fails in
-    the block layer with EIO ("attempt to access beyond end of device")."""
+@pytest.fixture(params=["file", "many-files"])
+def failing_disk(tmp_path, request):
+    """An ext4 file system on a loop device holding the dataset: one file, or (many-files) the
+    SOLAR artifact's layout of a file per sample. `fail()` drops the files' cached pages and
+    shrinks the device to 1 MiB: every read of blocks past it then fails in the block layer with
+    EIO ("attempt to access beyond end of device")."""
     if os.geteuid() != 0:
         pytest.skip("EIO emulation needs root (a loop device and a mount)")
     for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
@@ -127,20 +128,26 @@ def failing_disk(tmp_path):
     if m.returncode != 0:
         _sh("losetup", "-d", dev)
         pytest.skip(f"cannot mount a loop device here: {m.stderr.strip()}")
-    path = mnt / "d.h5"
+    many = request.param == "many-files"
+    path = mnt / ("d" if many else "d.h5")
 
     def fail():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        for f in ([p for p in path.rglob("*.hdf5")] if many else [path]):
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
         os.truncate(img, 1 << 20)
         assert _sh("losetup", "-c", dev).returncode == 0
 
     try:  # from the mount on: a failure setting up unmounts too
-        run(SOLAR, "gen", path, "--samples", "600", "--preset", "tiny", "--seed", "7",
-            "--no-progress")
+        if many:  # 600 files of 4 KiB: most of them lie past the first MiB
+            run(SOLAR, "gen", path, "--layout", "per-sample-files", "--samples", "600",
+                "--preset", "tiny", "--seed", "7", "--no-progress")
+        else:
+            run(SOLAR, "gen", path, "--samples", "600", "--preset", "tiny", "--seed", "7",
+                "--no-progress")
         os.sync()
         yield path, fail
     finally:
@@ -150,12 +157,19 @@ def failing_disk(tmp_path):
 
 def test_dataset_read_fails_with_eio_mid_run(tmp_path, failing_disk):
     path, fail = failing_disk
-    rc, out, secs = run_with_fault(tmp_path, path, lambda p: fail())
+    many = path.suffix != ".h5"
+    if many:  # the files' whole arrays are the samples, their unitPar the labels
+        rc, out, secs = run_with_fault(tmp_path, f"{path}/:/split", lambda p: fail(),
+                                       "--labels", "/unitPar")
+    else:
+        rc, out, secs = run_with_fault(tmp_path, path, lambda p: fail())
     assert rc != 0, out
     assert_no_wrong_bytes(out)
     assert "Input/output error" in out, out
-    # The agent's error names the file and the offset, after its bounded retries.
-    said = [l for l in out.splitlines() if "Input/output error" in l and "offset" in l]
+    # The agent's error names the file (one of the dataset's) and where in it, after its bounded
+    # retries.
+    where = "samples [" if many else "offset"
+    said = [l for l in out.splitlines() if "Input/output error" in l and where in l]
     assert said and str(path) in said[0] and "(4 attempts)" in said[0], out
     for line in failed_ranks(out):
         assert str(path) in line, line
