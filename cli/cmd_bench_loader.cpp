@@ -21,7 +21,7 @@
 #include "options.h"
 #include "solar/core/job_params.h"
 #include "solar/core/planner.h"
-#include "solar/storage/hdf5_source.h"
+#include "solar/storage/dataset_files.h"
 #include "solar/storage/sample_source.h"
 #include "solar/sys/subprocess.h"
 #include "throttle.h"
@@ -286,8 +286,9 @@ void run_bench(const BenchOptions& o) {
   std::unique_ptr<Throttle> throttle;
   if (!o.throttle.empty()) {
     const auto [bps, iops] = parse_throttle(o.throttle, "--throttle");
-    // --dataset is a file here (fabric:// is refused above): the source knows its path.
-    const auto& file = dynamic_cast<const storage::Hdf5Source&>(*src).path();
+    // --dataset is files here (fabric:// is refused above): the cap is on the disk of the
+    // first (a dataset of many files lies on one file system).
+    const auto& file = src->file_set()->files().front().path;
     try {
       throttle = std::make_unique<Throttle>(file, bps, iops);
     } catch (const ThrottleUnavailable& e) {

@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "direct_io.h"
 #include "io_pool.h"
 #include "solar/dataset_spec.h"
 #include "solar/storage/hdf5_source.h"
@@ -661,7 +662,11 @@ class FilesSource final : public SampleSource, public DatasetFiles {
   // The part's bytes with pread, checked against the index before and after (a rewrite during
   // the read, a file moved over the path: refused). I/O errors throw std::system_error.
   void read_raw(const DatasetFile& f, const Part& p, std::uint64_t sb) {
-    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    // SourceOptions::direct: O_DIRECT where the file system takes it (no page cache), else
+    // buffered, as Hdf5Source does.
+    int fd = o_.direct ? ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT) : -1;
+    bool direct = fd >= 0;
+    if (fd < 0) fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       const int err = errno;
       if (err == ENOENT || err == EACCES || err == ENOTDIR)
@@ -670,7 +675,7 @@ class FilesSource final : public SampleSource, public DatasetFiles {
       throw std::system_error(err, std::generic_category());
     }
     struct Close {
-      int fd;
+      int& fd;
       ~Close() { ::close(fd); }
     } closer{fd};
     auto check = [&] {
@@ -685,6 +690,16 @@ class FilesSource final : public SampleSource, public DatasetFiles {
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     auto pread_all = [&](std::uint64_t off, std::uint64_t len, std::byte* out) {
       ++requests_;
+      if (direct) {
+        if (read_direct(fd, off, len, out)) return;
+        // refused (an alignment this file system does not take): buffered from here on
+        const int plain = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (plain < 0) throw std::system_error(errno, std::generic_category());
+        ::close(fd);
+        fd = plain;
+        direct = false;
+        check();
+      }
       for (std::uint64_t done = 0; done < len;) {
         const ssize_t n = ::pread(fd, out + done, len - done, static_cast<off_t>(off + done));
         if (n < 0 && errno == EINTR) continue;

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "direct_io.h"
 #include "hdf5_source_impl.h"
 #include "hdf5_util.h"
 #include "io_pool.h"
@@ -132,10 +133,13 @@ void Hdf5Source::Impl::read_exact(std::uint64_t off, std::uint64_t len, std::byt
   }
 }
 
-// One O_DIRECT read of the aligned span around [off, off + len) into this thread's aligned
-// bounce buffer, then the payload into `out`. False (nothing promised) when the kernel refuses
-// it, e.g. an alignment the file system does not accept: the caller reads buffered instead.
 bool Hdf5Source::Impl::read_direct(std::uint64_t off, std::uint64_t len, std::byte* out) {
+  if (!storage::read_direct(direct_fd, off, len, out)) return false;
+  ++direct_reads;
+  return true;
+}
+
+bool read_direct(int direct_fd, std::uint64_t off, std::uint64_t len, std::byte* out) {
   constexpr std::uint64_t kAlign = 4096;
   struct Bounce {
     std::byte* p = nullptr;
@@ -164,7 +168,6 @@ bool Hdf5Source::Impl::read_direct(std::uint64_t off, std::uint64_t len, std::by
   }
   if (a + got < off + len) return false;
   std::memcpy(out, bounce.p + (off - a), len);
-  ++direct_reads;
   return true;
 }
 
