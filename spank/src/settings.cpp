@@ -97,8 +97,9 @@ PluginConfig PluginConfig::parse(const std::vector<std::string>& args,
 
 const std::vector<OptionSpec>& option_specs() {
   static const std::vector<OptionSpec> specs = {
-      {"dataset", "SOLAR_DATASET", "FILE[:DSET]|fabric://HOST:PORT/NAME",
-       "solar: the training dataset; turns solar on for this step"},
+      {"dataset", "SOLAR_DATASET", "FILE[:DSET]|DIR[:DSET]|GLOB[:DSET]|@LIST[:DSET]|fabric://HOST:PORT/NAME",
+       "solar: the training dataset (many files: each file's array one sample, DSET[] its "
+       "rows); turns solar on for this step"},
       {"labels", "SOLAR_LABELS", "DSET", "solar: labels dataset in the file ('' for none) "
                                          "[/label]"},
       {"buffer", "SOLAR_BUFFER", "SIZE|PCT%",
