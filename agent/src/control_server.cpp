@@ -101,6 +101,7 @@ void ControlServer::shutdown_io() {
   boost::system::error_code ec;
   acceptor_.close(ec);
   accept_retry_.cancel();
+  bool last_words_queued = false;
   {
     std::lock_guard lk(a_.mu_);
     // After a failure the ranks are told why before the connection closes: one error frame,
@@ -119,13 +120,16 @@ void ControlServer::shutdown_io() {
         }
       if (queued) {
         closing_deadline_ = Clock::now() + std::chrono::milliseconds(200);
-        close_when_written();
-        return;
+        last_words_queued = true;
       }
     }
-    for (auto& rs : a_.ranks_)
-      if (rs.session) rs.session->sock.close(ec);
+    if (!last_words_queued)
+      for (auto& rs : a_.ranks_)
+        if (rs.session) rs.session->sock.close(ec);
   }
+  // close_when_written takes mu_ itself: called with it held, the io thread would wait on its
+  // own lock forever (and SIGTERM, handled on that thread, could not stop the agent either).
+  if (last_words_queued) return close_when_written();
   io_.stop();
 }
 
