@@ -10,11 +10,13 @@ Part 1, start-up. For each count N, a dataset of N tiny files in the SOLAR artif
 /unitPar; generating it is not measured) and, --runs times each:
   - `solar dataset-info DIR/:/split --labels /unitPar --index-out F` (what srun's plugin runs
     once per job step): wall time, peak RSS (/usr/bin/time %M), the index file's size;
+    first with an empty index cache (every file opened and checked), then again (the next
+    job: the last scan from $SOLAR_INDEX_CACHE, a stat a file), each run with its own cache;
   - `solar run --nodes 1 -n 1 ... -v -- solar-example-train --quiet` under `ulimit -n` of
     --nofile (1024): launch to the first batch and its parts as solar run prints them (solar
     start, plan: the dataset listed, checked and indexed and the plan computed; agent start:
     reading the index; ranks start; first fill), its indexing time, its peak RSS (the largest
-    of solar run, its agent and rank).
+    of solar run, its agent and rank), first and again as for dataset-info.
 The medians of the runs are shown (the peak RSS: the largest), with the per-file cost in µs
 (time / N) and an estimate for 10^6 files: the largest count's per-file cost times 10^6. The
 files' metadata is in the inode cache (just written), as in a job's second step; a cold shared
@@ -60,7 +62,7 @@ def gen(tool, out, samples, *shape_args):
                     *shape_args, "--no-progress"], check=True, capture_output=True, text=True)
 
 
-def timed(cmd, nofile=None):
+def timed(cmd, nofile=None, env=None):
     """(wall seconds, peak RSS in KiB, combined output) of cmd, or exits naming it."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as t:
         limit = None
@@ -69,7 +71,8 @@ def timed(cmd, nofile=None):
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
         t0 = time.monotonic()
         p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", t.name, *cmd], text=True,
-                           capture_output=True, preexec_fn=limit)
+                           capture_output=True, preexec_fn=limit,
+                           env=dict(os.environ, **(env or {})))
         wall = time.monotonic() - t0
         if p.returncode != 0:
             sys.exit(f"many_files_startup: {' '.join(cmd)} failed ({p.returncode}):\n"
@@ -97,6 +100,16 @@ def parse_run(log):
     return out
 
 
+def median_of(runs):
+    return {k: statistics.median(r[k] for r in runs) if runs[0][k] is not None else None
+            for k in runs[0]}
+
+
+# A job's first scan of a dataset opens every file; the next job over the same files finds the
+# last scan in the user's index cache ($SOLAR_INDEX_CACHE) and stats each file instead.
+JOBS = ("first", "again")
+
+
 def startup(tool, build, a, tmp):
     train = os.path.join(build, "slurm_examples", "solar-example-train")
     if not os.access(train, os.X_OK):
@@ -108,68 +121,95 @@ def startup(tool, build, a, tmp):
         gen(tool, folder, n, "--shape", "1,8,8")
         gen_s = time.monotonic() - t0
         index = os.path.join(tmp, f"files-{n}.index")
-        info, info_rss, runs, run_rss, run_wall = [], 0, [], 0, []
-        for _ in range(a.runs):
-            wall, rss, _ = timed([tool, "dataset-info", spec_of(folder), "--labels", LABELS,
-                                  "--index-out", index])
-            info.append(wall)
-            info_rss = max(info_rss, rss)
-            wall, rss, log = timed([tool, "run", "--nodes", "1", "-n", "1", "--dataset",
-                                    spec_of(folder), "--labels", LABELS, "--buffer", "100%",
-                                    "--epochs", "1", "--batch", "16", "-v", "--", train,
-                                    "--quiet"], nofile=a.nofile)
-            runs.append(parse_run(log))
-            run_rss = max(run_rss, rss)
-            run_wall.append(wall)
-        med = {k: statistics.median(r[k] for r in runs) if runs[0][k] is not None else None
-               for k in runs[0]}
-        row = {"files": n, "gen_s": gen_s, "info_s": statistics.median(info),
-               "info_runs_s": info, "info_rss_kib": info_rss,
-               "index_bytes": os.path.getsize(index), "run": med, "run_runs": runs,
-               "run_rss_kib": run_rss, "run_wall_s": statistics.median(run_wall)}
+        info = {j: [] for j in JOBS}
+        runs = {j: [] for j in JOBS}
+        rss = {"info": 0, "run": 0}
+        for k in range(a.runs):
+            for what in ("info", "run"):
+                # A cache of its own for each command and run: the first job scans, the next
+                # finds the index.
+                env = {"SOLAR_INDEX_CACHE": os.path.join(tmp, f"cache-{n}-{what}-{k}")}
+                for job in JOBS:
+                    if what == "info":
+                        wall, peak, _ = timed([tool, "dataset-info", spec_of(folder), "--labels",
+                                               LABELS, "--index-out", index], env=env)
+                        info[job].append(wall)
+                    else:
+                        wall, peak, log = timed(
+                            [tool, "run", "--nodes", "1", "-n", "1", "--dataset",
+                             spec_of(folder), "--labels", LABELS, "--buffer", "100%",
+                             "--epochs", "1", "--batch", "16", "-v", "--", train, "--quiet"],
+                            nofile=a.nofile, env=env)
+                        runs[job].append(parse_run(log) | {"wall": wall})
+                    if job == "first":
+                        rss[what] = max(rss[what], peak)
+        row = {"files": n, "gen_s": gen_s, "index_bytes": os.path.getsize(index),
+               "info_rss_kib": rss["info"], "run_rss_kib": rss["run"]}
+        for job in JOBS:
+            row[f"info_{job}_s"] = statistics.median(info[job])
+            row[f"info_{job}_runs_s"] = info[job]
+            row[f"run_{job}"] = median_of(runs[job])
+            row[f"run_{job}_runs"] = runs[job]
         rows.append(row)
-        print(f"{n} files (generated in {gen_s:.1f} s, not counted): dataset-info "
-              + ", ".join(f"{x:.3f}" for x in info) + " s; solar run first batch "
-              + ", ".join(f"{r['first_batch']:.3f}" for r in runs) + " s", flush=True)
+        print(f"{n} files (generated in {gen_s:.1f} s, not counted): dataset-info first "
+              + ", ".join(f"{x:.3f}" for x in info["first"]) + " s, again "
+              + ", ".join(f"{x:.3f}" for x in info["again"]) + " s; solar run first batch, "
+              "first job " + ", ".join(f"{r['first_batch']:.3f}" for r in runs["first"])
+              + " s, again " + ", ".join(f"{r['first_batch']:.3f}" for r in runs["again"])
+              + " s", flush=True)
         shutil.rmtree(folder, ignore_errors=True)
     print()
-    print(f"Start-up against the number of files (medians of {a.runs} runs; RSS: the largest; "
-          f"solar run under ulimit -n {a.nofile}):")
-    head = ("| files | dataset-info --index-out | µs/file | peak RSS | index file | solar run: "
-            "launch to first batch | plan (index + plan) | µs/file | agent start | ranks start "
-            "| first fill | peak RSS |")
+    print(f"Start-up against the number of files (medians of {a.runs} runs; peak RSS: the "
+          f"largest, first jobs; 'first': a fresh index cache, every file opened and checked; "
+          f"'again': the next job, the last scan in the index cache, a stat a file; files' "
+          f"inodes in the kernel's cache):")
+    head = ("| files | dataset-info --index-out, first | µs/file | again | µs/file | peak RSS "
+            "| index file |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
-        n, m = r["files"], r["run"]
-        print(f"| {n} | {r['info_s']:.3f} s | {1e6 * r['info_s'] / n:.1f} | "
+        n = r["files"]
+        print(f"| {n} | {r['info_first_s']:.3f} s | {1e6 * r['info_first_s'] / n:.1f} | "
+              f"{r['info_again_s']:.3f} s | {1e6 * r['info_again_s'] / n:.1f} | "
               f"{r['info_rss_kib'] / 1024:.1f} MiB | {r['index_bytes'] / 1024:.0f} KiB "
-              f"({r['index_bytes'] / n:.0f} B/file) | {m['first_batch']:.3f} s | "
-              f"{m['plan']:.3f} s | {1e6 * m['plan'] / n:.1f} | {m['agent start']:.3f} s | "
-              f"{m['ranks start']:.3f} s | {m['first fill']:.3f} s | "
-              f"{r['run_rss_kib'] / 1024:.1f} MiB |")
+              f"({r['index_bytes'] / n:.0f} B/file) |")
+    print()
+    head = ("| files | job | solar run: launch to first batch | plan (index + plan) | µs/file "
+            "| agent start | ranks start | first fill | peak RSS |")
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for r in rows:
+        n = r["files"]
+        for job in JOBS:
+            m = r[f"run_{job}"]
+            print(f"| {n} | {job} | {m['first_batch']:.3f} s | {m['plan']:.3f} s | "
+                  f"{1e6 * m['plan'] / n:.1f} | {m['agent start']:.3f} s | "
+                  f"{m['ranks start']:.3f} s | {m['first fill']:.3f} s | " +
+                  (f"{r['run_rss_kib'] / 1024:.1f} MiB |" if job == "first" else "|"))
     # 10^6 by a line through the two largest counts: a fixed part (libraries, launch) and a
     # part per file; with one count, all of it per file.
-    lo, hi = (rows[-2], rows[-1]) if len(rows) > 1 else ({"files": 0, "info_s": 0,
-                                                          "info_rss_kib": 0, "index_bytes": 0,
-                                                          "run": {"plan": 0,
-                                                                  "first_batch": 0}},
-                                                         rows[-1])
+    zero = {"files": 0, "info_first_s": 0, "info_again_s": 0, "info_rss_kib": 0,
+            "index_bytes": 0, "run_first": {"plan": 0, "first_batch": 0},
+            "run_again": {"plan": 0, "first_batch": 0}}
+    lo, hi = (rows[-2], rows[-1]) if len(rows) > 1 else (zero, rows[-1])
 
     def at_million(get):
         slope = (get(hi) - get(lo)) / (hi["files"] - lo["files"])
         return get(hi) + slope * (10**6 - hi["files"]), slope
 
-    info, info_per = at_million(lambda r: r["info_s"])
-    plan, plan_per = at_million(lambda r: r["run"]["plan"])
-    first, _ = at_million(lambda r: r["run"]["first_batch"])
+    est = {}
+    for key, get in {"dataset-info, first": lambda r: r["info_first_s"],
+                     "dataset-info, again": lambda r: r["info_again_s"],
+                     "solar run's first batch, first job": lambda r: r["run_first"]["first_batch"],
+                     "solar run's first batch, again": lambda r: r["run_again"]["first_batch"],
+                     }.items():
+        est[key] = at_million(get)
     rss, _ = at_million(lambda r: r["info_rss_kib"])
     index, _ = at_million(lambda r: r["index_bytes"])
     print(f"10^6 files, an ESTIMATE (not measured: a line through the {lo['files']}- and "
-          f"{hi['files']}-file figures): dataset-info {info:.0f} s ({1e6 * info_per:.0f} µs a "
-          f"file more), solar run's plan {plan:.0f} s ({1e6 * plan_per:.0f} µs a file more), "
-          f"first batch {first:.0f} s, index file {index / 2**20:.0f} MiB, dataset-info peak "
-          f"RSS {rss / 2**20:.2f} GiB")
+          f"{hi['files']}-file figures): " +
+          ", ".join(f"{k} {v:.1f} s ({1e6 * per:.1f} µs a file)" for k, (v, per) in est.items())
+          + f"; index file {index / 2**20:.0f} MiB, dataset-info peak RSS {rss / 2**20:.2f} GiB")
     return rows
 
 
@@ -277,6 +317,8 @@ def main():
         sys.exit("many_files_startup: the per-sample count needs strace (apt-get install "
                  "strace), or pass --skip-syscalls")
     tmp = tempfile.mkdtemp(prefix="solar-bench-files-", dir=os.environ.get("SOLAR_BENCH_DIR"))
+    # solar's index cache of these throwaway datasets goes with them, not to ~/.cache/solar.
+    os.environ.setdefault("SOLAR_INDEX_CACHE", os.path.join(tmp, "index-cache"))
     result = {}
     try:
         if not a.skip_startup:

@@ -404,6 +404,8 @@ def main():
     global THROTTLE
     try:
         path = make_dataset(tool, a, tmp)
+        if many:  # solar's index cache of a throwaway dataset goes with it
+            os.environ.setdefault("SOLAR_INDEX_CACHE", os.path.join(tmp, "index-cache"))
         # What solar reads: the folder's every file, each one sample of /split (the trailing
         # slash is how the transparent mode's interposer tells a folder from a file).
         spec = os.path.join(path, "") + ":/" + ARTIFACT_ARRAY if many else path
