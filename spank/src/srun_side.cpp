@@ -61,6 +61,16 @@ DatasetShape read_dataset(const State& s, std::string& index) {
     index = all.str();
   }
   while (!err.empty() && (err.back() == '\n' || err.back() == '\r')) err.pop_back();
+  // Stopped at the deadline (run_captured's own suffixes): the tool ran, the listing did not
+  // end in time (many files, slow or hung storage), which solar= would not fix.
+  if (status == -1 && (err.find("(stopped after ") != std::string::npos ||
+                       err.find("(did not finish within ") != std::string::npos))
+    throw ConfigError("--solar-dataset",
+                      fmt::format("`solar dataset-info` did not finish reading {} within {:g} s "
+                                  "and was stopped: a dataset of many files is listed and checked "
+                                  "once per step, an open of each file; if the storage answers, "
+                                  "the admin raises timeout= in plugstack.conf",
+                                  s.options.dataset_spec(), s.config.timeout_s));
   if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) == 127)
     throw ConfigError("--solar-dataset",
                       fmt::format("cannot read the dataset: the solar tool {} did not run ({}); "

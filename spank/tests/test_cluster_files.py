@@ -235,3 +235,70 @@ def test_unmodified_script_opening_a_file_per_sample_transparent_same_bytes(
     # Every sample's file opened by the script once per epoch (by the rank or a worker).
     assert sum(t["opens"] for t in x) == EPOCHS * SAMPLES, x
     assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
+
+
+def test_whole_dataset_resident_no_sample_byte_from_the_files(cluster, files_dataset,
+                                                              plain_digests):
+    """Both nodes holding every sample their ranks read (64M: several times the 512 KiB
+    dataset), the script starting once its node's agent has read all of them (polling `solar
+    stat`): every read of every file, the sample's bytes and the HDF5 metadata h5py reads at
+    each open, is served from the buffer; nothing falls through to the files."""
+    script, out_dir, want = plain_digests
+    wrapper = os.path.join(cluster.root, "wait-then-train.sh")
+    with open(wrapper, "w") as f:
+        f.write("#!/bin/sh\n"
+                "tries=0\n"  # bounded: a wrapper left looping would outlive a failed step
+                f"until {SOLAR} stat \"$SOLAR_SOCKET\" --json | {PY} -c "
+                "'import json,sys; s=json.load(sys.stdin); "
+                "sys.exit(s[\"ready_steps\"] < s[\"total_steps\"])'"
+                "; do tries=$((tries + 1)); if [ $tries -gt 2400 ]; then\n"
+                "  echo \"wait-then-train: the agent did not read every sample within 120 s\" >&2;"
+                " exit 1\nfi; sleep 0.05; done\nexec \"$@\"\n")
+    os.chmod(wrapper, 0o755)
+    stats = os.path.join(cluster.root, "files-resident.json")
+    p = srun(cluster, os.path.join(cluster.root, "tmp-resident"), "-N2", "--ntasks-per-node=2",
+             *many_files_args(files_dataset, "--solar-buffer=64M", "--solar-seed=3",
+                              "--solar-transparent", "--solar-verbose",
+                              f"--solar-stats={stats}"),
+             wrapper, PY, script, files_dataset, "--epochs", str(EPOCHS), "--batch", "4",
+             "--seed", "3", "--workers", "2", "--digests", os.path.join(out_dir, "resident-%r.txt"))
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(4):
+        with open(os.path.join(out_dir, f"resident-{r}.txt")) as f:
+            assert f.read() == want[r], f"rank {r}: batches differ from plain srun's"
+    served = re.findall(r"node \d: file reads served from the buffer (\d+)"
+                        r"(?: \(.*?\))?, fallen through (\d+)", out)
+    assert len(served) == 2 and all(int(h) > 0 and int(m) == 0 for h, m in served), out
+    st = read_stats(stats)
+    for n in st["nodes"]:
+        x = n["transparent"]
+        assert x["hit_reads"] > 0 and x["miss_reads"] == 0 and x["miss_bytes"] == 0, n
+
+
+def test_a_listing_that_does_not_finish_is_stopped_naming_the_timeout(cluster):
+    """The dataset is listed before anything is allocated, by `solar dataset-info` under the
+    plugin's timeout=: a list that never ends (here a FIFO nobody writes, as a hung file system
+    would hold the open) stops srun within the limit, with one line saying the listing was
+    stopped and that timeout= is what the admin raises, not solar=; nothing ran."""
+    import time
+    fifo = os.path.join(cluster.root, "list.fifo")
+    os.mkfifo(fifo, 0o644)
+    try:
+        cluster.plugstack("timeout=1")
+        t0 = time.monotonic()
+        p = srun(cluster, os.path.join(cluster.root, "tmp-fifo"), "-N1",
+                 f"--solar-dataset=@{fifo}:/split", "--solar-labels=/unitPar",
+                 "--solar-buffer=40%", "--solar-epochs=1", "--solar-batch=4", "echo", "RAN")
+        took = time.monotonic() - t0
+    finally:
+        os.unlink(fifo)
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "RAN" not in p.stdout, p.stdout
+    lines = [l for l in p.stderr.splitlines() if "error: solar: " in l]
+    assert len(lines) == 1, p.stderr
+    assert "--solar-dataset" in lines[0] and "did not finish" in lines[0] and \
+        "timeout= in plugstack.conf" in lines[0] and "solar=" not in lines[0], lines[0]
+    assert took < 30, took  # 1 s and the kill's reap, not the listing's own end
+    assert os.listdir(os.path.join(cluster.root, "tmp-fifo")) == []
+    assert not cluster.jobs()
