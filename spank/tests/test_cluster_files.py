@@ -118,9 +118,13 @@ def files_dataset(cluster):
 
 def srun(cluster, tmpdir, *args):
     """srun with its own TMPDIR (where it writes the index through a private folder), so the
-    test sees that nothing of solar's is left there."""
+    test sees that nothing of solar's is left there, and the user's index cache in the
+    cluster's scratch folder (`solar dataset-info` keeps each listing there, by default in
+    ~/.cache/solar: each test cluster's dataset would add one to root's home)."""
     os.makedirs(tmpdir, exist_ok=True)
-    return subprocess.run(["srun", *args], env=dict(cluster.env, TMPDIR=tmpdir),
+    env = dict(cluster.env, TMPDIR=tmpdir,
+               SOLAR_INDEX_CACHE=os.path.join(cluster.root, "index-cache"))
+    return subprocess.run(["srun", *args], env=env,
                           capture_output=True, text=True, timeout=300, cwd=cluster.root)
 
 
