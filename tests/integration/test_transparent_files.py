@@ -1,0 +1,232 @@
+"""Job-transparent mode over datasets of many files (issue 35, item 5), with real processes:
+unmodified h5py + DistributedSampler + DataLoader scripts under `solar run --transparent` (real
+agents, the real interposer preloaded into every rank and DataLoader worker) against the same
+script without solar: per-batch SHA-256 of inputs and labels identical bit for bit.
+
+Two kinds of script, as real workloads read: the SOLAR artifact's CosmoFlow (one file per
+sample in subfolders, `split` + `unitPar`, a file opened and closed in every __getitem__), and
+DLIO's (a few files of many `records` rows, the last one shorter, every file kept open). The
+interposer recognises each file of the dataset at open by its identity in the agent's file
+table and serves its samples' bytes from the buffer; file descriptors of closed files are not
+taken for new ones (a file a sample reuses the same numbers all the time)."""
+import json
+import os
+import resource
+import shutil
+
+import pytest
+
+from test_transparent import SERVED, digests, served, wait_then_run
+from testlib import PY, SOLAR, run
+
+# The unmodified script: nothing in it knows about solar. --layout files: the artifact's
+# CosmoFlow reader; records: DLIO's. Per batch it writes the SHA-256 of inputs and labels.
+SCRIPT = r'''
+import argparse, glob, hashlib, os
+import h5py, numpy as np, torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class Universes(Dataset):
+    """One file a sample, opened and closed in every __getitem__ (SC24-SOLAR's CosmoFlow)."""
+    def __init__(self, root):
+        self.paths = sorted(glob.glob(os.path.join(root, "*", "*.hdf5")))
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with h5py.File(self.paths[i], "r") as f:
+            x, y = f["split"][:], f["unitPar"][:]
+        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y)
+
+
+class Records(Dataset):
+    """DLIO's: rows of a few files, every file kept open once a process first reads."""
+    def __init__(self, root):
+        self.paths = sorted(glob.glob(os.path.join(root, "*.hdf5")))
+        counts = []
+        for p in self.paths:
+            with h5py.File(p, "r") as f:
+                counts.append(f["records"].shape[0])
+        self.starts = np.cumsum([0] + counts)
+        self.files = None
+
+    def __len__(self):
+        return int(self.starts[-1])
+
+    def __getitem__(self, i):
+        if self.files is None:
+            self.files = [h5py.File(p, "r") for p in self.paths]
+        j = int(np.searchsorted(self.starts, i, side="right")) - 1
+        k = i - int(self.starts[j])
+        f = self.files[j]
+        return (torch.from_numpy(f["records"][k].astype(np.float32)),
+                torch.tensor(int(f["labels"][k]), dtype=torch.int64))
+
+
+p = argparse.ArgumentParser()
+p.add_argument("root")
+p.add_argument("--layout", choices=["files", "records"], default="files")
+p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--batch", type=int, default=4)
+p.add_argument("--seed", type=int, default=0)
+p.add_argument("--workers", type=int, default=0)
+p.add_argument("--digests", required=True)
+a = p.parse_args()
+rank = int(os.environ.get("RANK", 0))
+world = int(os.environ.get("WORLD_SIZE", 1))
+ds = Universes(a.root) if a.layout == "files" else Records(a.root)
+assert len(ds) > 0, a.root
+sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=a.seed)
+loader = DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers)
+with open(a.digests.replace("%r", str(rank)), "w") as out:
+    for epoch in range(a.epochs):
+        sampler.set_epoch(epoch)
+        for b, (x, y) in enumerate(loader):
+            out.write(f"{epoch} {b} {hashlib.sha256(x.numpy().tobytes()).hexdigest()} "
+                      f"{hashlib.sha256(y.numpy().tobytes()).hexdigest()}\n")
+'''
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory):
+    path = tmp_path_factory.mktemp("script") / "train_files.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def gen(out, layout, samples, *extra):
+    run(SOLAR, "gen", out, "--layout", layout, "--samples", str(samples), "--preset", "tiny",
+        "--seed", "4", "--no-progress", *extra)
+    return out
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    """The artifact's layout (2 universes of 64 one-sample files, a subfolder each), with
+    contiguous and with chunked arrays (one chunk a file: the interposer's extent table), and
+    DLIO's (8 files of 50 rows but the last, 30). Samples of 4 KiB."""
+    d = tmp_path_factory.mktemp("data")
+    return {
+        "files": gen(d / "universes", "per-sample-files", 128, "--universes-per-dir", "1"),
+        "files-chunked": gen(d / "universes-chunked", "per-sample-files", 128,
+                             "--universes-per-dir", "1", "--storage-layout", "chunked"),
+        "records": gen(d / "dlio", "dlio", 380, "--files", "8", "--samples-per-file", "50"),
+    }
+
+
+SPEC = {"files": ("{}/:/split", "/unitPar", "files"),
+        "files-chunked": ("{}/:/split", "/unitPar", "files"),
+        "records": ("{}/:/records[]", "/labels", "records")}
+
+
+def solar_run(tmp_path, script, data, kind, tag, *solar_args, ranks=4, nodes=2, workers=0,
+              epochs=2, wrapper=None, preexec=None):
+    spec, labels, layout = SPEC[kind]
+    cmd = [SOLAR, "run", "-n", str(ranks), "--nodes", str(nodes), "--dataset", spec.format(data),
+           "--labels", labels, "--epochs", str(epochs), "--batch", "4", "--seed", "3",
+           *solar_args, "--", *(str(wrapper).split() if wrapper else []), PY, script, data, "--layout",
+           layout, "--epochs", str(epochs), "--batch", "4", "--seed", "3", "--workers",
+           str(workers), "--digests", tmp_path / f"{tag}-%r.txt"]
+    return run(*cmd, check=False, env=dict(os.environ, TMPDIR=str(tmp_path)), timeout=600,
+               preexec_fn=preexec)
+
+
+def plain_and_solar(tmp_path, script, data, kind, *solar_args, ranks=4, nodes=2, wrapper=None,
+                    **kw):
+    """The script without solar, then under --transparent (started by `wrapper`, if any):
+    returns the second run, its per-batch digests checked identical to the first's."""
+    plain = solar_run(tmp_path, script, data, kind, "plain", "--buffer", "100%", "--no-agent",
+                      ranks=ranks, nodes=nodes, **kw)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    solar = solar_run(tmp_path, script, data, kind, "solar", "--transparent", *solar_args,
+                      ranks=ranks, nodes=nodes, wrapper=wrapper, **kw)
+    assert solar.returncode == 0, solar.stdout + solar.stderr
+    assert digests(tmp_path, "solar", ranks) == digests(tmp_path, "plain", ranks)
+    return solar
+
+
+@pytest.mark.parametrize("kind,workers", [("files", 0), ("files", 2), ("files-chunked", 2),
+                                          ("records", 0), ("records", 2)])
+def test_unmodified_script_over_many_files_same_bytes_served_from_the_buffer(
+        tmp_path, script, datasets, kind, workers):
+    """2 nodes x 2 ranks: a file opened and closed per sample, or DLIO's files kept open."""
+    solar = plain_and_solar(tmp_path, script, datasets[kind], kind, "--buffer", "100%",
+                            workers=workers)
+    hits, _ = served(solar.stderr)
+    assert hits > 0, solar.stderr
+
+
+def transparent_stats(path):
+    with open(path) as f:
+        return [n["transparent"] for n in json.load(f)["nodes"]]
+
+
+@pytest.mark.parametrize("kind", ["files", "files-chunked", "records"])
+def test_whole_dataset_resident_no_sample_byte_from_the_files(tmp_path, script, datasets, kind):
+    """One node holding the whole dataset (a buffer several times its size: the plan's resident
+    set is what its staging slots leave) and a script that starts once the agent has read every
+    sample: every read of a sample's bytes, in every file, is served from the buffer; only HDF5's
+    metadata reads reach the files. Each open of a file of the dataset is counted (`opens`):
+    the artifact's script opens one per sample read, two epochs over 128 samples; DLIO's opens
+    its 8 files once in each rank (to count their rows) and in each DataLoader worker (made
+    anew every epoch)."""
+    data = datasets[kind]
+    solar = plain_and_solar(tmp_path, script, data, kind, "--buffer", "64M", "--stats-out",
+                            tmp_path / "stats.json", ranks=2, nodes=1, workers=2,
+                            wrapper=wait_then_run(tmp_path))
+    m = SERVED.search(solar.stderr)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) == 0, solar.stderr
+    assert "fallen through 0 (0 B)" in solar.stderr, solar.stderr
+    [x] = transparent_stats(tmp_path / "stats.json")
+    assert x["miss_bytes"] == 0 and x["hit_reads"] > 0, x
+    if kind == "records":  # 8 files x 2 ranks x (their own + 2 workers x 2 epochs)
+        assert x["opens"] == 8 * 2 * (1 + 2 * 2), x
+    else:
+        assert x["opens"] == 2 * 128, x
+
+
+def test_ulimit_256_with_2000_files(tmp_path, script):
+    """2,000 one-sample files, every process limited to 256 descriptors (the agent, the ranks
+    and their workers): the agent holds a bounded number of files open, the script one at a
+    time, and the interposer none of its own."""
+    data = gen(tmp_path / "many", "per-sample-files", 2000, "--universes-per-dir", "4")
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    solar = plain_and_solar(tmp_path, script, data, "files", "--buffer", "100%", ranks=2,
+                            nodes=1, workers=2, epochs=1, preexec=limit)
+    m = SERVED.search(solar.stderr)
+    assert m and int(m.group(1)) > 0, solar.stderr
+
+
+def test_one_file_replaced_the_others_still_served(tmp_path, script, datasets):
+    """One file of the dataset moved over by another (new inode) once the agents have read the
+    whole dataset, before the ranks open it: its reads go to the new file, whose bytes the
+    script gets as it would without solar; the other files are still served from the buffer
+    (one file of many changed withdraws nothing else)."""
+    data = tmp_path / "universes"
+    shutil.copytree(datasets["files"], data)
+    victim = data / "001" / "univ0001_007.hdf5"
+    other = tmp_path / "other.hdf5"
+    shutil.copyfile(data / "000" / "univ0000_003.hdf5", other)  # another sample's bytes
+    wrapper = tmp_path / "replace-then-train.sh"
+    wrapper.write_text(f'#!/bin/sh\n[ "$RANK" = 0 ] && mv -f {other} {victim}\n'
+                       'tries=0\n'  # bounded, as wait_then_run
+                       f'while [ -e {other} ]; do tries=$((tries + 1)); '
+                       '[ $tries -gt 2400 ] && exit 1; sleep 0.05; done\nexec "$@"\n')
+    wrapper.chmod(0o755)
+    solar = solar_run(tmp_path, script, data, "files", "solar", "--transparent", "--buffer",
+                      "64M", ranks=2, nodes=1, wrapper=f"{wait_then_run(tmp_path)} {wrapper}")
+    assert solar.returncode == 0, solar.stdout + solar.stderr
+    # The reference: the dataset as the script found it, without solar.
+    plain = solar_run(tmp_path, script, data, "files", "plain", "--buffer", "100%",
+                      "--no-agent", ranks=2, nodes=1)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert digests(tmp_path, "solar", 2) == digests(tmp_path, "plain", 2)
+    m = SERVED.search(solar.stderr)
+    assert m and int(m.group(1)) > 0, solar.stderr
+    assert "withdr" not in solar.stderr and "changed during the run" not in solar.stderr, \
+        solar.stderr
