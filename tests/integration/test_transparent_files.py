@@ -117,6 +117,8 @@ def datasets(tmp_path_factory):
 
 
 SPEC = {"files": ("{}/:/split", "/unitPar", "files"),
+        "files-glob": ("{}/*/*.hdf5:/split", "/unitPar", "files"),
+        "files-list": ("@{}.list:/split", "/unitPar", "files"),
         "files-chunked": ("{}/:/split", "/unitPar", "files"),
         "records": ("{}/:/records[]", "/labels", "records")}
 
@@ -156,6 +158,20 @@ def test_unmodified_script_over_many_files_same_bytes_served_from_the_buffer(
                             workers=workers)
     hits, _ = served(solar.stderr)
     assert hits > 0, solar.stderr
+
+
+@pytest.mark.parametrize("kind", ["files-glob", "files-list"])
+def test_glob_and_list_name_the_same_files(tmp_path, script, datasets, kind):
+    """The artifact's files named by a glob, and by a list in sorted path order (the script's):
+    the interposer takes what the glob's basename pattern matches, or any file for a list, and
+    serves the files of the agent's table."""
+    data = datasets["files"]
+    if kind == "files-list":
+        with open(f"{data}.list", "w") as f:
+            f.writelines(f"{p}\n" for p in sorted(data.glob("*/*.hdf5")))
+    solar = plain_and_solar(tmp_path, script, data, kind, "--buffer", "100%", ranks=2, nodes=1)
+    m = SERVED.search(solar.stderr)
+    assert m and int(m.group(1)) > 0, solar.stderr
 
 
 def transparent_stats(path):
