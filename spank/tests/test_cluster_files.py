@@ -144,17 +144,20 @@ def read_stats(path):
 
 
 def test_verify_over_many_files_through_the_step_folders_index(cluster, files_dataset):
-    """2 nodes x 2 ranks, solar-example-train --verify over the per-sample files: every sample
-    and label checked by every rank, served by both agents; each rank's SOLAR_DATASET_INDEX and
-    each agent's --dataset-index name the same dataset.index, a 0600 file in the step's own
-    folder holding the files' index while the step runs, and it goes with the step."""
+    """2 nodes x 2 ranks, solar-example-train --verify over the per-sample files (the folder
+    named relative to where srun runs, as users type it): every sample and label checked by
+    every rank, served by both agents; each rank's SOLAR_DATASET_INDEX and each agent's
+    --dataset-index name the same dataset.index, a 0600 file in the step's own folder holding
+    the files' index while the step runs, and it goes with the step."""
     tmpdir = os.path.join(cluster.root, "tmp-verify")
     stats = os.path.join(cluster.root, "files-verify.json")
     probe = os.path.join(cluster.root, "rank_probe.py")
     with open(probe, "w") as f:
         f.write(RANK_PROBE)
+    # The folder as a user names it from where they submit (srun's working folder): relative.
+    rel = os.path.relpath(files_dataset, cluster.root)
     p = srun(cluster, tmpdir, "-N2", "--ntasks-per-node=2",
-             *many_files_args(files_dataset, "--solar-buffer=40%", "--solar-verbose",
+             *many_files_args(rel, "--solar-buffer=40%", "--solar-verbose",
                               f"--solar-stats={stats}"),
              PY, probe, TRAIN, "--verify")
     out = p.stdout + p.stderr
@@ -306,3 +309,4 @@ def test_a_listing_that_does_not_finish_is_stopped_naming_the_timeout(cluster):
     assert took < 30, took  # 1 s and the kill's reap, not the listing's own end
     assert os.listdir(os.path.join(cluster.root, "tmp-fifo")) == []
     assert not cluster.jobs()
+
