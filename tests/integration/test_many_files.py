@@ -184,12 +184,15 @@ def test_two_thousand_files_under_ulimit_256(tmp_path, many_tiny, agents):
 # ---- files changed under a running job -------------------------------------------------------
 
 VICTIM = "000/univ0001_010.hdf5"  # global id 74
+FAULT_MODES = pytest.mark.parametrize("mode", ["agents", "no-agent"])
 
 
-def faulted_run(tmp_path, data, fault, epochs=20):
+def faulted_run(tmp_path, data, fault, mode, epochs=20):
     """A long run (small buffer: the files are read again every epoch; a tiny batch and some
-    compute) in which `fault()` is done once the agents serve and rank 0 is a few steps in."""
-    p = solar_run(tmp_path, f"{data}/:/split", epochs=epochs, batch=2, buffer="20%",
+    compute) in which `fault()` is done once the agents serve and rank 0 is a few steps in.
+    mode "no-agent": the ranks read the files themselves, with their own checks."""
+    extra = ["--no-agent"] if mode == "no-agent" else []
+    p = solar_run(tmp_path, f"{data}/:/split", *extra, epochs=epochs, batch=2, buffer="20%",
                   train=["--compute-ms", "1"], popen=True)
     steps_done = []
 
@@ -197,8 +200,8 @@ def faulted_run(tmp_path, data, fault, epochs=20):
         steps_done.append(count_lines(tmp_path / "rank-0.txt"))
         fault()
 
-    rc, out, err = interrupt(p, act, agents_up(p), at_line(tmp_path / "rank-0.txt", 5),
-                             timeout=120)
+    waits = [] if extra else [agents_up(p)]
+    rc, out, err = interrupt(p, act, *waits, at_line(tmp_path / "rank-0.txt", 5), timeout=120)
     # Mid-run: rank 0 had most of its steps (4 ranks x 2 samples a step) still to go.
     assert steps_done[0] < epochs * ART_SAMPLES // 8 // 2, steps_done
     return rc, out + err
@@ -210,27 +213,31 @@ def fresh(tmp_path):
     return artifact(tmp_path / "cf"), artifact(tmp_path / "other", seed=8)
 
 
-def test_file_deleted_mid_run(tmp_path, fresh):
+@FAULT_MODES
+def test_file_deleted_mid_run(tmp_path, fresh, mode):
     data, _ = fresh
-    rc, out = faulted_run(tmp_path, data, lambda: os.unlink(data / VICTIM))
+    rc, out = faulted_run(tmp_path, data, lambda: os.unlink(data / VICTIM), mode)
     assert_stopped_naming_or_verified(rc, out, data / VICTIM, ART_SAMPLES, 20)
 
 
-def test_file_replaced_by_a_rename_mid_run(tmp_path, fresh):
+@FAULT_MODES
+def test_file_replaced_by_a_rename_mid_run(tmp_path, fresh, mode):
     """`mv` of another dataset's file (same shape, other bytes) over one of the files."""
     data, other = fresh
-    rc, out = faulted_run(tmp_path, data, lambda: os.replace(other / VICTIM, data / VICTIM))
+    rc, out = faulted_run(tmp_path, data, lambda: os.replace(other / VICTIM, data / VICTIM),
+                          mode)
     assert_stopped_naming_or_verified(rc, out, data / VICTIM, ART_SAMPLES, 20)
 
 
-def test_file_rewritten_in_place_mid_run(tmp_path, fresh):
+@FAULT_MODES
+def test_file_rewritten_in_place_mid_run(tmp_path, fresh, mode):
     data, other = fresh
 
     def rewrite():
         with open(other / VICTIM, "rb") as src, open(data / VICTIM, "r+b") as dst:
             shutil.copyfileobj(src, dst)
 
-    rc, out = faulted_run(tmp_path, data, rewrite)
+    rc, out = faulted_run(tmp_path, data, rewrite, mode)
     assert_stopped_naming_or_verified(rc, out, data / VICTIM, ART_SAMPLES, 20)
 
 
