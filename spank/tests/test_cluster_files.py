@@ -58,48 +58,8 @@ os.execv(sys.argv[1], sys.argv[1:])
 # The unmodified script: the SOLAR artifact's CosmoFlow reader (a file opened and closed per
 # sample, over the sorted file list), DistributedSampler, DataLoader. Nothing in it knows about
 # solar. Per batch it writes the SHA-256 of its inputs and labels.
-FILES_DDP = r"""
-import argparse, glob, hashlib, os
-import h5py, numpy as np, torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
-
-
-class Universes(Dataset):
-    def __init__(self, root):
-        self.paths = sorted(glob.glob(os.path.join(root, "*", "*.hdf5")))
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        with h5py.File(self.paths[i], "r") as f:
-            x = f["split"][:]
-            y = f["unitPar"][:]
-        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y)
-
-
-p = argparse.ArgumentParser()
-p.add_argument("root")
-p.add_argument("--epochs", type=int, default=2)
-p.add_argument("--batch", type=int, default=4)
-p.add_argument("--seed", type=int, default=0)
-p.add_argument("--workers", type=int, default=0)
-p.add_argument("--digests", required=True)
-a = p.parse_args()
-rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
-ds = Universes(a.root)
-assert len(ds) > 0, a.root
-sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=a.seed)
-loader = DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers)
-with open(a.digests.replace("%r", str(rank)), "w") as out:
-    for epoch in range(a.epochs):
-        sampler.set_epoch(epoch)
-        for b, (x, y) in enumerate(loader):
-            out.write(f"{epoch} {b} {hashlib.sha256(x.numpy().tobytes()).hexdigest()} "
-                      f"{hashlib.sha256(y.numpy().tobytes()).hexdigest()}\n")
-print(f"rank {rank}: done", flush=True)
-"""
+FILES_DDP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                         "slurm_examples", "train_h5py_files_ddp.py")
 
 
 @pytest.fixture(scope="module")
@@ -195,9 +155,7 @@ def test_verify_over_many_files_through_the_step_folders_index(cluster, files_da
 @pytest.fixture(scope="module")
 def plain_digests(cluster, files_dataset):
     """The unmodified script under plain srun (2 nodes x 2 ranks): its per-batch digests."""
-    script = os.path.join(cluster.root, "train_files_ddp.py")
-    with open(script, "w") as f:
-        f.write(FILES_DDP)
+    script = FILES_DDP
     out_dir = os.path.join(cluster.root, "files-ddp")
     os.makedirs(out_dir, exist_ok=True)
     p = srun(cluster, os.path.join(cluster.root, "tmp-plain"), "-N2", "--ntasks-per-node=2",

@@ -19,81 +19,15 @@ import pytest
 from test_transparent import SERVED, digests, served, wait_then_run
 from testlib import PY, SOLAR, run
 
-# The unmodified script: nothing in it knows about solar. --layout files: the artifact's
-# CosmoFlow reader; records: DLIO's. Per batch it writes the SHA-256 of inputs and labels.
-SCRIPT = r'''
-import argparse, glob, hashlib, os
-import h5py, numpy as np, torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
-
-
-class Universes(Dataset):
-    """One file a sample, opened and closed in every __getitem__ (SC24-SOLAR's CosmoFlow)."""
-    def __init__(self, root):
-        self.paths = sorted(glob.glob(os.path.join(root, "*", "*.hdf5")))
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        with h5py.File(self.paths[i], "r") as f:
-            x, y = f["split"][:], f["unitPar"][:]
-        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y)
-
-
-class Records(Dataset):
-    """DLIO's: rows of a few files, every file kept open once a process first reads."""
-    def __init__(self, root):
-        self.paths = sorted(glob.glob(os.path.join(root, "*.hdf5")))
-        counts = []
-        for p in self.paths:
-            with h5py.File(p, "r") as f:
-                counts.append(f["records"].shape[0])
-        self.starts = np.cumsum([0] + counts)
-        self.files = None
-
-    def __len__(self):
-        return int(self.starts[-1])
-
-    def __getitem__(self, i):
-        if self.files is None:
-            self.files = [h5py.File(p, "r") for p in self.paths]
-        j = int(np.searchsorted(self.starts, i, side="right")) - 1
-        k = i - int(self.starts[j])
-        f = self.files[j]
-        return (torch.from_numpy(f["records"][k].astype(np.float32)),
-                torch.tensor(int(f["labels"][k]), dtype=torch.int64))
-
-
-p = argparse.ArgumentParser()
-p.add_argument("root")
-p.add_argument("--layout", choices=["files", "records"], default="files")
-p.add_argument("--epochs", type=int, default=2)
-p.add_argument("--batch", type=int, default=4)
-p.add_argument("--seed", type=int, default=0)
-p.add_argument("--workers", type=int, default=0)
-p.add_argument("--digests", required=True)
-a = p.parse_args()
-rank = int(os.environ.get("RANK", 0))
-world = int(os.environ.get("WORLD_SIZE", 1))
-ds = Universes(a.root) if a.layout == "files" else Records(a.root)
-assert len(ds) > 0, a.root
-sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=a.seed)
-loader = DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers)
-with open(a.digests.replace("%r", str(rank)), "w") as out:
-    for epoch in range(a.epochs):
-        sampler.set_epoch(epoch)
-        for b, (x, y) in enumerate(loader):
-            out.write(f"{epoch} {b} {hashlib.sha256(x.numpy().tobytes()).hexdigest()} "
-                      f"{hashlib.sha256(y.numpy().tobytes()).hexdigest()}\n")
-'''
+# The unmodified script: the artifact's CosmoFlow reader (--layout files) or DLIO's (records);
+# nothing in it knows about solar. Per batch it writes the SHA-256 of inputs and labels.
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "slurm_examples",
+                      "train_h5py_files_ddp.py")
 
 
 @pytest.fixture(scope="module")
-def script(tmp_path_factory):
-    path = tmp_path_factory.mktemp("script") / "train_files.py"
-    path.write_text(SCRIPT)
-    return path
+def script():
+    return SCRIPT
 
 
 def gen(out, layout, samples, *extra):

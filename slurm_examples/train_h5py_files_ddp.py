@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""An ordinary, solar-unaware PyTorch DDP data pipeline over a dataset of many HDF5 files, read
+the way real workloads read them: --layout files, the SOLAR artifact's CosmoFlow reader (one file
+a sample, `split` and `unitPar`, opened and closed in every __getitem__, over the sorted file
+list); --layout records, DLIO's (rows of a few files, every file kept open). DistributedSampler,
+DataLoader with workers. Nothing in it knows about solar: run it under `solar run --transparent`
+or `srun --solar-transparent` with the dataset as `ROOT/:/split --labels /unitPar` (or
+`ROOT/:/records[] --labels /labels`) and the same --seed/--batch/--epochs, and its reads of the
+files are served from the node agent's buffer.
+
+With --digests FILE (%r: the rank) it writes per batch the SHA-256 of its inputs and labels, so
+runs with and without solar can be compared bit for bit. Rank and world size come from the usual
+variables (RANK/WORLD_SIZE, or Slurm's)."""
+import argparse
+import glob
+import hashlib
+import os
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class Universes(Dataset):
+    """One file a sample, opened and closed in every __getitem__ (SC24-SOLAR's CosmoFlow)."""
+    def __init__(self, root):
+        self.paths = sorted(glob.glob(os.path.join(root, "*", "*.hdf5")))
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with h5py.File(self.paths[i], "r") as f:
+            x, y = f["split"][:], f["unitPar"][:]
+        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y)
+
+
+class Records(Dataset):
+    """DLIO's: rows of a few files, every file kept open once a process first reads."""
+    def __init__(self, root):
+        self.paths = sorted(glob.glob(os.path.join(root, "*.hdf5")))
+        counts = []
+        for p in self.paths:
+            with h5py.File(p, "r") as f:
+                counts.append(f["records"].shape[0])
+        self.starts = np.cumsum([0] + counts)
+        self.files = None
+
+    def __len__(self):
+        return int(self.starts[-1])
+
+    def __getitem__(self, i):
+        if self.files is None:
+            self.files = [h5py.File(p, "r") for p in self.paths]
+        j = int(np.searchsorted(self.starts, i, side="right")) - 1
+        k = i - int(self.starts[j])
+        f = self.files[j]
+        return (torch.from_numpy(f["records"][k].astype(np.float32)),
+                torch.tensor(int(f["labels"][k]), dtype=torch.int64))
+
+
+p = argparse.ArgumentParser()
+p.add_argument("root")
+p.add_argument("--layout", choices=["files", "records"], default="files")
+p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--batch", type=int, default=4)
+p.add_argument("--seed", type=int, default=0)
+p.add_argument("--workers", type=int, default=0)
+p.add_argument("--digests", required=True)
+a = p.parse_args()
+rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
+ds = Universes(a.root) if a.layout == "files" else Records(a.root)
+assert len(ds) > 0, a.root
+sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=a.seed)
+loader = DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers)
+with open(a.digests.replace("%r", str(rank)), "w") as out:
+    for epoch in range(a.epochs):
+        sampler.set_epoch(epoch)
+        for b, (x, y) in enumerate(loader):
+            out.write(f"{epoch} {b} {hashlib.sha256(x.numpy().tobytes()).hexdigest()} "
+                      f"{hashlib.sha256(y.numpy().tobytes()).hexdigest()}\n")
+print(f"rank {rank}: done", flush=True)
