@@ -94,6 +94,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/slurm_examples/README.md
               ${PROJECT_SOURCE_DIR}/slurm_examples/train-example.sbatch
               ${PROJECT_SOURCE_DIR}/slurm_examples/train-pytorch.sbatch
               ${PROJECT_SOURCE_DIR}/slurm_examples/train_h5py_ddp.py
+              ${PROJECT_SOURCE_DIR}/slurm_examples/train_h5py_files_ddp.py
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT runtime)
 
 # Environment modules (packaging/modules): an Lmod and a Tcl module that find the prefix from
