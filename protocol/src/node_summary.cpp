@@ -67,12 +67,17 @@ std::string device_bytes(const nlohmann::json& a) {
 std::string transparent_line(const nlohmann::json& t, std::uint64_t total_steps) {
   const double served = real(t, "hit_reads"), missed = real(t, "miss_reads");
   const ull consumed = count(t, "consumed_steps");
+  // Opens of the dataset's files the interposers saw (a dataset of many files: the script's
+  // opens per sample, which reach the file system whatever the buffer holds).
+  const ull opens = count(t, "opens");
   return text("file reads served from the buffer %.0f (%s), fallen through %.0f (%s), %.1f%% "
-              "served (%llu processes attached, %llu copies abandoned); %llu of %llu steps "
+              "served (%llu processes attached, %llu copies abandoned%s); %llu of %llu steps "
               "consumed as planned%s",
               served, format_bytes(count(t, "hit_bytes")).c_str(), missed,
               format_bytes(count(t, "miss_bytes")).c_str(), percent(served, served + missed),
-              count(t, "attached"), count(t, "torn"), consumed, static_cast<ull>(total_steps),
+              count(t, "attached"), count(t, "torn"),
+              opens ? text(", %llu opens of the dataset's files", opens).c_str() : "", consumed,
+              static_cast<ull>(total_steps),
               consumed < total_steps ? " (the script's order differs from the plan: check "
                                        "--seed, --batch, --epochs, --drop-last)"
                                      : "");

@@ -38,6 +38,11 @@ TEST(NodeSummary, TransparentCountersAndWhetherTheScriptFollowedThePlan) {
                             "the plan: check --seed, --batch, --epochs, --drop-last)"))
       << short_of;
   EXPECT_TRUE(has(transparent_line(transparent(0, 0, 0), 0), "0.0% served")) << "no reads";
+  nlohmann::json many = transparent(90, 10, 5);
+  many["opens"] = 256;
+  EXPECT_TRUE(has(transparent_line(many, 5),
+                  "(2 processes attached, 1 copies abandoned, 256 opens of the dataset's files)"))
+      << transparent_line(many, 5);
 }
 
 TEST(NodeSummary, FellThroughOnlyPastTwoPercentWithTheLeadFigures) {
