@@ -3,10 +3,24 @@
 
     scripts/soak --minutes N [--json OUT] [--seed S] [--min-faults F] [--keep]
 
-Jobs (each 10-40 s, chosen at random): solar-example-train --verify over an HDF5 file, the same
-over `solar-stored` (fabric://), and an unmodified h5py + DistributedSampler script
-(slurm_examples/train_h5py_ddp.py) under `solar run --transparent`; 2-3 simulated nodes of 1-2
-ranks, small to whole-dataset buffers, rings or --zero-copy. While a job runs, a fault comes every 0.7-3 s:
+Jobs (each 10-40 s; the first ones take every kind in turn, so a soak of any length runs each
+at least once, then chosen at random by weight), 2-3 simulated nodes of 1-2 ranks, small to
+whole-dataset buffers, rings or --zero-copy:
+
+  hdf5         solar-example-train --verify over an HDF5 file (600 x 4 KiB or 96 x 256 KiB)
+  fabric       the same over `solar-stored` (fabric://)
+  transparent  an unmodified h5py + DistributedSampler script (slurm_examples/train_h5py_ddp.py)
+               under `solar run --transparent` (one file: the script reads one file's /data)
+  files        solar-example-train --verify over a dataset of many files in the SOLAR
+               artifact's layout (solar gen --layout per-sample-files: 256 files of one 2x16x16
+               int16 sample, DIR/:/split --labels /unitPar)
+  dlio         the same over a DLIO-like one (--layout dlio: 8 files of 50 rows of 64x64 uint8,
+               the last of 40, DIR/:/records[] --labels /labels)
+  peers        hdf5's job with --peers (the agents read each other's buffers over libfabric)
+  peers_files  files' or dlio's job with --peers
+
+Every job's solar run keeps its index cache (SOLAR_INDEX_CACHE) in the soak's folder. While a
+job runs, a fault comes every 0.7-3 s:
 
   agent_kill      SIGKILL of one of the job's agents (also    the job succeeds (ranks read directly)
                   before it is ready)
@@ -17,7 +31,8 @@ ranks, small to whole-dataset buffers, rings or --zero-copy. While a job runs, a
   stored_stop     SIGSTOP of solar-stored for 0.5-6 s         the job succeeds
   slow_storage    the storage reader (the agents; solar-stored for fabric jobs) moved into a
                   cgroup capping its disk reads (bench/slow_storage.py's Throttle: 2 MiB/s, 200
-                  IOPS) with the dataset's pages evicted, for 1-5 s            the job succeeds
+                  IOPS) with the dataset's pages (every file's) evicted, for 1-5 s
+                                                                the job succeeds
   memory_pressure a process touching min(1 GiB, 25% of MemAvailable) for 1-5 s: the job succeeds
 
 What is checked after every job:
@@ -37,10 +52,13 @@ What is checked after every job:
   descriptors back to where they were; at the end, solar-stored's RSS growth since its last
   start under 64 MiB.
 
-The summary: jobs, faults injected (by kind), faults survived (those in jobs that passed every
-check), samples checked, lost, duplicated, wrong, the longest stall (the ranks' own longest wait
+The summary: jobs (by kind), faults injected (by kind), faults survived (those in jobs that
+passed every check), samples checked, lost, duplicated, wrong, samples read from peers' buffers
+and those read from storage instead (the agents' --stats-out `peers`), the longest stall (the ranks' own longest wait
 for one batch, --report max_load_seconds; the agents' stall_max_wait_seconds from --stats-out;
-transparent ranks: the longest pause between two batches), leaks. Exits 1 if any sample was
+transparent ranks: the longest pause between two batches), the ranks that gave up on an agent
+(SOLAR_AGENT_TIMEOUT) never SIGSTOPped in their job (reported, not failed: see
+Checks.silent_agents), leaks. Exits 1 if any sample was
 wrong, lost or duplicated, a job hung or ended with an unexpected status, anything leaked, or
 fewer than --min-faults faults were injected.
 
@@ -61,8 +79,8 @@ import time
 from collections import Counter
 
 from soak_checks import Checks
-from soak_env import (AGENT_TIMEOUT_S, FAULTS, JOB_TIMEOUT_S, PY, SAMPLES, SCRIPT, SOLAR,
-                      STOPPING, STORED, STORED_RSS_LIMIT, TRAIN, log)
+from soak_env import (AGENT_TIMEOUT_S, FAULTS, JOB_TIMEOUT_S, KIND_WEIGHTS, KINDS, PY, SAMPLES,
+                      SCRIPT, SOLAR, STOPPING, STORED, STORED_RSS_LIMIT, TRAIN, log)
 from soak_faults import Faults
 from soak_jobs import Job, count_lines, read_digests
 from soak_procs import (Pid, Undo, descendants, fd_count, proc_stat, proc_table, run, shm_solar,
@@ -74,6 +92,8 @@ class Soak(Faults, Checks):
     def __init__(self, args):
         self.args = args
         self.rng = random.Random(args.seed)
+        self.pending = list(KINDS)   # kinds not run yet: the first jobs take them in turn
+        self.rng.shuffle(self.pending)
         self.undo = Undo()
         self.stored = None
         self.current = None          # the running solar run (Popen)
@@ -86,6 +106,7 @@ class Soak(Faults, Checks):
         self.injected = Counter()
         self.survived = Counter()
         self.leaks = []
+        self.silent = []             # ranks that gave up on an agent not stopped (Checks)
         self.failed_jobs = []
         self.longest = {"rank_wait_s": 0.0, "rank_wait_job": None,
                         "agent_stall_max_wait_s": 0.0, "agent_stall_job": None,
@@ -103,7 +124,20 @@ class Soak(Faults, Checks):
             run(SOLAR, "gen", path, "--samples", n, "--preset", preset, "--seed", "7",
                 "--no-progress")
             self.datasets[name] = path
-        self.stored = Stored(self.workdir, self.datasets)
+        # solar-stored exports the single files (its --labels is one name for every export).
+        self.stored = Stored(self.workdir, dict(self.datasets))
+        # Datasets of many files, in the layouts of real workloads (tests/soak/soak_env.py's
+        # MANY: the spec and labels each is read with).
+        n = SAMPLES["files"]
+        self.datasets["files"] = os.path.join(self.workdir, "files")
+        run(SOLAR, "gen", self.datasets["files"], "--layout", "per-sample-files", "--samples", n,
+            "--shape", "2,16,16", "--seed", "7", "--no-progress")
+        self.datasets["dlio"] = os.path.join(self.workdir, "dlio")
+        run(SOLAR, "gen", self.datasets["dlio"], "--layout", "dlio", "--files", 8,
+            "--samples-per-file", 50, "--samples", SAMPLES["dlio"], "--shape", "64,64",
+            "--seed", "7", "--no-progress")
+        # The index cache of solar run: in the soak's folder, not the user's ~/.cache.
+        self.index_cache = os.path.join(self.workdir, "index-cache")
         self.base_fds = fd_count(os.getpid())
         self.shm_before = shm_solar()
 
@@ -135,13 +169,17 @@ class Soak(Faults, Checks):
 
     # -- one job --
     def run_job(self, jid):
-        kind = self.rng.choices(["hdf5", "fabric", "transparent"], weights=[4, 4, 2])[0]
+        if self.pending:
+            kind = self.pending.pop()
+        else:
+            kind = self.rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
         job = Job(jid, kind, self.workdir, self.rng, self.datasets, self.stored)
         if kind == "transparent":
             self.reference(job)
         if kind == "fabric" and not self.stored.alive():
             self.stored.restart()
-        env = dict(os.environ, TMPDIR=job.tmp, SOLAR_AGENT_TIMEOUT=str(AGENT_TIMEOUT_S))
+        env = dict(os.environ, TMPDIR=job.tmp, SOLAR_AGENT_TIMEOUT=str(AGENT_TIMEOUT_S),
+                   SOLAR_INDEX_CACHE=self.index_cache)
         shm0 = shm_solar()
         out = open(os.path.join(job.dir, "out.txt"), "w")
         err = open(os.path.join(job.dir, "err.txt"), "w")
@@ -233,7 +271,8 @@ class Soak(Faults, Checks):
     def record(self, job, c):
         self.totals["jobs"] += 1
         self.totals[f"jobs_{job.kind}"] += 1
-        for k in ("checked", "lost", "duplicated", "wrong", "not_received_killed"):
+        for k in ("checked", "lost", "duplicated", "wrong", "not_received_killed",
+                  "peer_samples", "peer_fallbacks"):
             self.totals[k] += c[k]
         ok = not job.problems
         for kind, _, _ in job.faults:
@@ -241,8 +280,10 @@ class Soak(Faults, Checks):
                 self.survived[kind] += 1
         status = "ok" if ok else "FAILED"
         faults = ", ".join(f"{k}@{t}s" for k, t, _ in job.faults) or "none"
-        log(f"{job.describe()}: {job.seconds:.1f} s, rc {job.rc}, {c['checked']} samples checked, "
-            f"faults {faults}: {status}")
+        peers = (f", {c['peer_samples']} from peers ({c['peer_fallbacks']} from storage instead)"
+                 if job.peers else "")
+        log(f"{job.describe()}: {job.seconds:.1f} s, rc {job.rc}, {c['checked']} samples checked"
+            f"{peers}, faults {faults}: {status}")
         if not ok:
             self.failed_jobs.append({"job": job.id, "what": job.describe(), "dir": job.dir,
                                      "faults": job.faults, "problems": job.problems[:20]})
@@ -256,7 +297,8 @@ class Soak(Faults, Checks):
         self.setup()
         self.started = start = time.monotonic()
         jid = 0
-        while time.monotonic() - start < self.args.minutes * 60:
+        # Until the time is up, and at least one job of every kind.
+        while time.monotonic() - start < self.args.minutes * 60 or self.pending:
             jid += 1
             self.run_job(jid)
         if self.stored.alive():
@@ -289,7 +331,7 @@ class Soak(Faults, Checks):
         return {
             "minutes": round((time.monotonic() - self.started) / 60, 1) if self.started else 0,
             "jobs": t["jobs"],
-            "jobs_by_kind": {k: t[f"jobs_{k}"] for k in ("hdf5", "fabric", "transparent")},
+            "jobs_by_kind": {k: t[f"jobs_{k}"] for k in KINDS},
             "jobs_failed": len(self.failed_jobs),
             "faults_injected": sum(self.injected.values()),
             "faults_by_kind": {k: self.injected[k] for k in FAULTS},
@@ -300,10 +342,14 @@ class Soak(Faults, Checks):
             "samples_duplicated": t["duplicated"],
             "samples_wrong": t["wrong"],
             "samples_not_received_by_killed_ranks": t["not_received_killed"],
+            "samples_from_peers": t["peer_samples"],
+            "peer_fallbacks_to_storage": t["peer_fallbacks"],
             "longest_stall": {k: (round(v, 4) if isinstance(v, float) else v)
                               for k, v in self.longest.items()},
             "solar_stored_rss_growth_mib": round(self.stored.max_rss_growth / 2**20, 1)
             if self.stored else None,
+            "ranks_giving_up_on_an_agent_not_stopped": len(self.silent),
+            "silent_agent_details": self.silent[:50],
             "leaks": len(self.leaks),
             "leak_details": self.leaks[:50],
             "failures": self.failed_jobs[:50],
@@ -323,6 +369,13 @@ def print_summary(s):
     L(f"samples checked: {s['samples_checked']}, lost: {s['samples_lost']}, duplicated: "
       f"{s['samples_duplicated']}, wrong: {s['samples_wrong']} (not received by killed ranks "
       f"after their death: {s['samples_not_received_by_killed_ranks']})")
+    L(f"peers: {s['samples_from_peers']} samples read from another node's buffer, "
+      f"{s['peer_fallbacks_to_storage']} from storage instead")
+    if s["ranks_giving_up_on_an_agent_not_stopped"]:
+        L(f"ranks that gave up on an agent not stopped (SOLAR_AGENT_TIMEOUT; reported, not "
+          f"failed): {s['ranks_giving_up_on_an_agent_not_stopped']} (" +
+          "; ".join(f"job {d['job']} rank {d['rank']} node {d['node']}"
+                    for d in s["silent_agent_details"][:10]) + ")")
     ls = s["longest_stall"]
     L(f"longest stall: a rank's wait for one batch {ls['rank_wait_s']} s (job {ls['rank_wait_job']}), "
       f"agents' stall_max_wait {ls['agent_stall_max_wait_s']} s (job {ls['agent_stall_job']}), "

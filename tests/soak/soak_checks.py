@@ -4,6 +4,7 @@ solar-stored's descriptors and threads, the soak's own descriptors, throttle cgr
 Soak: uses its reference(), process_states(), stored, longest, leaks, shm_before and base_fds."""
 import json
 import os
+import re
 import signal
 import sys
 from collections import Counter, defaultdict
@@ -15,11 +16,30 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from testlib import plan_sequences  # noqa: E402  (tests/testlib.py: plan-dump's sequences)
 
 
+SILENT = re.compile(r"rank (\d+): the agent did not answer within")
+
+
 class Checks:
+    def silent_agents(self, job, err):
+        """Ranks that gave up on an agent (SOLAR_AGENT_TIMEOUT) that was never SIGSTOPped in
+        their job, where nothing else the chaos does should hold one up that long (a stopped
+        or killed solar-stored may: fabric jobs with those faults are not counted). Reported,
+        not failed: the 4-minute soak of 4 Dec 2026 found --peers jobs where a peer agent's
+        SIGKILL leaves another agent never serving a step (agent/src/peer_sharing.cpp)."""
+        if any(k in ("stored_stop", "stored_kill") for k, _, _ in job.faults):
+            return
+        for m in SILENT.finditer(err):
+            rank = int(m.group(1))
+            if rank // job.rpn not in job.stopped_nodes:
+                self.silent.append({"job": job.id, "what": job.describe(), "rank": rank,
+                                    "node": rank // job.rpn,
+                                    "faults": [(k, t) for k, t, _ in job.faults]})
+
     def check_samples(self, job):
         c = Counter()
         killed = job.killed_rank[0] if job.killed_rank else None
         err = open(os.path.join(job.dir, "err.txt")).read()
+        self.silent_agents(job, err)
         if job.kind == "transparent":
             ref = self.reference(job)
             for r in range(job.world):
@@ -57,6 +77,9 @@ class Checks:
         try:
             stats = json.load(open(os.path.join(job.dir, "stats.json")))
             for n in stats.get("nodes", []):
+                peers = n.get("peers") or {}
+                c["peer_samples"] += peers.get("samples") or 0
+                c["peer_fallbacks"] += peers.get("fallbacks") or 0
                 w = (n.get("totals") or {}).get("stall_max_wait_seconds") or 0
                 if w > self.longest["agent_stall_max_wait_s"]:
                     self.longest["agent_stall_max_wait_s"], self.longest["agent_stall_job"] = w, job.id

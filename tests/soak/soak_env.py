@@ -16,7 +16,15 @@ STORED = os.environ.get("SOLAR_STORED") or os.path.join(BUILD, "storage", "solar
 SCRIPT = os.path.join(ROOT, "slurm_examples", "train_h5py_ddp.py")
 PY = "/usr/bin/python3"
 
-SAMPLES = {"tiny": 600, "small": 96}  # 4 KiB and 256 KiB samples
+SAMPLES = {"tiny": 600, "small": 96,  # one file each: 4 KiB and 256 KiB samples
+           "files": 256,                # the SOLAR artifact's layout: a file a sample (1 KiB)
+           "dlio": 390}                 # DLIO's: 8 files of 50 rows of 4 KiB, the last of 40
+# The datasets of many files: `--dataset DIR/SUFFIX --labels LABELS` (what solar gen prints).
+MANY = {"files": (":/split", "/unitPar"), "dlio": (":/records[]", "/labels")}
+# The job kinds, and their weights once each has run once (the first jobs take every kind in
+# turn, so that a soak of any length runs them all).
+KINDS = ("hdf5", "fabric", "transparent", "files", "dlio", "peers", "peers_files")
+KIND_WEIGHTS = (3, 3, 2, 2, 2, 2, 2)
 JOB_TIMEOUT_S = 240        # a job still running after this is a hang
 GRACE_S = 10               # processes, descriptors, threads: back within this after a job
 AGENT_TIMEOUT_S = 3        # SOLAR_AGENT_TIMEOUT of the ranks: a longer SIGSTOP makes them go direct

@@ -16,6 +16,25 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import slow_storage  # noqa: E402  (bench/slow_storage.py: Throttle, evict)
 
 
+def evict(path):
+    """The pages of a file, or of every file of a dataset's folder, out of the page cache."""
+    if not os.path.isdir(path):
+        slow_storage.evict(path)
+        return
+    for d, _, names in os.walk(path):
+        for n in names:
+            slow_storage.evict(os.path.join(d, n))
+
+
+def agent_node(pid):
+    """The --node of a solar-agent (None if it is gone)."""
+    try:
+        args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        return int(args[args.index(b"--node") + 1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Faults:
     def job_procs(self, job, name):
         table = proc_table()
@@ -60,6 +79,8 @@ class Faults:
         if not agents:
             return None
         victim = rng.choice(agents)
+        node = agent_node(victim.pid)
+        job.stopped_nodes.add(node)  # before: its ranks may time out while it is stopped
         secs = self.pause(victim, rng)
         return f"{victim} {secs:.1f} s" if secs else None
 
@@ -133,7 +154,7 @@ class Faults:
 
         key = self.undo.push(restore)
         move_to_cgroup(os.path.join(throttle.dir, "cgroup.procs"), readers)
-        slow_storage.evict(job.data)
+        evict(job.data)
         time.sleep(secs)
         self.undo.pop(key)
         return f"{'+'.join(map(str, readers))} {secs:.1f} s"

@@ -1,9 +1,9 @@
-"""One soak job (its kind, shape and `solar run` command line, chosen at random) and what is read
+"""One soak job (its kind, dataset, shape and `solar run` command line, chosen at random) and what is read
 back after it: the ranks' --record and --digests files (the plan's own sequences come from
 testlib.plan_sequences)."""
 import math
 import os
-from soak_env import PY, SAMPLES, SCRIPT, SOLAR, TRAIN
+from soak_env import MANY, PY, SAMPLES, SCRIPT, SOLAR, TRAIN
 
 
 class Job:
@@ -18,6 +18,7 @@ class Job:
         self.problems = []
         self.stalls = []          # ranks' longest waits
         self.gaps = {}            # rank -> longest pause between two record lines (transparent)
+        self.stopped_nodes = set()  # nodes whose agent was SIGSTOPped (agent_stop)
         if kind == "transparent":
             self.nodes, self.rpn = rng.choice([(2, 2), (2, 1), (3, 1)])
             self.data = datasets["tiny"]
@@ -28,15 +29,34 @@ class Job:
             self.buffer = rng.choice(["30%", "60%", "100%"])
             self.compute_ms = 0
         else:
+            # Batch jobs: one file (hdf5, fabric, peers), or a dataset of many (files: a file a
+            # sample; dlio: files of rows; peers_files: either), --peers for peers*.
             self.nodes, self.rpn = rng.choice([(2, 1), (2, 2), (3, 1), (3, 2)])
-            name = rng.choice(["tiny", "tiny", "small"])
-            self.data = datasets[name]
-            self.spec = self.data if kind == "hdf5" else f"fabric://{stored.addr}/{name}"
+            if kind in ("files", "dlio"):
+                name = kind
+            elif kind == "peers_files":
+                name = rng.choice(["files", "dlio"])
+            else:
+                name = rng.choice(["tiny", "tiny", "small"])
+            self.name = name
+            self.peers = kind.startswith("peers")
+            self.data = datasets[name]  # a file, or the folder of a dataset of many
+            self.labels = None
+            if kind == "fabric":
+                self.spec = f"fabric://{stored.addr}/{name}"
+            elif name in MANY:
+                suffix, self.labels = MANY[name]
+                self.spec = self.data.rstrip("/") + "/" + suffix
+            else:
+                self.spec = self.data
             self.epochs = rng.choice([2, 3, 4])
-            self.batch = rng.choice([4, 6, 8]) if name == "tiny" else rng.choice([2, 3])
+            self.batch = rng.choice([2, 3]) if name == "small" else rng.choice([4, 6, 8])
             self.seed = rng.randrange(1000)
-            # 10% of the small set (9 samples of 256 KiB) is less than some shapes' rings need.
-            self.buffer = rng.choice(["10%", "25%", "50%", "100%"] if name == "tiny" else
+            # 10% of the small set (9 samples of 256 KiB) is less than some shapes' rings need;
+            # so is 10% of the tiny set with --peers (its staging slots come out of --buffer),
+            # and of the 256 one-sample files.
+            small_ok = name == "tiny" and not self.peers
+            self.buffer = rng.choice(["10%", "25%", "50%", "100%"] if small_ok else
                                      ["25%", "50%", "100%"])
             self.zero_copy = rng.random() < 0.3  # cache slots pinned by the ranks, no rings
             n = self.nodes * self.rpn
@@ -46,10 +66,13 @@ class Job:
             self.compute_ms = max(5, int(target * 1000 / steps))
         self.world = self.nodes * self.rpn
         self.zero_copy = getattr(self, "zero_copy", False)
+        self.peers = getattr(self, "peers", False)
+        self.name = getattr(self, "name", "tiny")
 
     def describe(self):
-        return (f"job {self.id} {self.kind} {self.nodes}x{self.rpn} epochs {self.epochs} batch "
-                f"{self.batch} buffer {self.buffer}" + (" zero-copy" if self.zero_copy else "") +
+        return (f"job {self.id} {self.kind} {self.name} {self.nodes}x{self.rpn} epochs "
+                f"{self.epochs} batch {self.batch} buffer {self.buffer}" +
+                (" zero-copy" if self.zero_copy else "") + (" peers" if self.peers else "") +
                 (f" compute {self.compute_ms} ms" if self.compute_ms else ""))
 
     def command(self):
@@ -61,7 +84,9 @@ class Job:
                     PY, SCRIPT, self.data, "--epochs", self.epochs, "--batch", self.batch,
                     "--seed", self.seed, "--digests", os.path.join(self.dir, "digests-%r.txt")]
         return [SOLAR, "run", *common, "--dataset", self.spec,
+                *(["--labels", self.labels] if self.labels else []),
                 *(["--zero-copy"] if self.zero_copy else []),
+                *(["--peers"] if self.peers else []),
                 "--plan-out", os.path.join(self.dir, "plan"),
                 "--stats-out", os.path.join(self.dir, "stats.json"), "--",
                 TRAIN, "--verify", "--compute-ms", self.compute_ms,
