@@ -103,6 +103,10 @@ void FabricSource::Impl::check_progress(Session& s, bool all_held, double earlie
 }
 
 void FabricSource::Impl::pump(Session& s, Request* mine) {
+  // One poll per read: a server that hung up (an export withdrawn, a restart) is noticed before
+  // any byte is read, not 20 ms into the read, when one-sided reads may already have completed.
+  if (s.server_gone())
+    throw TransientError(fmt::format("{}: the server closed the connection", remote.uri));
   if (ops_gen != session_gen) {  // a new session: what was in flight went with the old one
     driver.reset();
     for (Request* r : active) {

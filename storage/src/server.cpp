@@ -274,7 +274,12 @@ void StorageServer::Impl::welcome(Greeting& g) {
     std::lock_guard lk(conns_mu);
     std::size_t live = 0;
     for (const auto& x : conns) live += !x.finished;
-    if (live >= opt.max_clients) {
+    if (ex->changed.load(std::memory_order_acquire)) {
+      // Withdrawn meanwhile: no keys. Checked under conns_mu, which watch_exports holds while
+      // it withdraws, so a client refused here finds every earlier reader already hung up on.
+      reply = {{"ok", false},
+               {"error", "dataset '" + ex->spec.name + "' is withdrawn: " + ex->changed_why}};
+    } else if (live >= opt.max_clients) {
       reply = {{"ok", false}, {"retry", true},
                {"error", fmt::format("server busy: {} clients connected (--max-clients); try "
                                      "again", live)}};
@@ -284,9 +289,6 @@ void StorageServer::Impl::welcome(Greeting& g) {
       c->reading = ex;
     }
   }
-  if (c && ex->changed.load(std::memory_order_acquire))  // withdrawn meanwhile: no keys
-    reply = {{"ok", false},
-             {"error", "dataset '" + ex->spec.name + "' is withdrawn: " + ex->changed_why}};
   const bool ok = reply["ok"].get<bool>();
   try {
     wire::send(s, reply);

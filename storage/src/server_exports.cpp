@@ -164,13 +164,13 @@ void StorageServer::Impl::watch_exports() {
       ex->file->check_unchanged();
       continue;
     } catch (const StorageError& e) {
+      std::lock_guard g(conns_mu);  // new clients are refused only once the readers are hung up on
       ex->changed_why = e.what();
+      ex->changed.store(true, std::memory_order_release);
+      for (auto& c : conns)
+        if (c.reading.load() == ex.get()) ::shutdown(c.socket->native_handle(), SHUT_RDWR);
     }
-    ex->changed.store(true, std::memory_order_release);
     spdlog::error("export {} withdrawn: {}", ex->spec.name, ex->changed_why);
-    std::lock_guard g(conns_mu);
-    for (auto& c : conns)
-      if (c.reading.load() == ex.get()) ::shutdown(c.socket->native_handle(), SHUT_RDWR);
   }
 }
 

@@ -30,7 +30,9 @@ TEST(DatasetSpec, EveryCaseOfTheTable) {
       EXPECT_EQ(d.rows, c.value("rows", false)) << spec;
       // solar-stored's --export NAME=FILE[:/DATASET] splits the same way (before the @ and
       // the [] come off).
-      if (!d.list && !d.rows) EXPECT_EQ(split_file_dataset(spec), d.where) << spec;
+      if (!d.list && !d.rows) {
+        EXPECT_EQ(split_file_dataset(spec), d.where) << spec;
+      }
     } else if (c.contains("fabric")) {
       EXPECT_EQ(d.kind, DatasetSpec::Kind::fabric) << spec;
     } else if (c["error"] == "unknown_scheme") {
