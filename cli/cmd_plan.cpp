@@ -3,8 +3,12 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -16,6 +20,7 @@
 #include "progress.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
+#include "solar/core/rng.h"
 
 namespace solar::cli {
 namespace {
@@ -25,7 +30,8 @@ struct PlanOptions {
   // Numbers are taken as text and parsed strictly (parse_count): a negative or overflowing
   // value is named as such instead of being wrapped or saturated.
   std::optional<std::string> samples, sample_bytes, epochs, nodes, ranks_per_node, batch,
-      imbalance, buffer;
+      imbalance, buffer, size_spread;
+  std::string sample_sizes;  // a file of one size per sample
   std::string seed = "0";
   std::string order = "solar";
   bool drop_last = false;
@@ -48,6 +54,49 @@ std::uint64_t peak_rss_bytes() {
   while (std::getline(f, line))
     if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
   return 0;
+}
+
+// --size-spread P%: sizes spread evenly over mean·[1 - P, 1 + P] (mean: --sample-bytes), drawn
+// from --seed, so that a run is repeatable.
+std::shared_ptr<const std::vector<std::uint64_t>> spread_sizes(const std::string& text,
+                                                               std::uint64_t samples,
+                                                               std::uint64_t mean,
+                                                               std::uint64_t seed) {
+  std::string t = text;
+  if (!t.empty() && t.back() == '%') t.pop_back();
+  const std::uint64_t pct = parse_count(t, "--size-spread", 0, 99);
+  const std::uint64_t lo = std::max<std::uint64_t>(1, mean - mean * pct / 100);
+  const std::uint64_t hi = mean + mean * pct / 100;
+  std::uint64_t s = seed ^ 0x5a3e5123a5e5ULL;  // not the order's stream
+  Xoshiro256 g(splitmix64(s));
+  auto v = std::make_shared<std::vector<std::uint64_t>>(samples);
+  for (auto& x : *v) x = lo + g.bounded(hi - lo + 1);
+  return v;
+}
+
+// --sample-sizes FILE: one byte count per line, in sample order; '#' starts a comment.
+std::shared_ptr<const std::vector<std::uint64_t>> read_sizes(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw ConfigError("--sample-sizes", fmt::format("cannot read {}: {}", path,
+                                                    std::strerror(errno)));
+  auto v = std::make_shared<std::vector<std::uint64_t>>();
+  std::string line;
+  for (std::uint64_t n = 1; std::getline(in, line); ++n) {
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    const auto a = line.find_first_not_of(" \t\r"), b = line.find_last_not_of(" \t\r");
+    if (a == std::string::npos) continue;
+    try {
+      v->push_back(parse_count(line.substr(a, b - a + 1), "--sample-sizes", 1, kMaxSampleBytes));
+    } catch (const ConfigError& e) {
+      throw ConfigError("--sample-sizes", fmt::format("{} line {}: {}", path, n, e.what()));
+    }
+  }
+  if (v->empty())
+    throw ConfigError("--sample-sizes", fmt::format("{} lists no sizes (one byte count per "
+                                                    "line, in sample order)",
+                                                    path));
+  return v;
 }
 
 PlanConfig build_config(const PlanOptions& o) {
@@ -84,8 +133,20 @@ PlanConfig build_config(const PlanOptions& o) {
   if (o.batch) c.batch = parse_job_param32(*o.batch, "--batch", kBatch);
   if (o.imbalance) c.imbalance = parse_job_param32(*o.imbalance, "--imbalance", kImbalance);
   if (o.buffer) buffer = BufferSpec::parse(*o.buffer, "--buffer");
+  if (!o.sample_sizes.empty() && o.size_spread)
+    throw ConfigError("--size-spread", "give the sizes either from a file (--sample-sizes) or "
+                                       "as a spread around --sample-bytes, not both");
+  if (!o.sample_sizes.empty()) {
+    c.sample_sizes = read_sizes(o.sample_sizes);
+    if (!o.samples && o.scenario.empty()) c.samples = c.sample_sizes->size();
+    if (c.sample_sizes->size() != c.samples)
+      throw ConfigError("--sample-sizes", fmt::format("{} lists {} sizes for {} samples "
+                                                      "(--samples); give one per sample",
+                                                      o.sample_sizes, c.sample_sizes->size(),
+                                                      c.samples));
+  }
   if (o.scenario.empty()) {
-    if (!o.samples)
+    if (!o.samples && !c.sized())
       throw ConfigError("--samples", fmt::format("required without --scenario ({}..{})",
                                                  kSamples.lo, kSamples.hi));
     if (!o.epochs)
@@ -96,8 +157,13 @@ PlanConfig build_config(const PlanOptions& o) {
       throw ConfigError("--buffer", "required without --scenario (bytes per node, e.g. 8G, or a "
                                     "percentage of the dataset, e.g. 12.5%)");
   }
-  c.buffer_bytes = buffer ? buffer->resolve(c.samples, c.sample_bytes) : 0;
   c.seed = parse_job_param(o.seed, "--seed", job_params::kSeed);
+  if (o.size_spread) c.sample_sizes = spread_sizes(*o.size_spread, c.samples, c.sample_bytes, c.seed);
+  if (c.sized()) c.sample_bytes = std::max<std::uint64_t>(1, c.dataset_bytes() / c.samples);
+  c.buffer_bytes = buffer ? buffer->resolve(c.samples, c.sample_bytes) : 0;
+  if (c.sized() && buffer && buffer->percent >= 0)  // a share of the dataset's bytes
+    c.buffer_bytes = static_cast<std::uint64_t>(
+        std::floor(buffer->percent * static_cast<double>(c.dataset_bytes()) / 100.0 + 1e-9));
   auto order = parse_order_mode(o.order);
   if (!order) throw ConfigError("--order", fmt::format("'{}' is not solar or torch", o.order));
   c.order = *order;
@@ -126,7 +192,9 @@ nlohmann::json config_json(const PlanConfig& c) {
           {"order", std::string(to_string(c.order))},
           {"buffer_bytes", c.buffer_bytes},
           {"buffer_samples", c.buffer_samples()},
-          {"peer_fetch", c.peer_fetch}};
+          {"peer_fetch", c.peer_fetch},
+          {"sized", c.sized()},
+          {"dataset_bytes", c.dataset_bytes()}};
 }
 
 nlohmann::json metrics_json(const Metrics& m) {
@@ -148,37 +216,53 @@ nlohmann::json metrics_json(const Metrics& m) {
           {"hit_rate", m.hit_rate()},
           {"lower_bound_fetches", m.lower_bound_fetches},
           {"ratio_to_lower_bound", m.ratio_to_lower_bound()},
+          {"lower_bound_bytes", m.lower_bound_bytes},
+          {"ratio_bytes_to_lower_bound", m.ratio_bytes_to_lower_bound()},
           {"peer_share_of_accesses", m.peer_share()},
           {"per_epoch", epochs}};
 }
 
 void print_table(const PlanConfig& c, const std::string& scenario,
                  const std::vector<Result>& results) {
+  std::string of = format_bytes(c.sample_bytes);
+  if (c.sized()) {
+    const auto [lo, hi] = std::minmax_element(c.sample_sizes->begin(), c.sample_sizes->end());
+    of = fmt::format("{} on average ({}..{}; {} in all)", format_bytes(c.sample_bytes),
+                     format_bytes(*lo), format_bytes(*hi), format_bytes(c.dataset_bytes()));
+  }
   fmt::print("scenario {}: N={} samples of {}, E={} epochs, {} nodes × {} ranks, batch {}/rank, "
-             "δ={}, buffer {} per node ({} samples), order {}, seed {}\n",
-             scenario.empty() ? "(custom)" : scenario, c.samples, format_bytes(c.sample_bytes),
-             c.epochs, c.nodes, c.ranks_per_node, c.batch, c.imbalance,
-             format_bytes(c.buffer_bytes), c.buffer_samples(), to_string(c.order), c.seed);
+             "δ={}, buffer {} per node ({} samples{}), order {}, seed {}\n",
+             scenario.empty() ? "(custom)" : scenario, c.samples, of, c.epochs, c.nodes,
+             c.ranks_per_node, c.batch, c.imbalance, format_bytes(c.buffer_bytes),
+             c.buffer_samples(), c.sized() ? " of the average size" : "", to_string(c.order),
+             c.seed);
   const std::uint64_t lb = lower_bound_fetches(c);
-  fmt::print("lower bound: {} remote fetches (N + (E-1)·max(0, N - M·C))\n\n", lb);
+  fmt::print("lower bound: {} remote fetches (N + (E-1)·max(0, N - M·C))\n", lb);
+  if (c.sized())
+    fmt::print("lower bound: {} remote bytes (B + (E-1)·max(0, B - M·buffer), B the bytes an "
+               "epoch reads)\n",
+               format_bytes(lower_bound_bytes(c)));
+  fmt::print("\n");
   const Metrics* ours = nullptr;
   for (const auto& r : results)
     if (r.policy == Policy::solar) ours = &r.metrics;
-  fmt::print("{:<12} {:>12} {:>11} {:>12} {:>8} {:>10} {:>8} {:>9} {:>8} {:>10}\n", "policy",
+  fmt::print("{:<12} {:>12} {:>11} {:>12} {:>8} {:>10} {:>8} {:>9} {:>8} {:>10}{}\n", "policy",
              "remote", "remote", "hits", "hit", "reads", "vs lower", "vs solar", "plan",
-             "peak");
-  fmt::print("{:<12} {:>12} {:>11} {:>12} {:>8} {:>10} {:>8} {:>9} {:>8} {:>10}\n", "",
-             "fetches", "bytes", "", "rate", "(coalesced)", "bound", "", "seconds", "RSS");
+             "peak", c.sized() ? "   bytes vs" : "");
+  fmt::print("{:<12} {:>12} {:>11} {:>12} {:>8} {:>10} {:>8} {:>9} {:>8} {:>10}{}\n", "",
+             "fetches", "bytes", "", "rate", "(coalesced)", "bound", "", "seconds", "RSS",
+             c.sized() ? " byte bound" : "");
   for (const auto& r : results) {
     const Metrics& m = r.metrics;
     const std::string vs =
         ours && ours->remote_fetches
             ? fmt::format("{:.2f}×", double(m.remote_fetches) / double(ours->remote_fetches))
             : "-";
-    fmt::print("{:<12} {:>12} {:>11} {:>12} {:>7.1f}% {:>10} {:>7.3f}× {:>9} {:>8.2f} {:>10}\n",
+    fmt::print("{:<12} {:>12} {:>11} {:>12} {:>7.1f}% {:>10} {:>7.3f}× {:>9} {:>8.2f} {:>10}{}\n",
                to_string(r.policy), m.remote_fetches, format_bytes(m.remote_bytes), m.hits,
                100 * m.hit_rate(), m.remote_runs, m.ratio_to_lower_bound(), vs, r.seconds,
-               format_bytes(r.peak_rss));
+               format_bytes(r.peak_rss),
+               c.sized() ? fmt::format(" {:>10.3f}×", m.ratio_bytes_to_lower_bound()) : "");
   }
   if (c.peer_fetch) {
     // Peer reads cost interconnect time, not storage: shown beside the storage fetches.
@@ -209,7 +293,12 @@ void run_plan(const PlanOptions& o) {
   try {
     base = build_config(o);
     if (o.compare || o.policy == "all") {
-      policies = all_policies();
+      for (Policy p : all_policies())  // nopfs and solar-paper plan samples of one size only
+        if (!base.sized() || (p != Policy::nopfs && p != Policy::solar_paper))
+          policies.push_back(p);
+      if (base.sized())
+        std::fprintf(stderr, "solar plan: nopfs and solar-paper plan samples of one size; they "
+                             "are left out of this comparison\n");
     } else {
       auto p = parse_policy(o.policy);
       if (!p)
@@ -294,6 +383,7 @@ void run_dump(const DumpOptions& o) {
                            {"epoch_order", h.epoch_order},
                            {"dataset_identity", h.dataset_identity},
                            {"metrics", metrics_json(h.metrics)}};
+    if (c.sized()) head["sample_sizes"] = *c.sample_sizes;  // bytes per sample id
     std::string s = head.dump();
     s.pop_back();  // reopen the object to append the rows
     buf += s + ",\"accesses\":[";
@@ -351,6 +441,15 @@ void add_plan_commands(CLI::App& app) {
                    "Buffer per node: bytes with K/M/G/T suffix, or a percentage of the dataset "
                    "(e.g. 22.5%)")
       ->type_name(kBuffer);
+  plan->add_option("--size-spread", o->size_spread,
+                   "Samples of differing sizes, spread evenly over --sample-bytes ± this\n"
+                   "percentage (0..99), drawn from --seed; the buffers then hold bytes and the\n"
+                   "planner evicts by bytes (policies solar, sampler, lru, none)")
+      ->type_name("PERCENT");
+  plan->add_option("--sample-sizes", o->sample_sizes,
+                   "Samples of differing sizes from a file: one byte count per line, in sample\n"
+                   "order ('#' comments); sets --samples when it is not given")
+      ->type_name(kFile);
   plan->add_option("--imbalance", o->imbalance,
                    "δ: each rank gets between b-δ and b+δ samples per step [0]")
       ->type_name(kUint);

@@ -87,6 +87,11 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
     }
   }();
   header_ = pf.header();
+  if (header_.config.sized())
+    throw AgentError(fmt::format(
+        "the plan {} is of samples of differing sizes, which solar plans but its agent does not "
+        "serve yet (its buffer's slots are of one size); plan samples of one size",
+        o.plan));
   if (o.max_buffer && header_.config.buffer_bytes > o.max_buffer)
     throw AgentError(fmt::format(
         "the plan {} buffers {} per node, above this agent's limit of {} (--max-buffer, the "

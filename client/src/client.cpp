@@ -90,6 +90,11 @@ solar_loader* solar_open_env(void) {
     l->where.labels = env("SOLAR_LABELS", "/label");
     const solar::PlanFile pf = solar::PlanFile::open(plan_path);
     l->header = pf.header();
+    if (l->header.config.sized())
+      throw ClientError(fmt::format("the plan {} is of samples of differing sizes, which solar "
+                                    "plans but libsolar does not read yet; plan samples of one "
+                                    "size",
+                                    plan_path));
     // Standalone (one process, no launcher): node 0, local rank 0. A process that a launcher
     // started as one of several must be told which rank it is: all of them being rank 0 would
     // train on the same samples.

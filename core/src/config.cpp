@@ -1,6 +1,8 @@
 #include "solar/core/config.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <functional>
 #include <cmath>
 #include <cstdlib>
 #include <fmt/format.h>
@@ -82,6 +84,10 @@ void PlanConfig::validate() const {
                                               epochs, what, std::uint64_t{epochs} * per_epoch,
                                               kMaxAccesses, kMaxAccesses / per_epoch));
   }
+  if (sized()) {
+    validate_sizes();
+    return;
+  }
   if (policy != Policy::none) {
     const std::uint64_t need = std::uint64_t{ranks_per_node} * (batch + imbalance);
     if (buffer_bytes < sample_bytes)
@@ -98,6 +104,75 @@ void PlanConfig::validate() const {
                                     format_bytes(buffer_bytes), buffer_samples(), ranks_per_node,
                                     need, format_bytes(need * sample_bytes)));
   }
+}
+
+// The rules of a config with sized samples (after the common ones): one size per sample, each
+// in range, the dataset's bytes countable; the policies and options that plan them; a buffer
+// that holds the largest sample and one step of the node's ranks at its largest.
+void PlanConfig::validate_sizes() const {
+  const std::vector<std::uint64_t>& s = *sample_sizes;
+  if (s.size() != samples)
+    throw ConfigError("--sample-sizes", fmt::format("{} sizes for {} samples; give one size per "
+                                                    "sample",
+                                                    s.size(), samples));
+  std::uint64_t largest = 0, at = 0, total = 0;
+  for (std::uint64_t x = 0; x < samples; ++x) {
+    if (s[x] < 1 || s[x] > kMaxSampleBytes)
+      throw ConfigError("--sample-sizes", fmt::format("sample {} is {} bytes; allowed range is "
+                                                      "1..{}",
+                                                      x, s[x], kMaxSampleBytes));
+    if (s[x] > largest) {
+      largest = s[x];
+      at = x;
+    }
+    total += s[x];  // each ≤ 2^40, the sum checked at every step: it cannot wrap
+    if (total > kMaxDatasetBytes)
+      throw ConfigError("--sample-sizes", fmt::format("the samples add up to more than {} bytes",
+                                                      kMaxDatasetBytes));
+  }
+  if (policy == Policy::nopfs || policy == Policy::solar_paper)
+    throw ConfigError("--policy", fmt::format("{} plans samples of one size; samples of "
+                                              "differing sizes are planned by solar, sampler, "
+                                              "lru and none",
+                                              to_string(policy)));
+  if (peer_fetch)
+    throw ConfigError("--peer-fetch", "reads from peers are planned for samples of one size "
+                                      "only; plan samples of differing sizes without it");
+  if (policy == Policy::none) return;
+  if (buffer_bytes < largest)
+    throw ConfigError("--buffer", fmt::format("{} per node is smaller than the largest sample "
+                                              "(sample {}, {}); allowed is at least {} (one "
+                                              "step of a node's ranks at their largest)",
+                                              format_bytes(buffer_bytes), at,
+                                              format_bytes(largest),
+                                              format_bytes(step_bytes_at_most())));
+  if (const std::uint64_t need = step_bytes_at_most(); buffer_bytes < need)
+    throw ConfigError("--buffer",
+                      fmt::format("{} per node cannot hold one step of a node's {} ranks at "
+                                  "their largest: the {} largest samples (R·(b+δ)) are {}; "
+                                  "allowed is at least {}",
+                                  format_bytes(buffer_bytes), ranks_per_node,
+                                  std::uint64_t{ranks_per_node} * (batch + imbalance),
+                                  format_bytes(need), format_bytes(need)));
+}
+
+std::uint64_t PlanConfig::step_bytes_at_most() const {
+  if (!sized()) return std::uint64_t{ranks_per_node} * (batch + imbalance) * sample_bytes;
+  std::vector<std::uint64_t> s = *sample_sizes;
+  const std::size_t k = std::min<std::size_t>(
+      s.size(), std::size_t{ranks_per_node} * (std::size_t{batch} + imbalance));
+  std::nth_element(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(k), s.end(),
+                   std::greater<>{});
+  std::uint64_t b = 0;
+  for (std::size_t i = 0; i < k; ++i) b += s[i];
+  return b;
+}
+
+std::uint64_t PlanConfig::dataset_bytes() const {
+  if (!sized()) return samples * sample_bytes;
+  std::uint64_t b = 0;
+  for (std::uint64_t v : *sample_sizes) b += v;
+  return b;
 }
 
 std::uint64_t parse_count(std::string_view text, const std::string& flag, std::uint64_t lo,

@@ -1,6 +1,8 @@
-// One node's buffer as the planner simulates it: at most `capacity` resident samples, each
-// with an eviction key; the resident, unpinned sample with the smallest key goes first.
-// Policies differ only in the keys they give (recency, insertion order, next use).
+// One node's buffer as the planner simulates it: resident samples of at most `capacity` units
+// in all, each with an eviction key; the resident, unpinned sample with the smallest key goes
+// first, until the incoming one fits. A unit is a sample (equal-size samples) or, given the
+// samples' sizes, a byte: clairvoyant eviction by bytes (farthest next use first, as many as it
+// takes). Policies differ only in the keys they give (recency, insertion order, next use).
 #pragma once
 
 #include <algorithm>
@@ -108,10 +110,17 @@ class NodeBuffer {
   };
 
  public:
-  explicit NodeBuffer(std::uint64_t capacity)
-      : capacity_(capacity), map_(std::min<std::uint64_t>(capacity, 1u << 20)) {}
+  // sizes: each sample's bytes (capacity is then bytes), or null (capacity is samples).
+  // `expected`: about how many samples it will hold (its map grows beyond that).
+  explicit NodeBuffer(std::uint64_t capacity, const std::vector<std::uint64_t>* sizes = nullptr,
+                      std::uint64_t expected = 0)
+      : capacity_(capacity),
+        sizes_(sizes),
+        map_(std::min<std::uint64_t>(sizes ? expected : capacity, 1u << 20)) {}
 
   std::size_t size() const { return map_.size(); }
+  // Units held: samples, or bytes with sizes.
+  std::uint64_t used() const { return used_; }
   bool contains(std::uint32_t x) const { return map_.find(x) != nullptr; }
 
   // A hit: x is resident; pin it for step `stamp`; it gets `key` at end_step().
@@ -149,7 +158,9 @@ class NodeBuffer {
   }
 
   // Removes resident, unpinned x (handed over to a peer); its heap item goes stale.
-  void erase(std::uint32_t x) { map_.erase(x); }
+  void erase(std::uint32_t x) {
+    if (map_.erase(x)) used_ -= units(x);
+  }
 
   // Changes x's key without pinning (e.g. a copy that will never be used here again).
   void rekey(std::uint32_t x, EvictKey key) {
@@ -162,8 +173,10 @@ class NodeBuffer {
   // A miss: makes room (appending evicted samples to `evicted`) and inserts x pinned.
   void insert(std::uint32_t x, std::uint64_t stamp, EvictKey key,
               std::vector<std::uint32_t>& evicted) {
-    while (map_.size() >= capacity_) evicted.push_back(evict_one(stamp));
+    const std::uint64_t need = units(x);
+    while (used_ + need > capacity_) evicted.push_back(evict_one(stamp));
     map_.insert(x, Entry{kPinnedKey, stamp});
+    used_ += need;
     push(kPinnedKey, x);
     if (key != kPinnedKey) pending_.emplace_back(x, key);
   }
@@ -176,9 +189,11 @@ class NodeBuffer {
     map_.clear();
     heap_.clear();
     pending_.clear();
+    used_ = 0;
   }
 
  private:
+  std::uint64_t units(std::uint32_t x) const { return sizes_ ? (*sizes_)[x] : 1; }
   static std::uint64_t item(EvictKey key, std::uint32_t x) {
     return (std::uint64_t{key} << 32) | x;
   }
@@ -198,8 +213,9 @@ class NodeBuffer {
   std::uint32_t evict_one(std::uint64_t stamp) {
     stash_.clear();
     for (;;) {
-      // Config validation guarantees capacity ≥ one step's samples, so an unpinned resident
-      // exists; running out means a policy pinned more than a step.
+      // Config validation guarantees capacity ≥ one step's samples (by bytes: its largest
+      // samples), so an unpinned resident exists; running out means a policy pinned more than
+      // a step.
       if (heap_.empty()) throw std::logic_error("node buffer: every resident sample is pinned");
       std::pop_heap(heap_.begin(), heap_.end(), std::greater<>{});
       const std::uint64_t top = heap_.back();
@@ -212,6 +228,7 @@ class NodeBuffer {
         continue;
       }
       map_.erase(x);
+      used_ -= units(x);
       for (const std::uint64_t s : stash_) {
         heap_.push_back(s);
         std::push_heap(heap_.begin(), heap_.end(), std::greater<>{});
@@ -221,6 +238,8 @@ class NodeBuffer {
   }
 
   std::uint64_t capacity_;
+  const std::vector<std::uint64_t>* sizes_;
+  std::uint64_t used_ = 0;
   SampleMap<Entry> map_;
   std::vector<std::uint64_t> heap_;
   std::vector<std::uint64_t> stash_;

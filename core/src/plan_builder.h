@@ -224,8 +224,14 @@ void simulate_step(const PlanConfig& c, std::span<const std::uint32_t> batch, co
   for (auto& th : pool) th.join();
 }
 
+// Every node's buffer of `capacity` samples; with sized samples (PlanConfig::sized) the
+// buffers hold c.buffer_bytes bytes instead (the policies that plan sized samples pass
+// effective_capacity(c), which is that).
 inline std::vector<NodeBuffer> make_buffers(const PlanConfig& c, std::uint64_t capacity) {
-  return std::vector<NodeBuffer>(c.nodes, NodeBuffer(capacity));
+  if (!c.sized()) return std::vector<NodeBuffer>(c.nodes, NodeBuffer(capacity));
+  // About as many samples as the buffer holds of the mean size (the maps grow if more).
+  const std::uint64_t expected = std::min<std::uint64_t>(c.samples, 2 * c.buffer_samples() + 64);
+  return std::vector<NodeBuffer>(c.nodes, NodeBuffer(capacity, c.sample_sizes.get(), expected));
 }
 
 }  // namespace solar::detail

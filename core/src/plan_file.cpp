@@ -92,7 +92,10 @@ void check_schedule(Reader& rd, const PlanHeader& h, const NodePlan& np) {
   };
   const std::uint8_t use = count_uses ? kUse : 0;
   std::vector<std::uint8_t> st(c.samples, kAbsent);
-  std::uint64_t held = 0, fetched = 0, t = 0;  // fetched: in this step
+  // held: in the capacity's units, samples or (sized samples) bytes; fetched: in this step.
+  const std::vector<std::uint64_t>* sizes = c.sized() ? c.sample_sizes.get() : nullptr;
+  auto units = [&](std::uint32_t x) -> std::uint64_t { return sizes ? (*sizes)[x] : 1; };
+  std::uint64_t held = 0, fetched = 0, t = 0;
   auto set_state = [&](std::uint32_t x, std::uint8_t state) {
     st[x] = static_cast<std::uint8_t>((st[x] & ~kState) | state);
   };
@@ -101,7 +104,7 @@ void check_schedule(Reader& rd, const PlanHeader& h, const NodePlan& np) {
       rd.fail(fmt::format("schedule: step {} {} sample {}, which the node already holds", t, how,
                           x));
     set_state(x, kFetched);
-    ++held;
+    held += units(x);
     ++fetched;
   };
   auto access_error = [&](std::uint32_t p, std::uint64_t rank, std::uint32_t x, bool hit,
@@ -139,15 +142,15 @@ void check_schedule(Reader& rd, const PlanHeader& h, const NodePlan& np) {
           rd.fail(fmt::format("schedule: step {} evicts sample {}, which the node does not hold",
                               t, x));
         set_state(x, kAbsent);
-        --held;
+        held -= units(x);
       }
       fetched = 0;
       for (const FetchRun& run : s.fetches_at(t))
         for (std::uint32_t x = run.first; x < run.first + run.count; ++x) bring(x, "fetches");
       for (const PeerFetch& pf : s.peers_at(t)) bring(pf.sample, "reads from a peer");
       if (held > cap)
-        rd.fail(fmt::format("schedule: step {} holds {} samples, over the buffer's {}", t, held,
-                            cap));
+        rd.fail(fmt::format("schedule: step {} holds {} {}, over the buffer's {}", t, held,
+                            sizes ? "bytes" : "samples", cap));
       const std::uint64_t bj = layout.rank_batch(j);
       const std::uint64_t lo = bj > c.imbalance ? bj - c.imbalance : 1, hi = bj + c.imbalance;
       std::uint64_t misses = 0;
@@ -229,10 +232,20 @@ PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::
     r.fail(fmt::format("unknown policy {}", policy));
   c.order = static_cast<OrderMode>(order);
   c.policy = static_cast<Policy>(policy);
-  try {
-    c.validate();
-  } catch (const ConfigError& e) {
-    r.fail(std::string("invalid inputs: ") + e.what());
+  // The shape first (the layout below depends on it); the buffer's rules once the samples'
+  // sizes, further on, are known.
+  auto check_inputs = [&](PlanConfig checked) {
+    try {
+      checked.validate();
+    } catch (const ConfigError& e) {
+      r.fail(std::string("invalid inputs: ") + e.what());
+    }
+  };
+  {
+    PlanConfig shape = c;
+    shape.policy = Policy::none;
+    shape.peer_fetch = false;
+    check_inputs(shape);
   }
   h.layout = EpochLayout::of(c);
   const auto per_rank = r.get<std::uint64_t>();
@@ -243,7 +256,8 @@ PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::
     r.fail("epoch layout does not match its inputs");
   Metrics& m = h.metrics;
   for (std::uint64_t* v : {&m.accesses, &m.hits, &m.remote_fetches, &m.remote_bytes,
-                           &m.remote_runs, &m.peer_fetches, &m.lower_bound_fetches})
+                           &m.remote_runs, &m.peer_fetches, &m.lower_bound_fetches,
+                           &m.lower_bound_bytes})
     *v = r.get<std::uint64_t>();
   r.get_array(h.epoch_order, c.epochs);
   std::vector<bool> seen(c.epochs, false);
@@ -262,6 +276,16 @@ PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::
   r.get_array(id, id_len);
   h.dataset_identity.assign(id.begin(), id.end());
   r.skip((8 - r.pos() % 8) % 8);
+  // Sized samples (v3): one size per sample, or none (every sample is sample_bytes).
+  const auto n_sizes = r.get<std::uint64_t>();
+  if (n_sizes != 0) {
+    if (n_sizes != c.samples)
+      r.fail(fmt::format("{} sample sizes for {} samples", n_sizes, c.samples));
+    auto sizes = std::make_shared<std::vector<std::uint64_t>>();
+    r.get_array(*sizes, n_sizes);
+    c.sample_sizes = std::move(sizes);
+  }
+  check_inputs(c);
   h.directory.resize(c.nodes);
   for (auto& d : h.directory) {
     d.offset = r.get<std::uint64_t>();
@@ -371,7 +395,15 @@ void check_across_nodes(const Plan& p, const std::string& name) {
   }
   for (const NodeSchedule& ns : p.nodes) m.remote_runs += ns.fetch_runs.size();
   m.remote_bytes = m.remote_fetches * p.config.sample_bytes;
+  if (p.config.sized()) {
+    m.remote_bytes = 0;
+    for (const NodeSchedule& ns : p.nodes)
+      for (const FetchRun& run : ns.fetch_runs)
+        for (std::uint32_t x = run.first; x < run.first + run.count; ++x)
+          m.remote_bytes += p.config.size_of(x);
+  }
   m.lower_bound_fetches = lower_bound_fetches(p.config);
+  m.lower_bound_bytes = lower_bound_bytes(p.config);
   if (!(m == p.metrics))
     fail(fmt::format("the metrics recounted from it differ from the header's (accesses {} vs {}, "
                      "hits {} vs {}, remote fetches {} vs {}, peer fetches {} vs {}, runs {} vs "

@@ -58,7 +58,7 @@ void encode_header_body(const Plan& p, Writer& w) {
   w.put<std::uint32_t>(p.layout.last_batch);
   const Metrics& m = p.metrics;
   for (std::uint64_t v : {m.accesses, m.hits, m.remote_fetches, m.remote_bytes, m.remote_runs,
-                          m.peer_fetches, m.lower_bound_fetches})
+                          m.peer_fetches, m.lower_bound_fetches, m.lower_bound_bytes})
     w.put(v);
   w.put_array(p.epoch_order);
   for (const auto& e : m.per_epoch)
@@ -69,6 +69,12 @@ void encode_header_body(const Plan& p, Writer& w) {
   w.put<std::uint32_t>(static_cast<std::uint32_t>(p.dataset_identity.size()));
   w.put_bytes(p.dataset_identity.data(), p.dataset_identity.size());
   w.align8();
+  if (c.sized()) {
+    w.put<std::uint64_t>(c.sample_sizes->size());
+    w.put_array(*c.sample_sizes);
+  } else {
+    w.put<std::uint64_t>(0);
+  }
 }
 
 std::vector<std::uint8_t> encode_node(const Plan& p, std::uint32_t node) {

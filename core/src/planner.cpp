@@ -105,6 +105,7 @@ PlanRecorder::PlanRecorder(const PlanConfig& c, std::vector<std::uint32_t> epoch
   }
   plan_.metrics.per_epoch.resize(c.epochs);
   plan_.metrics.lower_bound_fetches = lower_bound_fetches(c);
+  plan_.metrics.lower_bound_bytes = lower_bound_bytes(c);
 }
 
 void PlanRecorder::commit(std::uint32_t position, StepRecord& rec) {
@@ -153,7 +154,14 @@ Plan PlanRecorder::finish() {
     m.remote_fetches += e.remote_fetches;
     m.peer_fetches += e.peer_fetches;
   }
-  m.remote_bytes = m.remote_fetches * plan_.config.sample_bytes;
+  const PlanConfig& c = plan_.config;
+  m.remote_bytes = m.remote_fetches * c.sample_bytes;
+  if (c.sized()) {
+    m.remote_bytes = 0;
+    for (const auto& n : plan_.nodes)
+      for (const FetchRun& r : n.fetch_runs)
+        for (std::uint32_t x = r.first; x < r.first + r.count; ++x) m.remote_bytes += c.size_of(x);
+  }
   for (const auto& n : plan_.nodes) m.remote_runs += n.fetch_runs.size();
   return std::move(plan_);
 }

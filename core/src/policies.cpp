@@ -44,15 +44,14 @@ Plan run_static(const PlanConfig& c, const ProgressFn& progress, std::uint64_t c
 
 Plan plan_none(const PlanConfig& c, const ProgressFn& progress) {
   // No buffer: a sample lives only while its step runs.
-  const std::uint64_t step_cap = std::uint64_t{c.ranks_per_node} * c.batch;
   return run_static(
-      c, progress, step_cap, [](std::uint32_t, std::uint32_t, std::uint32_t) { return 0; },
+      c, progress, effective_capacity(c), [](std::uint32_t, std::uint32_t, std::uint32_t) { return 0; },
       false);
 }
 
 Plan plan_lru(const PlanConfig& c, const ProgressFn& progress) {
   std::uint32_t clock = 0;
-  return run_static(c, progress, c.buffer_samples(),
+  return run_static(c, progress, effective_capacity(c),
                     [&](std::uint32_t, std::uint32_t, std::uint32_t) { return ++clock; });
 }
 
@@ -147,7 +146,7 @@ Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress) {
   const auto order = identity_order(c.epochs);
   EpochStream stream(c, layout, order, true);
   PlanRecorder recorder(c, order, progress);
-  auto bufs = make_buffers(c, c.buffer_samples());
+  auto bufs = make_buffers(c, effective_capacity(c));
   const std::uint64_t W = layout.world, R = c.ranks_per_node;
   StepRecord rec;
   Assignment a;

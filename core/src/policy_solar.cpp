@@ -30,7 +30,7 @@ class SolarPlanner {
         order_(identity_order(c.epochs)),
         stream_(c, layout_, order_, true),
         recorder_(c, order_, progress),
-        bufs_(make_buffers(c, c.buffer_samples())),
+        bufs_(make_buffers(c, effective_capacity(c))),
         M_(c.nodes),
         R_(c.ranks_per_node),
         W_(layout_.world),

@@ -28,6 +28,13 @@ ReplayReport replay_plan(const Plan& plan) {
   Metrics& m = rep.metrics;
   m.per_epoch.resize(c.epochs);
   m.lower_bound_fetches = lower_bound_fetches(c);
+  m.lower_bound_bytes = lower_bound_bytes(c);
+  // What a node holds, in the units of its capacity: samples, or bytes when sizes are given.
+  std::vector<std::uint64_t> held(M);
+  auto units = [&](std::uint32_t x) -> std::uint64_t {
+    return c.sized() ? (*c.sample_sizes)[x] : 1;
+  };
+  std::uint64_t fetched_bytes = 0;
   std::vector<std::unordered_set<std::uint32_t>> resident(M), evicted_now(M);
   std::vector<std::uint64_t> handed(M);  // this step: reads of samples the source evicts
   std::vector<std::uint32_t> seq, expect, got;
@@ -64,6 +71,7 @@ ReplayReport replay_plan(const Plan& plan) {
         for (std::uint32_t x : plan.nodes[n].evicts_at(t)) {
           if (resident[n].erase(x) == 0)
             fail(fmt::format("step {} node {}: evicts sample {} that it does not hold", t, n, x));
+          held[n] -= units(x);
           evicted_now[n].insert(x);
         }
       }
@@ -71,12 +79,19 @@ ReplayReport replay_plan(const Plan& plan) {
       std::fill(handed.begin(), handed.end(), 0);
       for (std::uint64_t n = 0; n < M; ++n) {
         auto bring = [&](std::uint32_t x) {
+          if (x >= c.samples)
+            fail(fmt::format("step {} node {}: fetches sample {}, beyond the dataset's {}", t, n, x,
+                             c.samples));
           if (!resident[n].insert(x).second)
             fail(fmt::format("step {} node {}: fetches sample {} that it already holds", t, n, x));
+          held[n] += units(x);
           fetched[n][x] = 0;
         };
         for (const FetchRun& run : plan.nodes[n].fetches_at(t)) {
-          for (std::uint32_t x = run.first; x < run.first + run.count; ++x) bring(x);
+          for (std::uint32_t x = run.first; x < run.first + run.count; ++x) {
+            bring(x);
+            fetched_bytes += c.sized() ? (*c.sample_sizes)[x] : c.sample_bytes;
+          }
           em.remote_fetches += run.count;
           ++m.remote_runs;
         }
@@ -91,10 +106,10 @@ ReplayReport replay_plan(const Plan& plan) {
           ++em.peer_fetches;
           if (evicted_now[pf.from_node].count(pf.sample)) ++handed[pf.from_node];
         }
-        if (resident[n].size() > cap)
-          fail(fmt::format("step {} node {}: holds {} samples, over its capacity of {}", t, n,
-                           resident[n].size(), cap));
-        rep.peak_occupancy = std::max<std::uint64_t>(rep.peak_occupancy, resident[n].size());
+        if (held[n] > cap)
+          fail(fmt::format("step {} node {}: holds {} {}, over its capacity of {}", t, n,
+                           held[n], c.sized() ? "bytes" : "samples", cap));
+        rep.peak_occupancy = std::max<std::uint64_t>(rep.peak_occupancy, held[n]);
       }
       for (std::uint64_t n = 0; n < M; ++n)
         rep.peak_handovers = std::max(rep.peak_handovers, handed[n]);
@@ -127,13 +142,17 @@ ReplayReport replay_plan(const Plan& plan) {
     m.remote_fetches += e.remote_fetches;
     m.peer_fetches += e.peer_fetches;
   }
-  m.remote_bytes = m.remote_fetches * c.sample_bytes;
+  m.remote_bytes = fetched_bytes;
   if (!(m == plan.metrics))
-    fail(fmt::format("recounted metrics differ from the plan's: remote {} vs {}, hits {} vs {}, "
-                     "peer {} vs {}, accesses {} vs {}, runs {} vs {}",
-                     m.remote_fetches, plan.metrics.remote_fetches, m.hits, plan.metrics.hits,
-                     m.peer_fetches, plan.metrics.peer_fetches, m.accesses,
-                     plan.metrics.accesses, m.remote_runs, plan.metrics.remote_runs));
+    fail(fmt::format("recounted metrics differ from the plan's: remote {} vs {} ({} vs {} "
+                     "bytes), hits {} vs {}, peer {} vs {}, accesses {} vs {}, runs {} vs {}, "
+                     "lower bound {} vs {} ({} vs {} bytes)",
+                     m.remote_fetches, plan.metrics.remote_fetches, m.remote_bytes,
+                     plan.metrics.remote_bytes, m.hits, plan.metrics.hits, m.peer_fetches,
+                     plan.metrics.peer_fetches, m.accesses, plan.metrics.accesses, m.remote_runs,
+                     plan.metrics.remote_runs, m.lower_bound_fetches,
+                     plan.metrics.lower_bound_fetches, m.lower_bound_bytes,
+                     plan.metrics.lower_bound_bytes));
   return rep;
 }
 

@@ -132,3 +132,79 @@ def test_dump_rejects_damaged_files(solar, tmp_path):
     assert p.returncode == 1 and "checksum" in p.stderr, p.stderr
     p = solar("plan-dump", tmp_path / "missing.plan", check=False)
     assert p.returncode == 1 and "missing.plan" in p.stderr
+
+
+# Samples of differing sizes (issue 36): the sizes from a file, the bytes recounted here from the
+# dumped rows (a miss reads its sample's bytes), the bound on bytes recomputed from its formula.
+SIZED = ["--epochs", "3", "--nodes", "1", "--ranks-per-node", "2", "--batch", "4"]
+
+
+def _sizes_file(tmp_path, n=300):
+    sizes = [1000 + (i * 7919) % 1001 for i in range(n)]  # 1000..2000 bytes, spread
+    f = tmp_path / "sizes.txt"
+    f.write_text("# bytes per sample\n" + "\n".join(map(str, sizes)) + "\n")
+    return f, sizes
+
+
+@pytest.mark.parametrize("policy", ["sampler", "solar", "lru"])
+def test_sized_plan_counts_bytes_and_its_dump_recounts_them(solar, tmp_path, policy):
+    f, sizes = _sizes_file(tmp_path)
+    plan = tmp_path / "s.plan"
+    p = solar("plan", *SIZED, "--sample-sizes", f, "--buffer", "40%", "--policy", policy,
+              "--out", plan, "--json")
+    doc = json.loads(p.stdout)
+    cfg, r = doc["config"], doc["results"][0]
+    total = sum(sizes)
+    assert cfg["samples"] == 300 and cfg["sized"] and cfg["dataset_bytes"] == total
+    assert cfg["buffer_bytes"] == int(0.40 * total)
+    assert r["lower_bound_bytes"] == total + 2 * (total - cfg["buffer_bytes"])
+    assert json.loads(solar("plan-dump", plan, "--format", "json").stdout)["sample_sizes"] == sizes
+    rows = list(csv.DictReader(io.StringIO(solar("plan-dump", plan).stdout)))
+    missed = sum(sizes[int(x["sample"])] for x in rows if x["hit"] == "0")
+    assert missed == r["remote_bytes"]
+    assert r["remote_bytes"] >= r["lower_bound_bytes"]
+    assert r["ratio_bytes_to_lower_bound"] == pytest.approx(r["remote_bytes"] / r["lower_bound_bytes"])
+    if policy == "sampler":  # one node, Belady by bytes: at the bound but for a sample's slack
+        assert r["ratio_bytes_to_lower_bound"] <= 1.05
+    table = solar("plan", *SIZED, "--sample-sizes", f, "--buffer", "40%", "--policy", policy).stdout
+    assert "remote bytes" in table and "byte bound" in table
+
+
+def test_sized_plan_refusals_name_what_is_wrong(solar, tmp_path):
+    f, sizes = _sizes_file(tmp_path)
+    p = solar("plan", *SIZED, "--sample-sizes", f, "--buffer", "1500", check=False)
+    assert p.returncode == 2
+    assert "smaller than the largest sample" in p.stderr, p.stderr
+    assert "1.46 KiB" in p.stderr and "1.95 KiB" in p.stderr, p.stderr  # 1500 and 2000 bytes
+    p = solar("plan", *SIZED, "--sample-sizes", f, "--samples", "299", "--buffer", "1M",
+              check=False)
+    assert p.returncode == 2 and "300 sizes for 299 samples" in p.stderr.replace("lists ", ""), p.stderr
+    bad = tmp_path / "bad.txt"
+    bad.write_text("100\n12x\n")
+    p = solar("plan", *SIZED, "--sample-sizes", bad, "--buffer", "1M", check=False)
+    assert p.returncode == 2 and "line 2" in p.stderr, p.stderr
+    p = solar("plan", *SIZED, "--samples", "300", "--size-spread", "50%", "--sample-bytes", "1K",
+              "--buffer", "40%", "--policy", "nopfs", check=False)
+    assert p.returncode == 2 and "nopfs" in p.stderr and "--policy" in p.stderr, p.stderr
+    # --compare leaves the two equal-size policies out, and says so.
+    p = solar("plan", *SIZED, "--samples", "300", "--size-spread", "50%", "--sample-bytes", "1K",
+              "--buffer", "40%", "--compare", "--json")
+    assert {r["policy"] for r in json.loads(p.stdout)["results"]} == {"none", "lru", "solar", "sampler"}
+    assert "left out" in p.stderr
+
+
+def test_sized_plans_are_repeatable_and_refused_by_the_agent(solar, tmp_path):
+    a, b = tmp_path / "a.plan", tmp_path / "b.plan"
+    args = [*SIZED, "--samples", "300", "--size-spread", "30%", "--sample-bytes", "4K",
+            "--buffer", "50%", "--seed", "3"]
+    solar("plan", *args, "--out", a)
+    solar("plan", *args, "--out", b)
+    assert a.read_bytes() == b.read_bytes()
+    import subprocess
+    import testlib
+    assert os.access(testlib.AGENT, os.X_OK), f"no agent at {testlib.AGENT}: build first"
+    p = subprocess.run([testlib.AGENT, "--plan", str(a), "--node", "0",
+                        "--dataset", str(tmp_path / "none.h5"),
+                        "--socket", str(tmp_path / "s.sock")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "differing sizes" in p.stderr, p.stderr

@@ -41,7 +41,13 @@ void epoch_sequence(const PlanConfig& c, const EpochLayout& layout, std::uint32_
 // Distinct samples one epoch uses (U): N, or fewer when drop_last cuts the tail.
 std::uint64_t distinct_per_epoch(const PlanConfig& c, const EpochLayout& layout);
 
-// The hard lower bound on remote fetches of any schedule: U + (E-1)·max(0, U - M·C).
+// The hard lower bound on remote fetches of any schedule: U + (E-1)·max(0, U - M·C). With
+// sized samples C is the most samples a buffer's bytes hold (of the smallest ones).
 std::uint64_t lower_bound_fetches(const PlanConfig& c);
+
+// The hard lower bound on remote bytes: B + (E-1)·max(0, B - M·buffer_bytes), B the bytes every
+// epoch reads at least (all samples', or with drop_last all but the N-U largest). Equal-size
+// samples: lower_bound_fetches × sample_bytes. Saturates at 2^64 - 1.
+std::uint64_t lower_bound_bytes(const PlanConfig& c);
 
 }  // namespace solar

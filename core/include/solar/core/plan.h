@@ -66,6 +66,7 @@ struct Metrics {
   std::uint64_t remote_runs = 0;  // storage reads after coalescing
   std::uint64_t peer_fetches = 0;
   std::uint64_t lower_bound_fetches = 0;
+  std::uint64_t lower_bound_bytes = 0;  // lower_bound_bytes(config): the bound on remote_bytes
   std::vector<EpochMetrics> per_epoch;  // by epoch position
 
   double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
@@ -73,6 +74,9 @@ struct Metrics {
   double peer_share() const { return accesses ? double(peer_fetches) / double(accesses) : 0.0; }
   double ratio_to_lower_bound() const {
     return lower_bound_fetches ? double(remote_fetches) / double(lower_bound_fetches) : 0.0;
+  }
+  double ratio_bytes_to_lower_bound() const {
+    return lower_bound_bytes ? double(remote_bytes) / double(lower_bound_bytes) : 0.0;
   }
   bool operator==(const Metrics&) const = default;
 };

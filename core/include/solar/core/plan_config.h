@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,7 +39,12 @@ const std::vector<Policy>& all_policies();
 
 struct PlanConfig {
   std::uint64_t samples = 0;       // N
-  std::uint64_t sample_bytes = 0;  // bytes of one sample
+  std::uint64_t sample_bytes = 0;  // bytes of one sample (with sample_sizes: their mean)
+  // Samples of differing sizes: one byte count per sample id (whole-file samples, compressed
+  // chunks). Empty: every sample is sample_bytes. With sizes the buffers hold buffer_bytes
+  // bytes (not buffer_samples() samples), eviction is clairvoyant by bytes, and the lower bound
+  // is one on bytes too (lower_bound_bytes). Shared, so that copies of a config are cheap.
+  std::shared_ptr<const std::vector<std::uint64_t>> sample_sizes;
   std::uint32_t epochs = 0;        // E
   std::uint32_t nodes = 1;         // M
   std::uint32_t ranks_per_node = 1;  // R
@@ -53,18 +59,31 @@ struct PlanConfig {
 
   std::uint64_t world() const { return std::uint64_t{nodes} * ranks_per_node; }
   std::uint64_t global_batch() const { return world() * batch; }
-  // C: whole samples that fit one node's buffer.
+  // C: whole samples that fit one node's buffer (sized samples: of the mean size).
   std::uint64_t buffer_samples() const { return sample_bytes ? buffer_bytes / sample_bytes : 0; }
-
+  bool sized() const { return sample_sizes && !sample_sizes->empty(); }
+  std::uint64_t size_of(std::uint64_t x) const {
+    return sized() ? (*sample_sizes)[x] : sample_bytes;
+  }
+  // Every sample's bytes added up.
+  std::uint64_t dataset_bytes() const;
+  // The most bytes one step of one node's ranks can read: R·(b+δ) samples, the largest ones.
+  std::uint64_t step_bytes_at_most() const;
   // Throws ConfigError naming the first bad input. Checks ranges, overflow and that the buffer
-  // holds at least one step of one node's ranks (R·(b+δ) samples).
+  // holds at least one step of one node's ranks (R·(b+δ) samples; sized samples: the R·(b+δ)
+  // largest, and the largest sample on its own, both sizes named).
   void validate() const;
+
+ private:
+  void validate_sizes() const;
 };
 
-// The buffer capacity (samples per node) the plan's policy works with: the configured buffer,
-// or for `none` (no buffer) one step of the node's ranks passing through. The replay and the
-// plan file's readers hold plans to it.
+// The buffer capacity per node the plan's policy works with: the configured buffer, or for
+// `none` (no buffer) one step of the node's ranks passing through. In samples, or in bytes for
+// sized samples (where `none` is not limited: a step passes through whatever its size). The
+// replay and the plan file's readers hold plans to it.
 inline std::uint64_t effective_capacity(const PlanConfig& c) {
+  if (c.sized()) return c.policy == Policy::none ? ~std::uint64_t{0} : c.buffer_bytes;
   return c.policy == Policy::none ? std::uint64_t{c.ranks_per_node} * c.batch
                                   : c.buffer_samples();
 }
@@ -75,6 +94,7 @@ inline constexpr std::uint64_t kMaxSamples = (1ULL << 31) - 1;  // sample ids ar
 // multiple of the world size): every access time of a plan fits a 32-bit eviction key.
 inline constexpr std::uint64_t kMaxAccesses = (1ULL << 32) - (1ULL << 26);
 inline constexpr std::uint64_t kMaxSampleBytes = 1ULL << 40;
+inline constexpr std::uint64_t kMaxDatasetBytes = 1ULL << 62;  // sized samples, added up
 inline constexpr std::uint32_t kMaxNodes = 65535;
 inline constexpr std::uint32_t kMaxRanksPerNode = 1024;
 inline constexpr std::uint32_t kMaxEpochs = 1000000;

@@ -16,7 +16,7 @@ class PlanInvalid : public std::runtime_error {
 
 struct ReplayReport {
   Metrics metrics;                      // recounted from the records
-  std::uint64_t peak_occupancy = 0;     // most samples any node held at once
+  std::uint64_t peak_occupancy = 0;     // most samples (sized samples: bytes) a node held
   // Most peer reads in one step of samples their source evicts in that step (handovers), from
   // one source: slots a source keeps beyond its capacity until those reads are done.
   std::uint64_t peak_handovers = 0;
