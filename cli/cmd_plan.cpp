@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "options.h"
 #include "progress.h"
+#include "solar/core/extents.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
 #include "solar/core/rng.h"
@@ -177,6 +178,9 @@ struct Result {
   Metrics metrics;
   double seconds;
   std::uint64_t peak_rss;
+  // Sized plans: the smallest arena holding each node's samples as best-fit extents
+  // (core/extents.h), 0 otherwise.
+  std::uint64_t extent_arena = 0;
 };
 
 nlohmann::json config_json(const PlanConfig& c) {
@@ -264,6 +268,15 @@ void print_table(const PlanConfig& c, const std::string& scenario,
                format_bytes(r.peak_rss),
                c.sized() ? fmt::format(" {:>10.3f}×", m.ratio_bytes_to_lower_bound()) : "");
   }
+  if (c.sized()) {
+    // Fragmentation: what the buffer's bytes take as extents of one memory region.
+    fmt::print("\n{:<12} {}\n", "policy", "arena for the resident samples as best-fit extents");
+    for (const auto& r : results)
+      if (r.extent_arena)
+        fmt::print("{:<12} {:>11} = {:.3f}× the buffer\n", to_string(r.policy),
+                   format_bytes(r.extent_arena),
+                   double(r.extent_arena) / double(c.buffer_bytes));
+  }
   if (c.peer_fetch) {
     // Peer reads cost interconnect time, not storage: shown beside the storage fetches.
     fmt::print("\n{:<12} {:>12} {:>9} {:>12} {:>11}\n", "policy", "storage", "vs lower",
@@ -331,6 +344,8 @@ void run_plan(const PlanOptions& o) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!o.out.empty()) write_plan_file(plan, o.out);
     results.push_back({p, plan.metrics, s, peak_rss_bytes()});
+    if (c.sized() && p != Policy::none)
+      results.back().extent_arena = arena_for_extents(plan, ExtentFit::best);
   }
 
   if (o.json) {
@@ -340,6 +355,10 @@ void run_plan(const PlanOptions& o) {
       nlohmann::json j = metrics_json(r.metrics);
       j["policy"] = std::string(to_string(r.policy));
       j["plan_seconds"] = r.seconds;
+      if (r.extent_arena) {
+        j["extent_arena_bytes"] = r.extent_arena;
+        j["extent_arena_over_buffer"] = double(r.extent_arena) / double(base.buffer_bytes);
+      }
       j["peak_rss_bytes"] = r.peak_rss;
       out["results"].push_back(j);
     }

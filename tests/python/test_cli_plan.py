@@ -164,10 +164,13 @@ def test_sized_plan_counts_bytes_and_its_dump_recounts_them(solar, tmp_path, pol
     assert missed == r["remote_bytes"]
     assert r["remote_bytes"] >= r["lower_bound_bytes"]
     assert r["ratio_bytes_to_lower_bound"] == pytest.approx(r["remote_bytes"] / r["lower_bound_bytes"])
+    # Fragmentation: the samples as best-fit extents of one region need a little more.
+    assert 0.9 < r["extent_arena_over_buffer"] < 1.2, r
+    assert r["extent_arena_bytes"] == pytest.approx(r["extent_arena_over_buffer"] * cfg["buffer_bytes"])
     if policy == "sampler":  # one node, Belady by bytes: at the bound but for a sample's slack
         assert r["ratio_bytes_to_lower_bound"] <= 1.05
     table = solar("plan", *SIZED, "--sample-sizes", f, "--buffer", "40%", "--policy", policy).stdout
-    assert "remote bytes" in table and "byte bound" in table
+    assert "remote bytes" in table and "byte bound" in table and "best-fit extents" in table
 
 
 def test_sized_plan_refusals_name_what_is_wrong(solar, tmp_path):
