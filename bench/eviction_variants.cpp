@@ -14,7 +14,7 @@
 // planner's own sampler plan beside them.
 //
 //   build/bench/solar-eviction-variants [--samples N] [--epochs E] [--ranks R] [--batch b]
-//                                       [--spread P] [--buffer PERCENT] [--seed S]
+//                                       [--spread P] [--buffer PERCENT] [--seed S] (--help)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -29,7 +29,7 @@
 
 #include "solar/core/order.h"
 #include "solar/core/planner.h"
-#include "solar/core/rng.h"
+#include "sized_instance.h"
 
 namespace {
 
@@ -126,48 +126,19 @@ Result simulate(const PlanConfig& c, Rule rule) {
   return r;
 }
 
-std::uint64_t arg(int argc, char** argv, const char* name, std::uint64_t dflt) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return std::strtoull(argv[i + 1], nullptr, 10);
-  return dflt;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--help") == 0) {
-      std::puts("usage: solar-eviction-variants [--samples N] [--epochs E] [--ranks R] "
-                "[--batch b] [--spread PERCENT] [--buffer PERCENT] [--seed S]\n"
-                "One node, samples of sizes spread ±PERCENT around 1 MiB, a buffer of PERCENT "
-                "of the bytes: three eviction rules by bytes against the lower bounds.");
-      return 0;
-    }
-  PlanConfig c;
-  c.nodes = 1;
-  c.samples = arg(argc, argv, "--samples", 2000);
-  c.epochs = static_cast<std::uint32_t>(arg(argc, argv, "--epochs", 5));
-  c.ranks_per_node = static_cast<std::uint32_t>(arg(argc, argv, "--ranks", 4));
-  c.batch = static_cast<std::uint32_t>(arg(argc, argv, "--batch", 8));
-  c.seed = arg(argc, argv, "--seed", 0);
-  c.policy = solar::Policy::sampler;
-  const std::uint64_t spread = arg(argc, argv, "--spread", 50), pct = arg(argc, argv, "--buffer", 40);
-  const std::uint64_t mean = 1 << 20;
-  solar::Xoshiro256 g(c.seed + 1);
-  auto sizes = std::make_shared<std::vector<std::uint64_t>>(c.samples);
-  const std::uint64_t lo = mean - mean * spread / 100, hi = mean + mean * spread / 100;
-  for (auto& s : *sizes) s = lo + g.bounded(hi - lo + 1);
-  c.sample_sizes = sizes;
-  std::uint64_t total = 0;
-  for (auto s : *sizes) total += s;
-  c.sample_bytes = total / c.samples;
-  c.buffer_bytes = total * pct / 100;
-  try {
-    c.validate();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "solar-eviction-variants: %s\n", e.what());
-    return 2;
-  }
+  int rc = 0;
+  const auto inst = solar::bench::sized_instance(
+      argc, argv,
+      "One node, samples of sizes spread evenly over 1 MiB ± --spread percent, a buffer of "
+      "--buffer percent of their bytes: three eviction rules by bytes against the lower bounds "
+      "and the planner's sampler plan.",
+      false, rc);
+  if (!inst) return rc;
+  const PlanConfig& c = inst->config;
+  const std::uint64_t spread = inst->spread, pct = inst->buffer_percent;
   const std::uint64_t lb_bytes = solar::lower_bound_bytes(c), lb_fetches = solar::lower_bound_fetches(c);
   fmt::print("N={} E={} R={} b={} sizes 1 MiB ±{}% buffer {}% of the bytes, seed {}\n", c.samples,
              c.epochs, c.ranks_per_node, c.batch, spread, pct, c.seed);

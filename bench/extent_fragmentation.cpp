@@ -13,60 +13,26 @@
 #include <fmt/format.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "solar/core/extents.h"
 #include "solar/core/planner.h"
-#include "solar/core/rng.h"
-
-namespace {
-
-std::uint64_t arg(int argc, char** argv, const char* name, std::uint64_t dflt) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return std::strtoull(argv[i + 1], nullptr, 10);
-  return dflt;
-}
-
-}  // namespace
+#include "sized_instance.h"
 
 int main(int argc, char** argv) {
-  std::string policy = "sampler";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--help") == 0) {
-      std::puts("usage: solar-extent-fragmentation [--samples N] [--epochs E] [--nodes M] "
-                "[--ranks R] [--batch b] [--spread PERCENT] [--buffer PERCENT] [--policy P] "
-                "[--seed S]\nThe smallest arena, over the plan's buffer, in which each node's "
-                "variable-size samples fit with first-fit and best-fit extents.");
-      return 0;
-    }
-    if (std::strcmp(argv[i], "--policy") == 0 && i + 1 < argc) policy = argv[i + 1];
-  }
-  solar::PlanConfig c;
-  c.samples = arg(argc, argv, "--samples", 2000);
-  c.epochs = static_cast<std::uint32_t>(arg(argc, argv, "--epochs", 5));
-  c.nodes = static_cast<std::uint32_t>(arg(argc, argv, "--nodes", 1));
-  c.ranks_per_node = static_cast<std::uint32_t>(arg(argc, argv, "--ranks", 4));
-  c.batch = static_cast<std::uint32_t>(arg(argc, argv, "--batch", 8));
-  c.seed = arg(argc, argv, "--seed", 0);
-  const auto pol = solar::parse_policy(policy);
-  if (!pol) {
-    std::fprintf(stderr, "solar-extent-fragmentation: --policy %s: not a policy\n", policy.c_str());
-    return 2;
-  }
-  c.policy = *pol;
-  const std::uint64_t spread = arg(argc, argv, "--spread", 50), pct = arg(argc, argv, "--buffer", 40);
-  const std::uint64_t mean = 1 << 20, lo = mean - mean * spread / 100, hi = mean + mean * spread / 100;
-  solar::Xoshiro256 g(c.seed + 1);
-  auto sizes = std::make_shared<std::vector<std::uint64_t>>(c.samples);
-  std::uint64_t total = 0;
-  for (auto& s : *sizes) total += s = lo + g.bounded(hi - lo + 1);
-  c.sample_sizes = sizes;
-  c.sample_bytes = total / c.samples;
-  c.buffer_bytes = total * pct / 100;
+  int rc = 0;
+  const auto inst = solar::bench::sized_instance(
+      argc, argv,
+      "The smallest arena, over the plan's buffer, in which each node's samples of spread sizes "
+      "(1 MiB ± --spread percent) fit as first-fit and best-fit extents.",
+      true, rc);
+  if (!inst) return rc;
+  const solar::PlanConfig& c = inst->config;
+  const std::uint64_t spread = inst->spread, pct = inst->buffer_percent;
+  const std::uint64_t hi = (1 << 20) + (1 << 20) * spread / 100;
+  const std::string policy(solar::to_string(c.policy));
   solar::Plan p;
   try {
     p = solar::make_plan(c);
