@@ -1,11 +1,75 @@
 // solar-stored: exports HDF5 datasets read-only over libfabric RMA (see storage/README.md).
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
 
 #include "solar/core/config.h"
 #include "solar/storage/server.h"
+
+namespace {
+
+// --token-file: the token is the file's first line (surrounding blanks and the line end
+// removed). The file must be a regular file of this user that nobody else may read, so that a
+// token kept there is as private as the user's own key files.
+std::string read_token_file(const std::string& path) {
+  auto bad = [&](const std::string& why) { return solar::ConfigError("--token-file", path + ": " + why); };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0)
+    throw bad(errno == ELOOP ? "is a symbolic link; name the file itself"
+                             : std::string(std::strerror(errno)));
+  struct stat st {};
+  std::string text(4097, '\0');
+  ssize_t n = -1;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+      (st.st_mode & 077) == 0)
+    n = ::read(fd, text.data(), text.size());
+  const int err = errno;
+  ::close(fd);
+  if (!S_ISREG(st.st_mode)) throw bad("is not a regular file");
+  if (st.st_uid != ::geteuid())
+    throw bad(fmt::format("belongs to uid {}, not to uid {} that runs solar-stored; a token "
+                          "file must be its server user's own",
+                          st.st_uid, ::geteuid()));
+  if ((st.st_mode & 077) != 0)
+    throw bad(fmt::format("may be read by others (mode {:04o}); `chmod 600 {}`",
+                          st.st_mode & 07777, path));
+  if (n < 0) throw bad(std::strerror(err));
+  if (n > 4096) throw bad("is longer than 4096 bytes; a token is one line");
+  text.resize(static_cast<std::size_t>(n));
+  text = text.substr(0, text.find('\n'));
+  const auto a = text.find_first_not_of(" \t\r"), b = text.find_last_not_of(" \t\r");
+  if (a == std::string::npos) throw bad("holds no token (its first line is empty)");
+  return text.substr(a, b - a + 1);
+}
+
+// A token given as --token is overwritten in this process's argv, so that /proc/PID/cmdline
+// (ps) no longer shows it once the server runs; it was visible until then.
+bool scrub_token_argument(int argc, char** argv) {
+  bool found = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    char* value = nullptr;
+    if (a == "--token" && i + 1 < argc) value = argv[++i];
+    else if (a.rfind("--token=", 0) == 0) value = argv[i] + 8;
+    if (!value) continue;
+    std::memset(value, 'x', std::strlen(value));
+    found = true;
+  }
+  return found;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -35,9 +99,18 @@ int main(int argc, char** argv) {
   app.add_option("--provider", o.provider,
                  "libfabric provider, e.g. tcp;ofi_rxm (default), shm (same host only), verbs;"
                  "ofi_rxm. Without it $FI_PROVIDER is honoured");
-  app.add_option("--token", o.token,
-                 "Shared token clients must present (they set SOLAR_STORED_TOKEN); without it "
-                 "anyone who reaches the port may read the exports");
+  auto* token_opt =
+      app.add_option("--token", o.token,
+                     "Shared token clients must present (they set SOLAR_STORED_TOKEN); without "
+                     "a token anyone who reaches the port may read the exports. On the command "
+                     "line every user of the host sees it until the server has started: prefer "
+                     "--token-file, or SOLAR_STORED_TOKEN in the server's environment");
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "Read the token from this file's first line: a regular file of this user, "
+                 "readable by nobody else (mode 0600 or 0400); shown in no process listing")
+      ->type_name("FILE")
+      ->excludes(token_opt);
   app.add_option("--throttle-bandwidth", bandwidth,
                  "EMULATION for single-machine benchmarks: cap each client's read bandwidth, "
                  "bytes/s with K/M/G suffix (e.g. 500M). Enforced by the client library; not a "
@@ -90,7 +163,19 @@ int main(int argc, char** argv) {
   }
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] solar-stored %l: %v");
   if (quiet) spdlog::set_level(spdlog::level::warn);
+  if (scrub_token_argument(argc, argv))
+    spdlog::warn("--token on the command line was visible to every user of this host until now "
+                 "(ps); use --token-file FILE (mode 0600) or SOLAR_STORED_TOKEN instead");
   try {
+    if (!token_file.empty()) {
+      o.token = read_token_file(token_file);
+      spdlog::info("clients must present the token in {}", token_file);
+    } else if (o.token.empty()) {
+      if (const char* t = std::getenv("SOLAR_STORED_TOKEN"); t && *t) {
+        o.token = t;
+        spdlog::info("clients must present the token in SOLAR_STORED_TOKEN");
+      }
+    }
     const auto colon = listen.rfind(':');
     if (colon == std::string::npos) throw solar::ConfigError("--listen", "expected HOST:PORT");
     o.host = listen.substr(0, colon);

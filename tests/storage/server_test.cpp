@@ -214,7 +214,7 @@ TEST(SolarStored, MoreClientsThanStagingBuffersAllReadAStagedExport) {
 TEST(SolarStored, HelpExplainsEveryFlag) {
   std::string out;
   EXPECT_EQ(test::run({SOLAR_STORED, "--help"}, &out), 0);
-  for (const char* flag : {"--listen", "--export", "--provider", "--token",
+  for (const char* flag : {"--listen", "--export", "--provider", "--token", "--token-file",
                            "--throttle-bandwidth", "--throttle-latency", "--ready-file",
                            "--max-pending", "--max-clients", "--hello-timeout", "--busy-poll",
                            "--in-memory"})

@@ -286,3 +286,86 @@ def test_an_idle_shm_server_does_not_spin_a_core(tmp_path, servers):
     p = run(SOLAR, "verify", f"fabric://{s.addr}/d", "--seed", "7", "--no-progress",
             check=False)
     assert p.returncode == 0 and "all match" in p.stdout, p.stdout + p.stderr
+
+
+# The token is never in a process listing (issue 41, item 4): from a file of the server's user
+# that nobody else may read, from the environment, or, given as --token, scrubbed from argv
+# once the server runs (with a warning: ps showed it until then).
+def _cmdline(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode()
+
+
+def _verify(server, token):
+    env = dict(os.environ)
+    env.pop("SOLAR_STORED_TOKEN", None)
+    if token is not None:
+        env["SOLAR_STORED_TOKEN"] = token
+    return run(SOLAR, "verify", f"fabric://{server.addr}/d", "--no-progress", env=env, check=False)
+
+
+def test_the_token_comes_from_a_private_file_or_the_environment(tmp_path, servers):
+    data = dataset(tmp_path, samples=16)
+    tf = tmp_path / "token"
+    tf.write_text("  t0ken-from-file \n# the rest is not read\n")
+    tf.chmod(0o600)
+    server = Stored(tmp_path, "file", "--export", f"d={data}", "--token-file", tf)
+    servers.append(server)
+    assert "t0ken-from-file" not in _cmdline(server.proc.pid)
+    assert _verify(server, "t0ken-from-file").returncode == 0
+    p = _verify(server, None)
+    assert p.returncode != 0 and "token" in p.stderr, p.stderr
+    assert _verify(server, "wrong").returncode != 0
+
+    env = dict(os.environ, SOLAR_STORED_TOKEN="t0ken-from-env")
+    p = subprocess.Popen([STORED, "--listen", "127.0.0.1:0", "--ready-file", str(tmp_path / "e.ready"),
+                          "--export", f"d={data}"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: p.poll() is not None or
+                   ((tmp_path / "e.ready").exists() and (tmp_path / "e.ready").read_text().strip()),
+                   timeout=60, what="solar-stored ready")
+        assert p.poll() is None
+
+        class Addr:
+            addr = (tmp_path / "e.ready").read_text().strip()
+        assert _verify(Addr, None).returncode != 0
+        assert _verify(Addr, "t0ken-from-env").returncode == 0
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_token_on_the_command_line_is_scrubbed_and_warned_of(tmp_path, servers):
+    data = dataset(tmp_path, samples=16)
+    server = Stored(tmp_path, "argv", "--export", f"d={data}", "--token", "s3cret-on-argv")
+    servers.append(server)
+    assert "s3cret-on-argv" not in _cmdline(server.proc.pid), _cmdline(server.proc.pid)
+    assert "--token-file" in server.log() and "visible" in server.log(), server.log()
+    assert _verify(server, "s3cret-on-argv").returncode == 0
+
+
+@pytest.mark.parametrize("mode,why", [(0o644, "chmod 600"), (0o640, "mode 0640")])
+def test_a_token_file_others_may_read_is_refused(tmp_path, mode, why):
+    data = dataset(tmp_path, samples=16)
+    tf = tmp_path / "token"
+    tf.write_text("t\n")
+    tf.chmod(mode)
+    p = subprocess.run([STORED, "--export", f"d={data}", "--token-file", str(tf)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--token-file" in p.stderr and why in p.stderr, p.stderr
+    link = tmp_path / "link"
+    tf.chmod(0o600)
+    link.symlink_to(tf)
+    p = subprocess.run([STORED, "--export", f"d={data}", "--token-file", str(link)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "symbolic link" in p.stderr, p.stderr
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    empty.chmod(0o600)
+    p = subprocess.run([STORED, "--export", f"d={data}", "--token-file", str(empty)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no token" in p.stderr, p.stderr
+    p = subprocess.run([STORED, "--export", f"d={data}", "--token-file", str(tf), "--token", "x"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "excludes" in p.stderr, p.stderr
