@@ -110,6 +110,25 @@ install(FILES ${PROJECT_BINARY_DIR}/modulefiles/solar.tcl
         DESTINATION ${CMAKE_INSTALL_DATADIR}/solar/modulefiles-tcl/solar
         RENAME ${PROJECT_VERSION} COMPONENT runtime)
 
+# solar-stored as a systemd service (packaging/systemd): the unit, its program the one of the
+# prefix installed to (known at install time: cpack installs to /usr), in <prefix>/lib/systemd/
+# system, and the example configuration it reads. The build's own copy (for the tests) names
+# this configuration's prefix.
+set(SOLAR_STORED_PATH ${CMAKE_INSTALL_FULL_BINDIR}/solar-stored)
+configure_file(${PROJECT_SOURCE_DIR}/packaging/systemd/solar-stored@.service.in
+               ${PROJECT_BINARY_DIR}/systemd/solar-stored@.service @ONLY)
+if(TARGET solar-stored)
+  install(CODE "
+    set(SOLAR_STORED_PATH \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/solar-stored\")
+    configure_file(\"${PROJECT_SOURCE_DIR}/packaging/systemd/solar-stored@.service.in\"
+                   \"${PROJECT_BINARY_DIR}/systemd/install/solar-stored@.service\" @ONLY)
+    file(INSTALL DESTINATION \"\${CMAKE_INSTALL_PREFIX}/lib/systemd/system\" TYPE FILE
+         FILES \"${PROJECT_BINARY_DIR}/systemd/install/solar-stored@.service\")"
+    COMPONENT runtime)
+  install(FILES ${PROJECT_SOURCE_DIR}/packaging/systemd/stored.conf.example
+          DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT runtime)
+endif()
+
 # Man pages from each program's --help and --version (help2man: scripts/install-deps).
 find_program(SOLAR_HELP2MAN help2man)
 if(SOLAR_HELP2MAN)

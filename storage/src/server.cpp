@@ -357,6 +357,7 @@ void StorageServer::run() {
             im.opt.ready_file, fmt::format("{}:{}\n", im.opt.host, im.port), 0666))
       throw StorageError(fmt::format("--ready-file {}: {}: {}", im.opt.ready_file, failed,
                                      std::strerror(errno)));
+  if (im.opt.on_ready) im.opt.on_ready(im.opt.host, im.port);
   im.io.run();
   im.reap(true);
 }

@@ -4,10 +4,15 @@
 #include <spdlog/spdlog.h>
 
 #include <fcntl.h>
+#include <spdlog/pattern_formatter.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -69,6 +74,43 @@ bool scrub_token_argument(int argc, char** argv) {
   return found;
 }
 
+// systemd's readiness protocol (sd_notify(3)): one datagram to $NOTIFY_SOCKET, when systemd
+// started the server with Type=notify; nothing otherwise.
+void notify_systemd(const std::string& state) {
+  const char* where = std::getenv("NOTIFY_SOCKET");
+  if (!where || !*where) return;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::size_t len = std::strlen(where);
+  if ((where[0] != '/' && where[0] != '@') || len >= sizeof addr.sun_path) {
+    spdlog::warn("NOTIFY_SOCKET={}: not a socket path; not telling systemd '{}'", where, state);
+    return;
+  }
+  std::memcpy(addr.sun_path, where, len);
+  if (where[0] == '@') addr.sun_path[0] = '\0';  // the abstract namespace
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const auto size = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len);
+  if (fd < 0 || ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL,
+                         reinterpret_cast<const sockaddr*>(&addr), size) < 0)
+    spdlog::warn("NOTIFY_SOCKET={}: {}", where, std::strerror(errno));
+  if (fd >= 0) ::close(fd);
+}
+
+// Under systemd, stderr goes to the journal ($JOURNAL_STREAM): each line then carries its
+// syslog priority as sd-daemon(3)'s "<N>" prefix and no time stamp of its own (the journal
+// keeps one), so that `journalctl -p warning -u solar-stored@NAME` selects by level.
+class SyslogPriority final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& m, const std::tm&, spdlog::memory_buf_t& out) override {
+    static constexpr std::string_view kPrefix[] = {"<7>", "<7>", "<6>", "<4>", "<3>", "<2>", ""};
+    const auto p = kPrefix[std::min<std::size_t>(static_cast<std::size_t>(m.level), 6)];
+    out.append(p.data(), p.data() + p.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return spdlog::details::make_unique<SyslogPriority>();
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,6 +121,12 @@ int main(int argc, char** argv) {
       "through a registered staging buffer.",
       "solar-stored"};
   app.set_version_flag("--version", "solar-stored " SOLAR_PROJECT_VERSION);
+  app.set_config("--config", "",
+                 "Read options from this file (TOML or INI: one `name = value` a line, the long "
+                 "option's name without its dashes, e.g. listen = \"0.0.0.0:7070\", export = "
+                 "[\"cosmo=/data/cosmo.h5:/data\"], token-file = \"/etc/solar/stored.token\"); "
+                 "the command line overrides it. packaging/systemd/ has a unit and an example");
+  app.allow_config_extras(false);  // a misspelt name in the file is an error, not ignored
   solar::storage::ServerOptions o;
   std::string listen = "127.0.0.1:0";
   std::vector<std::string> exports;
@@ -158,10 +206,19 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::fprintf(stderr, "solar-stored: %s\nRun `solar-stored --help`.\n", e.what());
+    const bool in_config = dynamic_cast<const CLI::ConfigError*>(&e) != nullptr ||
+                           dynamic_cast<const CLI::FileError*>(&e) != nullptr;
+    std::fprintf(stderr, "solar-stored: %s%s\nRun `solar-stored --help`.\n",
+                 in_config ? "--config: " : "", e.what());
     return 2;
   }
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] solar-stored %l: %v");
+  if (const char* j = std::getenv("JOURNAL_STREAM"); j && *j) {
+    auto f = std::make_unique<spdlog::pattern_formatter>();
+    f->add_flag<SyslogPriority>('*').set_pattern("%*%v");
+    spdlog::set_formatter(std::move(f));
+  } else {
+    spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] solar-stored %l: %v");
+  }
   if (quiet) spdlog::set_level(spdlog::level::warn);
   if (scrub_token_argument(argc, argv))
     spdlog::warn("--token on the command line was visible to every user of this host until now "
@@ -194,12 +251,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "solar-stored: %s\n", e.what());
     return 2;
   }
+  const std::size_t n_exports = o.exports.size();
+  o.on_ready = [n_exports](const std::string& host, std::uint16_t port) {
+    notify_systemd(fmt::format("READY=1\nSTATUS=serving {} export{} on {}:{}\nMAINPID={}",
+                               n_exports, n_exports == 1 ? "" : "s", host, port, ::getpid()));
+  };
   try {
     solar::storage::StorageServer server(o);
     server.run();
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
+    notify_systemd(fmt::format("STATUS=failed: {}", e.what()));
     return 1;
   }
+  notify_systemd("STOPPING=1");
   return 0;
 }

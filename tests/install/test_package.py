@@ -163,3 +163,20 @@ def test_solar_run_from_the_staging_root(stage, tmp_path):
             env=env, cwd=tmp_path)
     out = p.stdout + p.stderr
     assert out.count("verified (0 wrong)") == 2, out
+
+
+def test_the_storage_service_unit_and_its_example_configuration(stage):
+    unit = stage / "usr/lib/systemd/system/solar-stored@.service"
+    assert unit.is_file(), sorted(map(str, stage.glob("usr/lib/systemd/**/*")))
+    text = unit.read_text()
+    assert "ExecStart=/usr/bin/solar-stored --config /etc/solar/stored-%i.conf" in text, text
+    assert "Type=notify" in text and "User=solar-stored" in text
+    example = stage / "usr/share/doc/solar/examples/stored.conf.example"
+    assert example.is_file()
+    # The example is one the installed server reads: only its export is not there.
+    conf = example.read_text()
+    assert "token-file" in conf and "export" in conf
+    p = subprocess.run([stage / "usr/bin/solar-stored", "--config", example],
+                       capture_output=True, text=True, env=clean_env(
+                           LD_LIBRARY_PATH=str(libdir(stage))), timeout=60)
+    assert p.returncode != 0 and "--config" not in p.stderr, p.stderr  # parsed; then the files

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ struct ServerOptions {
   double throttle_latency_s = 0;         // emulation, added to every request
   std::uint64_t staging_bytes = 64ULL << 20;
   std::string ready_file;  // written (HOST:PORT) once the server accepts connections
+  // Called then too, with the address (solar-stored tells systemd it is ready).
+  std::function<void(const std::string& host, std::uint16_t port)> on_ready;
   // Bounds on what strangers can make the server hold before their token is checked: at most
   // max_pending connections wait for their hello (each with a buffer of at most
   // wire::kMaxHello = 16 KiB, read on the accepting thread: no thread of their own), each for
