@@ -1,5 +1,6 @@
 // solar stat: an agent's live metrics.
 #include <fmt/format.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -73,6 +75,57 @@ std::vector<std::string> stat_sockets(const std::vector<std::string>& given, con
   return out;
 }
 
+// Characters a line takes on a terminal: its UTF-8 code points (the reports hold no wide ones).
+std::size_t columns_of(std::string_view s) {
+  return static_cast<std::size_t>(
+      std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+// The byte position after the first `n` code points of s.
+std::size_t after_columns(std::string_view s, std::size_t n) {
+  std::size_t i = 0;
+  for (std::size_t seen = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80 && seen++ == n) break;
+  }
+  return i;
+}
+
+// Every line of `text` in at most `cols` columns: a longer one is broken at its last space that
+// fits, the rest indented four columns (so that a redraw moves up exactly the lines it drew,
+// whatever the terminal's width). cols 0: as it is.
+std::string fit_lines(const std::string& text, std::size_t cols) {
+  if (cols < 20) return text;
+  std::string out;
+  std::string_view rest(text);
+  while (!rest.empty()) {
+    const std::size_t nl = rest.find('\n');
+    std::string_view line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    std::string indent;
+    while (columns_of(indent) + columns_of(line) > cols) {
+      const std::size_t room = cols - columns_of(indent);
+      std::size_t cut = after_columns(line, room);
+      const std::size_t space = line.rfind(' ', cut);
+      if (space != std::string_view::npos && space > line.find_first_not_of(' ')) cut = space;
+      out += indent + std::string(line.substr(0, cut)) + "\n";
+      line = line.substr(cut);
+      while (!line.empty() && line.front() == ' ') line.remove_prefix(1);
+      indent = "    ";
+    }
+    out += indent + std::string(line) + "\n";
+  }
+  return out;
+}
+
+// The terminal's width (stdout), or $COLUMNS, or 80.
+std::size_t terminal_columns() {
+  winsize ws{};
+  if (::ioctl(1, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  if (const char* c = std::getenv("COLUMNS"); c && std::atoi(c) > 0)
+    return static_cast<std::size_t>(std::atoi(c));
+  return 80;
+}
+
 // One agent's report: the node line, rates since the last report, and a bar per rank.
 struct StatTrack {
   double served = 0, t = 0;             // samples served at the last report, and when
@@ -80,7 +133,9 @@ struct StatTrack {
   bool have = false;
 };
 
-std::string stat_block(const nlohmann::json& s, StatTrack& tr, double now) {
+// Ranks are numbered as solar run numbers them, globally (node × ranks per node + local rank),
+// and epochs from 0; `cols` (a terminal's width, 0: none) narrows the rank bars to fit.
+std::string stat_block(const nlohmann::json& s, StatTrack& tr, double now, std::size_t cols) {
   const std::uint64_t spe = s["steps_per_epoch"], total = s["total_steps"];
   const std::uint64_t epochs = s["epochs"];
   const nlohmann::json totals = s.value("totals", nlohmann::json::object());
@@ -114,15 +169,23 @@ std::string stat_block(const nlohmann::json& s, StatTrack& tr, double now) {
     out += fmt::format("  {}\n", protocol::transparent_line(t, total));
   if (const auto& p = s.value("peers", nlohmann::json()); p.is_object())
     out += fmt::format("  {}\n", protocol::peers_line(p));
+  const std::uint64_t ranks_here = s["ranks"].size();
+  const std::uint64_t node = s["node"].get<std::uint64_t>();
   for (const auto& r : s["ranks"]) {
     const std::uint64_t step = r["step"];
     const std::uint64_t e = std::min<std::uint64_t>(step / std::max<std::uint64_t>(spe, 1),
                                                     epochs - 1);
     const std::uint64_t in_epoch = step >= total ? spe : step % spe;
-    out += fmt::format("  rank {:>3} epoch {:>3}/{} [{}] {:>6} steps, stalled {:.2f} s{}\n",
-                       r["local_rank"].get<int>(), e + 1, epochs, bar_text(in_epoch, spe), step,
-                       r["stall_seconds"].get<double>(),
-                       r["attached"].get<bool>() ? "" : " (left)");
+    const std::uint64_t rank = node * ranks_here + r["local_rank"].get<std::uint64_t>();
+    const std::string head = fmt::format("  rank {:>3} epoch {:>3}/{} [", rank, e, epochs - 1);
+    const std::string tail = fmt::format("] {:>6} steps, stalled {:.2f} s{}", step,
+                                         r["stall_seconds"].get<double>(),
+                                         r["attached"].get<bool>() ? "" : " (left)");
+    int bar = 30;
+    if (cols > 0)
+      bar = static_cast<int>(std::clamp<std::int64_t>(
+          static_cast<std::int64_t>(cols) - static_cast<std::int64_t>(head.size() + tail.size()), 8, 30));
+    out += head + bar_text(in_epoch, spe, bar) + tail + "\n";
   }
   return out;
 }
@@ -145,6 +208,8 @@ void run_stat(const std::vector<std::string>& given, const std::string& job,
   const auto t0 = std::chrono::steady_clock::now();
   for (bool first = true;; first = false) {
     const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Again each time (the terminal may be resized); one column spare: no deferred wrap.
+    const std::size_t cols = redraw ? terminal_columns() - 1 : 0;
     std::string report;
     std::size_t alive = 0;
     for (std::size_t i = 0; i < sockets.size(); ++i) {
@@ -166,8 +231,9 @@ void run_stat(const std::vector<std::string>& given, const std::string& job,
         return;
       }
       ++alive;
-      report += json ? s.dump() + "\n" : stat_block(s, track[i], now);
+      report += json ? s.dump() + "\n" : stat_block(s, track[i], now, redraw ? cols : 0);
     }
+    if (redraw) report = fit_lines(report, cols);
     if (redraw && drawn_lines > 0) fmt::print("\x1b[{}F\x1b[J", drawn_lines);
     fmt::print("{}", report);
     if (watch && !redraw && !json) fmt::print("\n");

@@ -109,9 +109,17 @@ def test_stat_watches_every_agent_of_a_run_and_redraws_on_a_terminal(tmp_path):
         once = run(SOLAR, "stat", folder)
         assert len(re.findall(r"^node [01]: .* hit rate", once.stdout, re.M)) == 2, once.stdout
         assert once.stdout.count("  rank ") == 4
-        # --watch on a terminal: the same lines are redrawn (cursor up, clear) until the
-        # agents finish, then it exits by itself.
+        # Ranks as solar run numbers them (node 1's are 2 and 3), epochs from 0.
+        ranks = sorted(int(r) for r in re.findall(r"^  rank +(\d+) epoch +(?:\d+)/39 ", once.stdout, re.M))
+        assert ranks == [0, 1, 2, 3], once.stdout
+        # --watch on a terminal of 72 columns: the same lines are redrawn (cursor up, clear)
+        # until the agents finish, then it exits by itself; every line fits the width, so
+        # that each redraw moves up exactly the lines the last one drew.
+        import fcntl
+        import struct
+        import termios
         leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 72, 0, 0))
         watch = subprocess.Popen([SOLAR, "stat", folder, "--watch"], stdout=follower,
                                  stderr=follower)
         os.close(follower)
@@ -127,9 +135,18 @@ def test_stat_watches_every_agent_of_a_run_and_redraws_on_a_terminal(tmp_path):
             out += chunk
         assert watch.wait(timeout=60) == 0
         os.close(leader)
-        text = out.decode(errors="replace")
+        text = out.decode(errors="replace").replace("\r\n", "\n")
         assert "\x1b[" in text and "F\x1b[J" in text, text[:500]
         assert "finished" in text and "samples/s" in text, text[-800:]
+        parts = re.split(r"\x1b\[(\d+)F\x1b\[J", text)
+        reports, ups = parts[0::2], [int(n) for n in parts[1::2]]
+        assert len(reports) >= 3, text[:500]
+        for before, up in zip(reports, ups):
+            assert before.count("\n") == up, (up, before)  # moved up what it drew
+        for report in reports:
+            for line in report.splitlines():
+                assert len(line) <= 72, line
+            assert all(int(e) < 40 for e in re.findall(r" epoch +(\d+)/39", report))
     finally:
         job.stderr.close()
         if job.poll() is None:
