@@ -274,7 +274,13 @@ void run_run(const RunOptions& o) {
     if (o.peers && o.no_agent) throw ConfigError("--peers", "needs agents; drop --no-agent");
     if (o.peers && c.nodes < 2)
       throw ConfigError("--peers", "shares buffers between nodes: give --nodes 2 or more");
-    c = plan_for_run(src->info(), buffer, c, o.peers, !o.transparent && !o.zero_copy);
+    storage::DatasetInfo planned = src->info();
+    // Transparent over filtered chunks: the buffer holds them as stored (--buffer 64%: of the
+    // samples at the longest chunk's size), as the agent does.
+    if (o.transparent)
+      if (const std::uint64_t stored = storage::stored_sample_bytes(*src); stored > 0)
+        planned.sample_bytes = stored;
+    c = plan_for_run(planned, buffer, c, o.peers, !o.transparent && !o.zero_copy);
     if (o.transparent) follow_the_script(c, o.order_given);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "solar run: %s\n", e.what());

@@ -28,7 +28,9 @@ void add_storage_commands(CLI::App& app) {
   CLI::App* info = app.add_subcommand(
       "dataset-info",
       "Print a dataset's shape and identity as one JSON line: samples, sample_bytes, "
-      "label_bytes (0: no labels), shape, dtype, layout, identity. Exit code 2 with one line "
+      "stored_sample_bytes (filtered chunks of one sample: the longest as stored, what the "
+      "transparent mode buffers; else 0), label_bytes (0: no labels), shape, dtype, layout, "
+      "identity. Exit code 2 with one line "
       "naming the problem when it cannot be read. Used by the Slurm plugin.");
   info->add_option("source", in->source, "FILE.h5:/dataset (default /data) or fabric://HOST:PORT/NAME")
       ->type_name(kSource)
@@ -59,6 +61,9 @@ void add_storage_commands(CLI::App& app) {
       fmt::print("{}\n", nlohmann::json{{"samples", i.samples},
                                          {"files", files ? files->files().size() : 0},
                                          {"sample_bytes", i.sample_bytes},
+                                         // the transparent mode's slot over filtered chunks
+                                         {"stored_sample_bytes",
+                                          storage::stored_sample_bytes(*src)},
                                          {"label_bytes", i.has_labels ? i.label_bytes : 0},
                                          {"shape", i.shape_string()},
                                          {"dtype", std::string(storage::to_string(i.dtype))},

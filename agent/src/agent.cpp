@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "agent_impl.h"
+#include "solar/storage/dataset_files.h"
 #include "solar/sys/meminfo.h"
 #include "solar/unix_socket.h"
 
@@ -147,13 +148,19 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
     throw AgentError(e.what());
   }
   const auto& info = source_->info();
-  if (info.samples != header_.config.samples || info.sample_bytes != header_.config.sample_bytes)
+  // Transparent over filtered chunks: slots hold each sample's bytes as stored (the program
+  // decodes them), and the plan counts slots of the longest.
+  const std::uint64_t stored = o.transparent ? storage::stored_sample_bytes(*source_) : 0;
+  stored_mode_ = stored > 0;
+  const std::uint64_t slot_sample = stored_mode_ ? stored : info.sample_bytes;
+  if (info.samples != header_.config.samples || slot_sample != header_.config.sample_bytes)
     throw AgentError(fmt::format(
-        "{} has {} samples of {} bytes but the plan {} was computed for {} samples of {} bytes; "
-        "recompute the plan for this dataset",
-        source_->describe(), info.samples, info.sample_bytes, o.plan, header_.config.samples,
-        header_.config.sample_bytes));
-  sample_bytes_ = info.sample_bytes;
+        "{} has {} samples of {} bytes{} but the plan {} was computed for {} samples of {} "
+        "bytes; recompute the plan for this dataset",
+        source_->describe(), info.samples, slot_sample,
+        stored_mode_ ? " as stored (filtered chunks, served as they are)" : "", o.plan,
+        header_.config.samples, header_.config.sample_bytes));
+  sample_bytes_ = slot_sample;
   label_bytes_ = info.has_labels ? info.label_bytes : 0;
   stats_.mark(NodeStats::Stage::source_opened);
 

@@ -376,7 +376,8 @@ void Prefetcher::reader_loop() {
       const auto t0 = Clock::now();
       std::byte* staging = staging_buf.get(n * a_.sample_bytes_);
       std::byte* label_staging = label_buf.get(n * a_.label_bytes_);
-      a_.source_->read(runs, staging);
+      if (a_.stored_mode_) a_.source_->read_stored(runs, staging, a_.sample_bytes_);
+      else a_.source_->read(runs, staging);
       if (a_.label_bytes_) a_.source_->read_labels(runs, label_staging);
       // Into the slots through the memfd: the kernel fills its pages directly, without a page
       // fault per 4 KiB of a mapping touched for the first time.

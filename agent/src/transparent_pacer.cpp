@@ -34,21 +34,23 @@ void count_file_tables(const storage::SampleSource& source, BufferOptions& o) {
   if (const storage::DatasetFiles* set = source.file_set())
     for (const storage::DatasetFile& f : set->files()) {
       ++o.files;
-      if (!f.data_offset) o.extents += f.sample_offsets.size();
+      if (!f.data_offset) o.extents += f.stored() ? f.stored_offsets.size() : f.sample_offsets.size();
     }
 }
 
 void TransparentPacer::setup() {
   const storage::DatasetFiles* set = a_.source_->file_set();
   const auto files = set ? set->files() : std::span<const storage::DatasetFile>{};
-  const auto cooked = std::find_if(files.begin(), files.end(),
-                                   [](const storage::DatasetFile& f) { return !f.raw(); });
+  const auto cooked = std::find_if(files.begin(), files.end(), [](const storage::DatasetFile& f) {
+    return !f.raw() && !f.stored();
+  });
   if (files.empty() || cooked != files.end())
     throw AgentError(fmt::format(
-        "--transparent serves reads of HDF5 files whose samples lie in the file as raw bytes "
-        "(contiguous, or unfiltered chunks of whole samples); {}{} is not one (compressed "
-        "datasets and solar-stored are not served transparently: use solar's loader, or "
-        "rewrite the files with `h5repack -l CONTI`)",
+        "--transparent serves reads of HDF5 files whose samples lie in the file as extents of "
+        "their own (contiguous, unfiltered chunks of whole samples, or filtered chunks of one "
+        "sample: gzip, shuffle, lzf, served as stored); {}{} is not one (chunks of several "
+        "compressed samples, and solar-stored, are not served transparently: use solar's "
+        "loader, or rewrite the files with `h5repack -l CHUNK=1x...` or `-l CONTI`)",
         a_.source_->describe(),
         cooked != files.end() ? fmt::format(": its file {}", cooked->path) : std::string()));
   if (files.size() != a_.buf_.files)
@@ -57,7 +59,10 @@ void TransparentPacer::setup() {
   auto* x = reinterpret_cast<solar_xindex*>(a_.base_ + a_.buf_.index_offset);
   const std::uint64_t N = a_.header_.config.samples;
   x->samples = N;
-  x->sample_bytes = a_.sample_bytes_;
+  // S for the contiguous files' arithmetic; a dataset of filtered chunks only has none.
+  const bool some_raw = std::any_of(files.begin(), files.end(),
+                                    [](const storage::DatasetFile& f) { return f.raw(); });
+  x->sample_bytes = some_raw ? a_.source_->info().sample_bytes : a_.sample_bytes_;
   x->slot_bytes = a_.buf_.slot_bytes;
   // The file table: each file as this agent stats it (the device number is this host's; the
   // rest must be the file the source indexed and checked against the plan), sorted by
@@ -91,14 +96,18 @@ void TransparentPacer::setup() {
       t.data_offset = *f.data_offset;
       continue;
     }
-    // Chunked: where each sample is, sorted by file offset (chunks lie in any order).
-    if (extents + f.sample_offsets.size() > a_.buf_.extents)
+    // Chunked: where each sample is, sorted by file offset (chunks lie in any order), with its
+    // length: S raw, a filtered chunk's stored bytes.
+    const std::uint64_t count = f.stored() ? f.stored_offsets.size() : f.sample_offsets.size();
+    if (extents + count > a_.buf_.extents)
       throw AgentError(fmt::format("{} has more chunk extents than its buffer was laid out for",
                                    a_.source_->describe()));
     t.extents_first = extents;
-    t.extents = f.sample_offsets.size();
-    for (std::uint64_t k = 0; k < t.extents; ++k)
-      ext[extents + k] = {f.sample_offsets[k], f.first + k};
+    t.extents = count;
+    for (std::uint64_t k = 0; k < t.extents; ++k) {
+      const auto [off, len] = f.stored_extent(k, a_.source_->info().sample_bytes);
+      ext[extents + k] = {off, f.first + k, len};
+    }
     std::sort(ext + extents, ext + extents + t.extents,
               [](const solar_xextent& a, const solar_xextent& b) { return a.offset < b.offset; });
     extents += t.extents;

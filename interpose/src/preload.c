@@ -290,14 +290,17 @@ static int xhello(struct solar_xhello_ok *ok) {
   return memfd;
 }
 
-/* One file's extents: sorted by offset, not overlapping, inside the file, its own samples. */
+/* One file's extents: sorted by offset, not overlapping, inside the file, each of 1 to
+ * slot_bytes bytes, its own samples. */
 static int extents_sane(const struct solar_xextent *e, uint64_t count, uint64_t first,
-                        uint64_t s, uint64_t size) {
+                        uint64_t slot_bytes, uint64_t size) {
   for (uint64_t i = 0; i < count; ++i) {
     if (e[i].sample < first || e[i].sample - first >= count || e[i].offset > size ||
-        size - e[i].offset < s)
+        e[i].length == 0 || e[i].length > slot_bytes || size - e[i].offset < e[i].length)
       return 0;
-    if (i > 0 && (e[i].offset < e[i - 1].offset || e[i].offset - e[i - 1].offset < s)) return 0;
+    if (i > 0 && (e[i].offset < e[i - 1].offset ||
+                  e[i].offset - e[i - 1].offset < e[i - 1].length))
+      return 0;
   }
   return 1;
 }
@@ -305,7 +308,7 @@ static int extents_sane(const struct solar_xextent *e, uint64_t count, uint64_t 
 /* The file table: sorted by (dev, ino); each file's samples inside [0, n) and its bytes inside
  * the file, contiguous or by its own extents inside the extent table. */
 static int files_sane(const struct solar_xfile *f, uint64_t nfiles, const struct solar_xextent *e,
-                      uint64_t n_ext, uint64_t n, uint64_t s) {
+                      uint64_t n_ext, uint64_t n, uint64_t s, uint64_t slot_bytes) {
   for (uint64_t i = 0; i < nfiles; ++i, ++f) {
     if (i > 0 && (f->dev < f[-1].dev || (f->dev == f[-1].dev && f->ino < f[-1].ino))) return 0;
     if (f->count > n || f->first > n - f->count) return 0;
@@ -314,7 +317,7 @@ static int files_sane(const struct solar_xfile *f, uint64_t nfiles, const struct
         return 0;
     } else if (f->extents != f->count || f->extents_first > n_ext ||
                n_ext - f->extents_first < f->extents ||
-               !extents_sane(e + f->extents_first, f->extents, f->first, s, f->size)) {
+               !extents_sane(e + f->extents_first, f->extents, f->first, slot_bytes, f->size)) {
       return 0;
     }
   }
@@ -376,7 +379,7 @@ static int attach_now(const struct stat *file) {
     why = "solar: the node agent's index is malformed; reading the dataset directly";
   } else if (!(files = copy_table(base, fo, nf, sizeof *files)) ||
              !(ext = copy_table(base, xo, ne, sizeof *ext)) ||
-             !files_sane(files, nf, ext, ne, n, s)) {
+             !files_sane(files, nf, ext, ne, n, s, ix->slot_bytes)) {
     why = "solar: the node agent's file table is malformed; reading the dataset directly";
   } else {
     X.files = files;
@@ -543,16 +546,19 @@ static void opened(int fd, const char *path, int flags) {
 
 /* ---- serving a read ------------------------------------------------------------------------- */
 
-/* Which sample's bytes offset `pos` of file f is, and how far into it; 0: none (metadata,
- * labels, chunk index nodes between chunks). O(1) for contiguous datasets, a binary search over
- * the file's extents for chunked ones. */
-static int locate(const struct solar_xfile *f, uint64_t pos, uint64_t *k, uint64_t *in) {
+/* Which sample's bytes offset `pos` of file f is, how far into them, and how many they are
+ * (S, or a filtered chunk's stored size); 0: none (metadata, labels, chunk index nodes between
+ * chunks). O(1) for contiguous datasets, a binary search over the file's extents for chunked
+ * ones. */
+static int locate(const struct solar_xfile *f, uint64_t pos, uint64_t *k, uint64_t *in,
+                  uint64_t *len) {
   if (!f->extents) {
     if (pos < f->data_offset) return 0;
     const uint64_t rel = pos - f->data_offset, j = rel / X.s;
     if (j >= f->count) return 0;
     *k = f->first + j;
     *in = rel % X.s;
+    *len = X.s;
     return 1;
   }
   const struct solar_xextent *e = X.ext + f->extents_first;
@@ -563,9 +569,10 @@ static int locate(const struct solar_xfile *f, uint64_t pos, uint64_t *k, uint64
     if (e[mid].offset <= pos) lo = mid;
     else hi = mid;
   }
-  if (pos - e[lo].offset >= X.s) return 0;
+  if (pos - e[lo].offset >= e[lo].length) return 0;
   *k = e[lo].sample;
   *in = pos - e[lo].offset;
+  *len = e[lo].length;
   return 1;
 }
 
@@ -640,9 +647,9 @@ static uint64_t wait_in_flight(uint64_t k, uint64_t e, uint64_t *deadline) {
 static size_t copy_resident(const struct solar_xfile *f, unsigned char *dst, size_t n,
                             uint64_t pos) {
   size_t done = 0;
-  uint64_t k, in, deadline = 0;
-  while (done < n && locate(f, pos, &k, &in)) {
-    const size_t len = X.s - in < n - done ? (size_t)(X.s - in) : n - done;
+  uint64_t k, in, extent, deadline = 0;
+  while (done < n && locate(f, pos, &k, &in, &extent)) {
+    const size_t len = extent - in < n - done ? (size_t)(extent - in) : n - done;
     uint64_t e1 = atomic_load_explicit(&X.entries[k], memory_order_acquire);
     if ((e1 & 0xffffffffu) == 0 && e1 != 0) e1 = wait_in_flight(k, e1, &deadline);
     const uint64_t slot = e1 & 0xffffffffu; /* slot + 1; 0: not resident */
@@ -665,10 +672,10 @@ static size_t copy_resident(const struct solar_xfile *f, unsigned char *dst, siz
  * is counted by the follow-up read that fetches it. */
 static void count_consumed(const struct solar_xfile *f, uint64_t pos, uint64_t span) {
   const uint64_t end = pos + span;
-  uint64_t k, in;
-  while (pos < end && locate(f, pos, &k, &in)) {
+  uint64_t k, in, extent;
+  while (pos < end && locate(f, pos, &k, &in, &extent)) {
     if (in == 0) atomic_fetch_add_explicit(&X.consumed[k], 1, memory_order_relaxed);
-    pos += X.s - in;
+    pos += extent - in;
   }
 }
 
@@ -726,8 +733,8 @@ static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
   }
   const struct solar_xfile *f = &X.files[file - 1];
   const uint64_t pos = (uint64_t)off;
-  uint64_t k, in;
-  if (!locate(f, pos, &k, &in)) return -1; /* metadata, labels: not samples */
+  uint64_t k, in, extent;
+  if (!locate(f, pos, &k, &in, &extent)) return -1; /* metadata, labels: not samples */
   if ((mark & FD_MODE) == FD_DIRECT &&
       (((uintptr_t)buf | pos | (uint64_t)n) & (DIRECT_ALIGN - 1)) != 0)
     return -1;

@@ -101,7 +101,7 @@ def wait_until(pred, timeout=30, what="condition"):
 # ---- the real node agent ------------------------------------------------------------------------
 
 PROTO_MAGIC, OP_ERROR, OP_XHELLO, OP_XHELLO_OK = 0x524C4F53, 10, 11, 12
-PROTO_VERSION = 6  # solar/protocol.h kVersion, solar/transparent.h SOLAR_PROTO_VERSION
+PROTO_VERSION = 7  # solar/protocol.h kVersion, solar/transparent.h SOLAR_PROTO_VERSION
 XINDEX_MAGIC = 0x5844495852414C53
 XINDEX = struct.Struct("<12Q")  # solar_xindex up to lease_until_ns
 XFILE = struct.Struct("<3Q4q4Q")  # solar_xfile

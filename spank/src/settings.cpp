@@ -253,8 +253,12 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
     c.nodes = nodes;
     c.ranks_per_node = ranks_per_node;
     const std::uint64_t label = info.label_bytes;
+    // Transparent over filtered chunks: the agent buffers them as stored (agent.cpp).
+    const std::uint64_t sample_bytes = o.is_transparent() && info.stored_sample_bytes
+                                           ? info.stored_sample_bytes
+                                           : info.sample_bytes;
     std::uint64_t budget =
-        o.buffer_spec().resolve(info.samples, agent_slot_bytes(info.sample_bytes, label));
+        o.buffer_spec().resolve(info.samples, agent_slot_bytes(sample_bytes, label));
     if (const auto limit = buffer_cap(pc, node_memory)) {
       const std::uint64_t cap = *limit;
       if (budget > cap) {
@@ -265,7 +269,7 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
       }
     }
     // Peer sharing: on one node there is no one to share with (off).
-    c = config_for_agents(c, info.samples, info.sample_bytes, label, budget,
+    c = config_for_agents(c, info.samples, sample_bytes, label, budget,
                           o.is_peers() && nodes > 1, !pc.zero_copy && !o.is_transparent());
     if (o.is_transparent()) follow_the_script(c, o.value[JobOptions::order].has_value());
     return c;
@@ -294,6 +298,7 @@ DatasetShape DatasetShape::parse(const std::string& line) {
     DatasetShape d;
     d.samples = count(j, "samples");
     d.sample_bytes = count(j, "sample_bytes");
+    if (j.contains("stored_sample_bytes")) d.stored_sample_bytes = count(j, "stored_sample_bytes");
     d.label_bytes = count(j, "label_bytes");
     d.identity = j.at("identity").get<std::string>();
     return d;

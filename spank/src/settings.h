@@ -42,6 +42,9 @@ struct PluginConfig {
 // itself loads no HDF5, MPI or libfabric).
 struct DatasetShape {
   std::uint64_t samples = 0, sample_bytes = 0;
+  // Filtered chunks of one sample: the longest as stored (the transparent mode buffers them as
+  // they are, so its plan counts these); 0 otherwise, or from an older `solar`.
+  std::uint64_t stored_sample_bytes = 0;
   std::uint64_t label_bytes = 0;  // 0: no labels
   std::string identity;           // for the plan (Plan::dataset_identity)
   // `solar dataset-info`'s JSON line; throws ConfigError("--solar-dataset") when malformed.

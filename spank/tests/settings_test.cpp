@@ -182,6 +182,24 @@ TEST(StepPlan, SameBudgetRuleAsSolarRun) {
   EXPECT_EQ(c.buffer_bytes, (128u - 2u * 16u) * 4096u);
 }
 
+// Transparent over filtered chunks (issue 36): the plan counts slots of the longest chunk as
+// stored, as `solar run --transparent` and the agent do; the batch modes, the decoded samples.
+TEST(StepPlan, TransparentOverGzipChunksCountsTheirStoredBytes) {
+  const PluginConfig pc;
+  DatasetShape d = tiny();
+  d.stored_sample_bytes = 1000;
+  JobOptions o = basic();
+  o.set(JobOptions::transparent, "");
+  const PlanConfig t = plan_config_for_step(o, pc, d, 1, 2, 1ULL << 30);
+  EXPECT_EQ(t.sample_bytes, 1000u);
+  const PlanConfig b = plan_config_for_step(basic(), pc, d, 1, 2, 1ULL << 30);
+  EXPECT_EQ(b.sample_bytes, 4096u);
+  const auto parsed = DatasetShape::parse(
+      R"({"samples":48,"sample_bytes":4096,"stored_sample_bytes":1203,"label_bytes":4,)"
+      R"("identity":"i"})");
+  EXPECT_EQ(parsed.stored_sample_bytes, 1203u);
+}
+
 TEST(StepPlan, ErrorsNameTheSrunOption) {
   const PluginConfig pc;
   JobOptions o = basic();

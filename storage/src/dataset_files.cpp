@@ -158,11 +158,16 @@ std::string hex_of(std::span<const std::byte> b) {
 // One file's line of the index, without the path's line break: what the identity hashes too
 // (no dev and no ctime: they may differ between the hosts that read one index).
 std::string file_line(const DatasetFile& f) {
+  // Raw chunks' offsets, or filtered chunks' as OFFSET:LENGTH (stored extents).
   std::string offs = "-";
   if (!f.sample_offsets.empty()) {
     offs.clear();
     for (std::size_t i = 0; i < f.sample_offsets.size(); ++i)
       offs += (i ? "," : "") + std::to_string(f.sample_offsets[i]);
+  } else if (f.stored()) {
+    offs.clear();
+    for (std::size_t i = 0; i < f.stored_offsets.size(); ++i)
+      offs += fmt::format("{}{}:{}", i ? "," : "", f.stored_offsets[i], f.stored_lengths[i]);
   }
   return fmt::format("{} {} {} {} {} {} {} {} {}", f.count, f.ino, f.size, f.mtime_ns,
                      f.ctime_ns, f.data_offset ? std::to_string(*f.data_offset) : "-", offs,
@@ -210,6 +215,22 @@ std::string DatasetFile::differs(const struct ::stat& st) const {
     return fmt::format("changed at {} -> {} (written, or its mode or owner changed)",
                        time_string(ctime_ns), time_string(ns_of(st.st_ctim)));
   return {};
+}
+
+std::uint64_t stored_sample_bytes(const SampleSource& source) {
+  const DatasetFiles* set = source.file_set();
+  if (!set) return 0;
+  std::uint64_t most = 0;
+  bool any = false;
+  for (const DatasetFile& f : set->files()) {
+    if (f.stored()) {
+      any = true;
+      for (std::uint64_t len : f.stored_lengths) most = std::max(most, len);
+    } else {
+      most = std::max(most, source.info().sample_bytes);
+    }
+  }
+  return any ? most : 0;
 }
 
 bool names_many_files(std::string_view spec) {
@@ -372,7 +393,7 @@ DatasetIndex index_dataset(std::string_view spec, const std::string& label_datas
 
 void write_index(const DatasetIndex& x, const std::string& path) {
   std::string out = fmt::format(
-      "solar-dataset-index 1\nspec {}\ndataset {}\nrows {}\nlabels {}\n"
+      "solar-dataset-index 2\nspec {}\ndataset {}\nrows {}\nlabels {}\n"
       "info {} {} {} {} {} {} {} {}\nidentity {}\nfiles {}\n",
       x.spec, x.dataset, x.rows ? 1 : 0, x.label_dataset.empty() ? "-" : x.label_dataset,
       x.info.samples, x.info.shape_string(), to_string(x.info.dtype), x.info.has_labels ? 1 : 0,
@@ -405,7 +426,7 @@ DatasetIndex read_index(const std::string& path, std::string_view spec,
       throw bad(fmt::format("no '{}' line where expected", key));
     return line.substr(key.size() + 1);
   };
-  if (!std::getline(in, line) || line != "solar-dataset-index 1")
+  if (!std::getline(in, line) || line != "solar-dataset-index 2")
     throw bad("not a dataset index of this version");
   DatasetIndex x;
   x.spec = field("spec");
@@ -471,12 +492,21 @@ DatasetIndex read_index(const std::string& path, std::string_view spec,
       for (std::size_t b = 0; b <= part[6].size();) {
         std::size_t e = part[6].find(',', b);
         if (e == std::string_view::npos) e = part[6].size();
-        f.sample_offsets.push_back(to_u64(part[6].substr(b, e - b), path));
+        const std::string_view one = part[6].substr(b, e - b);
+        if (const auto colon = one.find(':'); colon != std::string_view::npos) {
+          f.stored_offsets.push_back(to_u64(one.substr(0, colon), path));
+          f.stored_lengths.push_back(to_u64(one.substr(colon + 1), path));
+        } else {
+          f.sample_offsets.push_back(to_u64(one, path));
+        }
         b = e + 1;
       }
-    if (!f.sample_offsets.empty() && f.sample_offsets.size() != f.count)
+    if (!f.sample_offsets.empty() && !f.stored_offsets.empty())
+      throw bad(fmt::format("line {}: raw and stored offsets mixed", i + 10));
+    if ((!f.sample_offsets.empty() && f.sample_offsets.size() != f.count) ||
+        (!f.stored_offsets.empty() && f.stored_offsets.size() != f.count))
       throw bad(fmt::format("line {}: {} offsets for {} samples", i + 10,
-                            f.sample_offsets.size(), f.count));
+                            f.sample_offsets.size() + f.stored_offsets.size(), f.count));
     if (part[7] != "-") {
       if (part[7].size() != 2 * f.count * lb) throw bad(fmt::format("line {}: labels", i + 10));
       f.labels.resize(f.count * lb);
@@ -543,6 +573,20 @@ class FilesSource final : public SampleSource, public DatasetFiles {
     check_runs(x_.info, runs, x_.spec);
     run_parts(split(runs, dst, x_.info.sample_bytes),
               [this](const Part& p) { read_part(p); });
+  }
+
+  void read_stored(std::span<const SampleRun> runs, std::byte* dst,
+                   std::uint64_t stride) override {
+    check_runs(x_.info, runs, x_.spec);
+    run_parts(split(runs, dst, stride), [this, stride](const Part& p) {
+      const DatasetFile& f = x_.files[p.file];
+      if (!f.raw() && !f.stored())
+        throw StorageError(fmt::format("{} (of dataset '{}'): its samples' stored bytes are not "
+                                       "known (a layout HDF5 alone reads: chunks of several "
+                                       "samples, or filtered contiguous data)",
+                                       f.path, x_.spec));
+      read_part(p, stride);
+    });
   }
 
   void read_labels(std::span<const SampleRun> runs, std::byte* dst) override {
@@ -633,9 +677,10 @@ class FilesSource final : public SampleSource, public DatasetFiles {
     return h;
   }
 
-  void read_part(const Part& p) {
+  // stride 0: the samples decoded, back to back; else each one's stored extent at its stride.
+  void read_part(const Part& p, std::uint64_t stride = 0) {
     const DatasetFile& f = x_.files[p.file];
-    if (!f.raw()) {  // compressed, filtered: HDF5 reads it
+    if (!stride && !f.raw()) {  // compressed, filtered: HDF5 reads it
       auto h = open_h5(p.file);
       const SampleRun r{p.first, p.count};
       h->read({&r, 1}, p.out);
@@ -645,7 +690,7 @@ class FilesSource final : public SampleSource, public DatasetFiles {
     const std::uint64_t sb = x_.info.sample_bytes;
     for (unsigned attempt = 1;; ++attempt) {
       try {
-        read_raw(f, p, sb);
+        read_raw(f, p, sb, stride);
         return;
       } catch (const std::system_error& e) {  // I/O errors: retried, then reported
         if (attempt >= kAttempts)
@@ -661,7 +706,7 @@ class FilesSource final : public SampleSource, public DatasetFiles {
 
   // The part's bytes with pread, checked against the index before and after (a rewrite during
   // the read, a file moved over the path: refused). I/O errors throw std::system_error.
-  void read_raw(const DatasetFile& f, const Part& p, std::uint64_t sb) {
+  void read_raw(const DatasetFile& f, const Part& p, std::uint64_t sb, std::uint64_t stride) {
     // SourceOptions::direct: O_DIRECT where the file system takes it (no page cache), else
     // buffered, as Hdf5Source does.
     int fd = o_.direct ? ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT) : -1;
@@ -711,7 +756,17 @@ class FilesSource final : public SampleSource, public DatasetFiles {
         done += static_cast<std::uint64_t>(n);
       }
     };
-    if (f.data_offset) {
+    if (stride) {  // stored extents, one a sample
+      for (std::uint64_t k = 0; k < p.count; ++k) {
+        const auto [off, len] = f.stored_extent(p.first + k, sb);
+        if (len > stride)
+          throw StorageError(fmt::format("{} (of dataset '{}'): sample {} is {} bytes as stored, "
+                                         "more than the {} given for it",
+                                         f.path, x_.spec, p.first + k, len, stride));
+        pread_all(off, len, p.out + k * stride);
+        std::memset(p.out + k * stride + len, 0, stride - len);
+      }
+    } else if (f.data_offset) {
       pread_all(*f.data_offset + p.first * sb, p.count * sb, p.out);
     } else {
       for (std::uint64_t k = 0; k < p.count;) {  // adjacent chunks in one request

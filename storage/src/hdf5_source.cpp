@@ -185,6 +185,33 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
     }
   }
 
+  // Filtered chunks of one sample each (or, whole, the one chunk of the file's sample): where
+  // each lies and how long it is as stored, for the transparent mode, which serves those bytes
+  // as they are (the reading program decodes them). Any filter, any byte order.
+  if (!options.mpio && layout == H5D_CHUNKED && filters != 0 && rank >= 1 &&
+      std::equal(chunk.begin() + 1, chunk.end(), im->dims.begin() + 1) &&
+      (options.whole ? chunk[0] == im->dims[0] : chunk[0] == 1)) {
+    std::vector<std::uint64_t> at(info.samples), len(info.samples);
+    std::vector<hsize_t> coord(rank, 0);
+    bool all = true;
+    for (std::uint64_t j = 0; j < info.samples && all; ++j) {
+      coord[0] = options.whole ? 0 : j;
+      unsigned mask = 0;
+      haddr_t a = HADDR_UNDEF;
+      hsize_t size = 0;
+      if (H5Dget_chunk_info_by_coord(im->dset.get(), coord.data(), &mask, &a, &size) < 0 ||
+          a == HADDR_UNDEF || size == 0 || a + size > static_cast<std::uint64_t>(st.st_size))
+        all = false;
+      at[j] = a;
+      len[j] = size;
+    }
+    H5Eclear2(H5E_DEFAULT);
+    if (all) {
+      im->entry.stored_offsets = std::move(at);
+      im->entry.stored_lengths = std::move(len);
+    }
+  }
+
   im->dxpl = h5::Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
 #ifdef H5_HAVE_PARALLEL
   if (options.mpio)
@@ -258,6 +285,29 @@ std::optional<std::uint64_t> Hdf5Source::sample_offset(std::uint64_t i) const {
   return impl_->file_offset(i);
 }
 std::string Hdf5Source::describe() const { return impl_->where(); }
+
+void Hdf5Source::read_stored(std::span<const SampleRun> runs, std::byte* dst,
+                             std::uint64_t stride) {
+  Impl& im = *impl_;
+  check_runs(im.info, runs, im.where());
+  const DatasetFile& f = im.entry;
+  if (!f.raw() && !f.stored())
+    throw StorageError(fmt::format("{}: its samples' stored bytes are not known (a layout HDF5 "
+                                   "alone reads: chunks of several samples, or filtered "
+                                   "contiguous data)",
+                                   im.where()));
+  std::byte* out = dst;
+  for (const SampleRun& r : runs)
+    for (std::uint64_t k = r.first; k < r.first + r.count; ++k, out += stride) {
+      const auto [off, len] = f.stored_extent(k, im.info.sample_bytes);
+      if (len > stride)
+        throw StorageError(fmt::format("{}: sample {} is {} bytes as stored, more than the {} "
+                                       "given for it",
+                                       im.where(), k, len, stride));
+      im.read_exact(off, len, out);
+      std::memset(out + len, 0, stride - len);
+    }
+}
 const std::string& Hdf5Source::identity() const { return impl_->identity; }
 const struct ::stat& Hdf5Source::opened_stat() const { return impl_->opened; }
 void Hdf5Source::check_unchanged() const { impl_->check_unchanged(); }

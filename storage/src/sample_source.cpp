@@ -14,6 +14,13 @@
 
 namespace solar::storage {
 
+void SampleSource::read_stored(std::span<const SampleRun>, std::byte*, std::uint64_t) {
+  throw StorageError(fmt::format("{}: its samples' stored bytes are not known to solar (only "
+                                 "the HDF5 files of a FILE.h5, directory, glob or list source, "
+                                 "raw or of one chunk a sample, have them)",
+                                 describe()));
+}
+
 void check_identity(const SampleSource& source, const std::string& expected) {
   if (expected.empty() || source.identity() == expected) return;
   throw StorageError(fmt::format(

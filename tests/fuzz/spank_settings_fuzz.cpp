@@ -67,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   (void)o.active();
   (void)o.is_verbose();
   (void)o.stats_path();
-  DatasetShape shape{1000, 4096, 4, "fuzz"};
+  DatasetShape shape{1000, 4096, 0, 4, "fuzz"};
   if (!dataset_line.empty()) {
     try {
       shape = DatasetShape::parse(dataset_line);

@@ -57,7 +57,11 @@ def datasets(tmp_path_factory):
     for name, preset, n, layout in (("tiny", "tiny", 96, "contiguous"),
                                     ("small", "small", 48, "contiguous"),
                                     ("chunked", "small", 48, "chunked"),
-                                    ("chunked-tiny", "tiny", 96, "chunked")):
+                                    ("chunked-tiny", "tiny", 96, "chunked"),
+                                    # gzip chunks of one sample (issue 36): served as stored,
+                                    # h5py decompressing them in the rank
+                                    ("gzip", "small", 48, "gzip"),
+                                    ("gzip-tiny", "tiny", 96, "gzip")):
         path = d / f"{name}.h5"
         run(SOLAR, "gen", path, "--samples", str(n), "--preset", preset, "--layout", layout,
             "--seed", "4", "--no-progress")
@@ -67,7 +71,8 @@ def datasets(tmp_path_factory):
 
 @pytest.mark.parametrize("preset,workers,lazy", [("small", 0, False), ("small", 2, True),
                                                  ("tiny", 2, False), ("tiny", 0, True),
-                                                 ("chunked", 2, False), ("chunked-tiny", 0, True)])
+                                                 ("chunked", 2, False), ("chunked-tiny", 0, True),
+                                                 ("gzip", 2, False), ("gzip-tiny", 0, True)])
 def test_unmodified_script_same_bytes_served_from_the_buffer(tmp_path, datasets, preset, workers,
                                                              lazy):
     data = datasets[preset]
@@ -160,7 +165,7 @@ def wait_then_run(tmp_path):
     return wrapper
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small", "chunked", "chunked-tiny"])
+@pytest.mark.parametrize("preset", ["tiny", "small", "chunked", "chunked-tiny", "gzip"])
 def test_whole_dataset_resident_no_sample_byte_from_the_file(tmp_path, datasets, preset):
     """One node holding the whole dataset (64M, several times its size: the plan's resident set is
     what remains after the agent's staging slots, so 100% would evict a little): once the agent has read every sample (the script
@@ -180,15 +185,43 @@ def test_whole_dataset_resident_no_sample_byte_from_the_file(tmp_path, datasets,
     assert not FELL.search(p.stderr), p.stderr
 
 
-def test_compressed_dataset_is_refused_with_the_reason(tmp_path):
-    data = tmp_path / "gz.h5"
-    run(SOLAR, "gen", data, "--samples", "48", "--preset", "tiny", "--layout", "gzip",
-        "--no-progress")
+def test_compressed_chunks_of_several_samples_are_refused_with_the_reason(tmp_path):
+    """A gzip chunk of 4 samples holds no sample's bytes on their own: not served, said why."""
+    data = tmp_path / "gz4.h5"
+    subprocess.run([PY, "-c", "import h5py, numpy as n, sys; f = h5py.File(sys.argv[1], 'w'); "
+                    "f.create_dataset('data', data=n.arange(48 * 64, dtype='i2').reshape(48, 64), "
+                    "chunks=(4, 64), compression='gzip'); "
+                    "f.create_dataset('label', data=n.arange(48, dtype='i4'))", str(data)],
+                   check=True)
     p = run(SOLAR, "run", "-n", "1", "--dataset", data, "--epochs", "1", "--batch", "4",
             "--buffer", "100%", "--transparent", "--", "true", check=False,
             env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert p.returncode != 0, p.stderr
-    assert "raw bytes" in p.stderr and "h5repack" in p.stderr, p.stderr
+    assert "chunks of several compressed samples" in p.stderr and "h5repack" in p.stderr, p.stderr
+
+
+def test_compressible_gzip_chunks_take_their_stored_size_in_the_buffer(tmp_path):
+    """Compressible samples (zeros but a few bytes) in gzip chunks: the plan counts slots of the
+    longest stored chunk, so the same --buffer holds many more samples than raw ones would;
+    the script's batches are the plain script's bit for bit."""
+    data = tmp_path / "zeros.h5"
+    subprocess.run([PY, "-c", "import h5py, numpy as n, sys; x = n.zeros((96, 4, 8, 8, 8), 'i2'); "
+                    "x[:, 0, 0, 0, :] = n.arange(96)[:, None]; f = h5py.File(sys.argv[1], 'w'); "
+                    "f.create_dataset('data', data=x, chunks=(1, 4, 8, 8, 8), compression='gzip'); "
+                    "f.create_dataset('label', data=n.arange(96, dtype='i4'))", str(data)],
+                   check=True)
+    plain = run_script(tmp_path, data, "plain", "--buffer", "100%", "--no-agent")
+    assert plain.returncode == 0, plain.stderr
+    # 16 KiB a node: not one step of raw samples (2 ranks x 4 x 4 KiB = 32 KiB), ~250 stored.
+    solar = run_script(tmp_path, data, "solar", "--buffer", "16K", "--transparent",
+                       "--stats-out", tmp_path / "stats.json")
+    assert solar.returncode == 0, solar.stdout + solar.stderr
+    assert digests(tmp_path, "solar", 4) == digests(tmp_path, "plain", 4)
+    hits, _ = served(solar.stderr)
+    assert hits > 0, solar.stderr
+    import json
+    nodes = json.loads((tmp_path / "stats.json").read_text())["nodes"]
+    assert all(0 < n["sample_bytes"] < 4096 // 10 for n in nodes), nodes
 
 
 def rewrite_keeping_mtime(path, other):

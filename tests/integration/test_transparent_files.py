@@ -46,6 +46,10 @@ def datasets(tmp_path_factory):
         "files": gen(d / "universes", "per-sample-files", 128, "--universes-per-dir", "1"),
         "files-chunked": gen(d / "universes-chunked", "per-sample-files", 128,
                              "--universes-per-dir", "1", "--storage-layout", "chunked"),
+        # The artifact's layout written with gzip (issue 36): each file's one chunk served as
+        # stored, h5py decompressing it in the rank.
+        "files-gzip": gen(d / "universes-gzip", "per-sample-files", 128,
+                          "--universes-per-dir", "1", "--storage-layout", "gzip"),
         "records": gen(d / "dlio", "dlio", 380, "--files", "8", "--samples-per-file", "50"),
     }
 
@@ -54,6 +58,7 @@ SPEC = {"files": ("{}/:/split", "/unitPar", "files"),
         "files-glob": ("{}/*/*.hdf5:/split", "/unitPar", "files"),
         "files-list": ("@{}.list:/split", "/unitPar", "files"),
         "files-chunked": ("{}/:/split", "/unitPar", "files"),
+        "files-gzip": ("{}/:/split", "/unitPar", "files"),
         "records": ("{}/:/records[]", "/labels", "records")}
 
 
@@ -84,6 +89,7 @@ def plain_and_solar(tmp_path, script, data, kind, *solar_args, ranks=4, nodes=2,
 
 
 @pytest.mark.parametrize("kind,workers", [("files", 0), ("files", 2), ("files-chunked", 2),
+                                          ("files-gzip", 0), ("files-gzip", 2),
                                           ("records", 0), ("records", 2)])
 def test_unmodified_script_over_many_files_same_bytes_served_from_the_buffer(
         tmp_path, script, datasets, kind, workers):
@@ -113,7 +119,7 @@ def transparent_stats(path):
         return [n["transparent"] for n in json.load(f)["nodes"]]
 
 
-@pytest.mark.parametrize("kind", ["files", "files-chunked", "records"])
+@pytest.mark.parametrize("kind", ["files", "files-chunked", "files-gzip", "records"])
 def test_whole_dataset_resident_no_sample_byte_from_the_files(tmp_path, script, datasets, kind):
     """One node holding the whole dataset (a buffer several times its size: the plan's resident
     set is what its staging slots leave) and a script that starts once the agent has read every

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <zlib.h>
+
 #include <fmt/format.h>
 
 #include "solar/storage/content.h"
@@ -295,6 +297,117 @@ TEST(DatasetFiles, SolarStoredExportsADirectoryAsOneExport) {
     EXPECT_EQ(src->file_set(), nullptr);  // the files are the server's
     expect_samples(*src, want);
   }
+}
+
+}  // namespace
+}  // namespace solar::storage
+
+namespace solar::storage {
+namespace {
+
+// gzip chunks of one sample (issue 36): their stored extents are what the file holds (each one
+// inflates to exactly the sample), read_stored hands them back at a stride, the index keeps
+// them, and stored_sample_bytes is the longest.
+std::vector<std::byte> inflate(const std::byte* in, std::uint64_t len, std::uint64_t out_len) {
+  std::vector<std::byte> out(out_len);
+  uLongf n = static_cast<uLongf>(out_len);
+  EXPECT_EQ(::uncompress(reinterpret_cast<Bytef*>(out.data()), &n,
+                         reinterpret_cast<const Bytef*>(in), static_cast<uLong>(len)),
+            Z_OK);
+  EXPECT_EQ(n, out_len);
+  return out;
+}
+
+void expect_stored(SampleSource& src, std::uint64_t seed_of_first, bool one_file) {
+  const std::uint64_t sb = src.info().sample_bytes, n = src.info().samples;
+  const std::uint64_t stride = stored_sample_bytes(src);
+  ASSERT_GT(stride, 0u) << "no stored extents found";
+  std::uint64_t longest = 0;
+  for (const DatasetFile& f : src.file_set()->files()) {
+    ASSERT_TRUE(f.stored() && !f.raw()) << f.path;
+    for (std::uint64_t len : f.stored_lengths) longest = std::max(longest, len);
+  }
+  EXPECT_EQ(stride, longest);
+  const std::vector<SampleRun> runs = {{n - 2, 2}, {0, n - 2}};
+  std::vector<std::byte> got(n * stride, std::byte{0x55});
+  src.read_stored(runs, got.data(), stride);
+  std::uint64_t i = 0;
+  for (const SampleRun& r : runs)
+    for (std::uint64_t g = r.first; g < r.first + r.count; ++g, ++i) {
+      // Which file and which of its samples g is: the extents say how long it is as stored.
+      const DatasetFile* f = nullptr;
+      for (const DatasetFile& x : src.file_set()->files())
+        if (g >= x.first && g < x.first + x.count) f = &x;
+      ASSERT_NE(f, nullptr);
+      const auto [off, len] = f->stored_extent(g - f->first, sb);
+      const std::byte* at = got.data() + i * stride;
+      const auto sample = inflate(at, len, sb);
+      const std::uint64_t seed = one_file ? seed_of_first : seed_of_first + g;
+      const std::uint64_t local = one_file ? g : 0;
+      EXPECT_TRUE(content::check_sample(seed, local, sample.data(), sb)) << "sample " << g;
+      for (std::uint64_t k = len; k < stride; ++k)
+        ASSERT_EQ(at[k], std::byte{0}) << "sample " << g << ": the stride's rest is not zeroed";
+    }
+  std::vector<std::byte> small(stride - 1);
+  const SampleRun one{0, 1};
+  if (src.file_set()->files()[0].stored_lengths[0] == stride)
+    EXPECT_NE(error_of([&] { src.read_stored({&one, 1}, small.data(), stride - 1); })
+                  .find("more than"),
+              std::string::npos);
+}
+
+TEST(DatasetFiles, GzipChunksOfOneSampleAreReadAsStored) {
+  TempDir dir;
+  GenSpec s;
+  s.path = dir.file("gz.h5");
+  s.samples = 12;
+  s.shape = kShape;
+  s.seed = 21;
+  s.layout = Layout::gzip;
+  write_dataset(s);
+  SourceOptions so;
+  auto one = open_source(s.path, so);
+  expect_stored(*one, 21, true);
+  // A raw file has no stored extents: stored_sample_bytes 0, read_stored its raw samples.
+  GenSpec raw = s;
+  raw.path = dir.file("raw.h5");
+  raw.layout = Layout::contiguous;
+  write_dataset(raw);
+  auto r = open_source(raw.path, so);
+  EXPECT_EQ(stored_sample_bytes(*r), 0u);
+  std::vector<std::byte> b(2 * 64);
+  const SampleRun two{3, 2};
+  r->read_stored({&two, 1}, b.data(), 64);
+  EXPECT_TRUE(content::check_sample(21, 3, b.data(), 64));
+  EXPECT_TRUE(content::check_sample(21, 4, b.data() + 64, 64));
+}
+
+TEST(DatasetFiles, AFolderOfGzipFilesKeepsItsStoredExtentsInTheIndex) {
+  TempDir dir;
+  for (int i = 0; i < 6; ++i) {  // one sample a file, each file its own seed
+    GenSpec s;
+    s.path = dir.file(fmt::format("d/f{}.h5", i));
+    fs::create_directories(fs::path(s.path).parent_path());
+    s.samples = 1;
+    s.shape = kShape;
+    s.seed = 40 + static_cast<std::uint64_t>(i);
+    s.layout = Layout::gzip;
+    write_dataset(s);
+  }
+  const std::string spec = dir.file("d") + ":/data[]";
+  DatasetIndex x = index_dataset(spec, "/label");
+  const std::string at = dir.file("d.index");
+  write_index(x, at);
+  DatasetIndex back = read_index(at, spec, "/label");
+  ASSERT_EQ(back.files.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(back.files[i].stored_offsets, x.files[i].stored_offsets);
+    EXPECT_EQ(back.files[i].stored_lengths, x.files[i].stored_lengths);
+    EXPECT_TRUE(back.files[i].stored());
+  }
+  SourceOptions so;
+  auto src = open_files_source(std::move(back), so);
+  expect_stored(*src, 40, false);
 }
 
 }  // namespace

@@ -39,7 +39,9 @@ TEST(GenLayout, PerSampleFilesSortInGlobalOrderAtEveryWidth) {
   for (std::size_t g = 0; g < files.size(); ++g) {
     ASSERT_EQ(files[g].first, g);
     ASSERT_EQ(files[g].count, 1u);
-    if (g) ASSERT_LT(files[g - 1].path, files[g].path) << g;
+    if (g) {
+      ASSERT_LT(files[g - 1].path, files[g].path) << g;
+    }
   }
   // Past 9,999 universes the names widen, all of them: still sorted.
   s.samples = 64 * 10'001;

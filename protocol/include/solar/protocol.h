@@ -44,7 +44,7 @@
 namespace solar::protocol {
 
 inline constexpr std::uint32_t kMagic = 0x524c4f53;  // "SOLR"
-inline constexpr std::uint16_t kVersion = 6;
+inline constexpr std::uint16_t kVersion = 7;
 // Version 5: the transparent mode's index (solar/transparent.h) carries the file's ctime and the
 // watch's lease. Version 6: a table of the dataset's files (solar_xfile) instead of one file's
 // identity, and solar_xstats::opens.

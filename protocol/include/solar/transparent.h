@@ -27,9 +27,12 @@
  * only fds whose fstat matches all of these, at open and again on every read it serves), the
  * global id of its sample 0 (`first`) and its sample count, and where its samples' bytes lie:
  * contiguous (extents == 0): local sample k is [data_offset + k*S, data_offset + (k+1)*S);
- * chunked (unfiltered, whole samples per chunk, e.g. one chunk per sample): its `extents`
+ * chunked (unfiltered chunks of whole samples, or filtered chunks of one sample: gzip,
+ * shuffle, lzf, served as they are stored, the reading program decoding them): its `extents`
  * entries of the global extent table (`extents` solar_xextent at `extents_offset`), from
- * extents_first, sorted by offset within the file, .sample the global id: [offset, offset + S).
+ * extents_first, sorted by offset within the file, .sample the global id, .length its bytes in
+ * the file (S for raw chunks, the stored size for filtered ones, at most slot_bytes):
+ * [offset, offset + length). A sample's slot holds those bytes.
  * Sample ids are global: entries and counters below are indexed by them. Two entries may name
  * the same (dev, ino) (a list naming a file twice): their bytes are the same; the interposer
  * serves the first.
@@ -66,7 +69,7 @@ extern "C" {
  * reading it from the storage the reader would read it from. */
 #define SOLAR_XINDEX_WAIT_NS 1000000000ULL
 /* solar/protocol.h's kVersion (checked there at compile time). */
-#define SOLAR_PROTO_VERSION 6
+#define SOLAR_PROTO_VERSION 7
 #define SOLAR_OP_XHELLO 11
 #define SOLAR_OP_XHELLO_OK 12
 
@@ -93,6 +96,7 @@ struct solar_xstats {     /* counters readers add to; the agent reports them */
 struct solar_xextent {
   uint64_t offset; /* file offset of the sample's first byte */
   uint64_t sample; /* its global id */
+  uint64_t length; /* its bytes in the file: S raw, a filtered chunk's stored size */
 };
 
 struct solar_xfile {       /* one file of the dataset, as the agent stat'ed it */

@@ -25,6 +25,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "solar/storage/sample_source.h"
@@ -48,6 +49,11 @@ struct DatasetFile {
   // sample_offsets[k]. Neither (compressed, filtered, other byte order): read through HDF5.
   std::optional<std::uint64_t> data_offset;
   std::vector<std::uint64_t> sample_offsets;
+  // Filtered chunks of one sample each (gzip, shuffle+gzip, lzf, ...): where each sample's
+  // chunk lies and its stored length, as HDF5's chunk index says. Its bytes are not the
+  // sample's (a reader decodes them), but they are what a program reading the file gets: the
+  // transparent mode serves them from memory as they are.
+  std::vector<std::uint64_t> stored_offsets, stored_lengths;
   // Its samples' labels (count * label_bytes), kept in the index when they are small (at most
   // kIndexLabelBytes a file: CosmoFlow's unitPar, DLIO's labels): then no reader goes to the
   // file for them, which on storage bound by requests would halve the samples read. Empty:
@@ -55,6 +61,14 @@ struct DatasetFile {
   std::vector<std::byte> labels;
 
   bool raw() const { return data_offset.has_value() || !sample_offsets.empty(); }
+  bool stored() const { return !stored_lengths.empty(); }
+  // Local sample k's bytes in the file as they lie there, {offset, length}: the raw sample, or
+  // its stored chunk. Only for raw() or stored() files.
+  std::pair<std::uint64_t, std::uint64_t> stored_extent(std::uint64_t k,
+                                                        std::uint64_t sample_bytes) const {
+    if (stored()) return {stored_offsets[k], stored_lengths[k]};
+    return {sample_offset(k, sample_bytes), sample_bytes};
+  }
   // File offset of local sample k's bytes (raw() only).
   std::uint64_t sample_offset(std::uint64_t k, std::uint64_t sample_bytes) const {
     return data_offset ? *data_offset + k * sample_bytes : sample_offsets[k];
@@ -113,6 +127,12 @@ std::string index_cache_path(std::string_view spec, const std::string& label_dat
 // True when `spec` names many files (a directory, a glob, @LIST), not one file or a server.
 // Stats the path (a directory is told from a file only so).
 bool names_many_files(std::string_view spec);
+
+// The transparent mode over filtered chunks: the bytes a buffer slot takes for any sample as it
+// lies in its file (the longest stored chunk, and S for files whose samples are raw), when some
+// file of `source` has filtered chunks of one sample (DatasetFile::stored); 0 when none has
+// (every sample is served as its S raw bytes, or the source has no files).
+std::uint64_t stored_sample_bytes(const SampleSource& source);
 
 // Writes `index` to `path` atomically (text: a header, then one line per file). Throws
 // StorageError when it cannot.

@@ -58,6 +58,7 @@ class Hdf5Source : public SampleSource, public DatasetFiles {
   const DatasetInfo& info() const override;
   void read(std::span<const SampleRun> runs, std::byte* dst) override;
   void read_labels(std::span<const SampleRun> runs, std::byte* dst) override;
+  void read_stored(std::span<const SampleRun> runs, std::byte* dst, std::uint64_t stride) override;
   void drop_cache() override;  // posix_fadvise(DONTNEED) on the file
   std::uint64_t requests() const override;  // raw reads' preads (not HDF5's own reads)
   std::string describe() const override;

@@ -79,6 +79,14 @@ class SampleSource {
   // Same for labels (info().label_bytes per sample). Throws when the dataset has no labels.
   virtual void read_labels(std::span<const SampleRun> runs, std::byte* dst) = 0;
 
+  // The samples' bytes as they lie in their files, not decoded: each sample's stored extent
+  // (DatasetFile::stored_extent: a compressed chunk as written, or a raw sample) at
+  // dst + i * stride, in the order given; stride at least the longest extent (the rest of each
+  // stride is zeroed). What the transparent mode serves to a program that decodes them itself
+  // (h5py decompressing the chunks). Throws StorageError for a source whose extents are not
+  // known (solar-stored, layouts HDF5 alone reads).
+  virtual void read_stored(std::span<const SampleRun> runs, std::byte* dst, std::uint64_t stride);
+
   // Requests this source made to its storage so far (a file's preads, with read_gap several
   // runs in one); 0 where it does not count them.
   virtual std::uint64_t requests() const { return 0; }
