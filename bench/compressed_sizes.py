@@ -19,6 +19,7 @@ the equal-size one: what the same buffer then holds and fetches.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,10 @@ def main():
                          "3 epochs, a buffer of 25%% of the raw bytes)")
     ap.add_argument("--solar", default=os.environ.get("SOLAR_BIN", os.path.join(ROOT, "build", "cli", "solar")))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", metavar="DIR",
+                    help="keep the first --filters variant's dataset in DIR (the artifact's "
+                         "layout: DIR/000/univ0000_000.hdf5 ..., /split and /unitPar), e.g. for "
+                         "bench/pytorch_io.py --layout per-sample-files --dataset DIR")
     a = ap.parse_args()
     filters = a.filters.split(",")
     for f in filters:
@@ -95,7 +100,9 @@ def main():
             os.makedirs(d)
             sizes = []
             for i, (x, par) in enumerate(samples):
-                p = os.path.join(d, f"univ{i // 64:04d}_{i % 64:03d}.hdf5")
+                sub = os.path.join(d, f"{i // 64:03d}")
+                os.makedirs(sub, exist_ok=True)
+                p = os.path.join(sub, f"univ{i // 64:04d}_{i % 64:03d}.hdf5")
                 write(p, x, par, FILTERS[name])
                 sizes.append(stored_bytes(p))
                 with h5py.File(p, "r") as f:  # it reads back as written
@@ -106,6 +113,10 @@ def main():
                              "min_stored": min(sizes), "max_stored": max(sizes),
                              "samples_per_gib": 2**30 / (total / a.samples),
                              "vs_raw": raw_bytes * a.samples / total}
+            if a.write and name == filters[0]:
+                if os.path.exists(a.write):
+                    sys.exit(f"--write: {a.write} exists; give a new folder")
+                shutil.copytree(d, a.write)
             if a.sizes_out:
                 os.makedirs(a.sizes_out, exist_ok=True)
                 with open(os.path.join(a.sizes_out, f"{name}.sizes"), "w") as out:
