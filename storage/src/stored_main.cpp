@@ -29,7 +29,8 @@ namespace {
 // token kept there is as private as the user's own key files.
 std::string read_token_file(const std::string& path) {
   auto bad = [&](const std::string& why) { return solar::ConfigError("--token-file", path + ": " + why); };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+  // O_NONBLOCK: a FIFO named here must not hang the start (it is then refused as not regular).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0)
     throw bad(errno == ELOOP ? "is a symbolic link; name the file itself"
                              : std::string(std::strerror(errno)));
