@@ -202,43 +202,6 @@ def test_unmodified_script_opening_a_file_per_sample_transparent_same_bytes(
     assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
 
 
-@pytest.fixture(scope="module")
-def gzip_dataset(cluster):
-    """The same universes (same seed: the same samples) written with gzip, a chunk a file."""
-    out = os.path.join(cluster.root, "universes-gzip")
-    subprocess.run([SOLAR, "gen", out, "--layout", "per-sample-files", "--samples", str(SAMPLES),
-                    "--preset", "tiny", "--seed", "4", "--universes-per-dir", "1",
-                    "--storage-layout", "gzip", "--no-progress"],
-                   check=True, capture_output=True, timeout=120)
-    for d, _, files in os.walk(out):
-        os.chmod(d, 0o755)
-        for name in files:
-            os.chmod(os.path.join(d, name), 0o644)
-    return out
-
-
-def test_gzip_files_transparent_same_bytes_served_as_stored(cluster, gzip_dataset,
-                                                             plain_digests):
-    """srun --solar-transparent over the artifact's layout written with gzip (issue 36): the
-    agents buffer each file's chunk as stored and h5py decompresses it in the rank; the batches
-    are the plain run's (over the raw files of the same samples) bit for bit."""
-    script, out_dir, want = plain_digests
-    tmpdir = os.path.join(cluster.root, "tmp-transparent-gzip")
-    p = srun(cluster, tmpdir, "-N2", "--ntasks-per-node=2",
-             *many_files_args(gzip_dataset, "--solar-buffer=64%", "--solar-seed=3",
-                              "--solar-transparent", "--solar-verbose"),
-             PY, script, gzip_dataset, "--epochs", str(EPOCHS), "--batch", "4", "--seed", "3",
-             "--workers", "2", "--digests", os.path.join(out_dir, "gzip-%r.txt"))
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out
-    for r in range(4):
-        with open(os.path.join(out_dir, f"gzip-{r}.txt")) as f:
-            assert f.read() == want[r], f"rank {r}: batches differ from plain srun's"
-    served = [int(n) for n in re.findall(r"file reads served from the buffer (\d+)", out)]
-    assert len(served) == 2 and sum(served) > 0, out
-    assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
-
-
 def test_whole_dataset_resident_no_sample_byte_from_the_files(cluster, files_dataset,
                                                               plain_digests):
     """Both nodes holding every sample their ranks read (64M: several times the 512 KiB
