@@ -29,12 +29,19 @@ std::uint64_t monotonic_ns() {
 
 // ---- transparent mode ---------------------------------------------------------------------
 
+namespace {
+// A chunked file's entries in the extent table: a stored (filtered) chunk, or a raw one, a sample.
+std::uint64_t extents_of(const storage::DatasetFile& f) {
+  return f.stored() ? f.stored_offsets.size() : f.sample_offsets.size();
+}
+}  // namespace
+
 void count_file_tables(const storage::SampleSource& source, BufferOptions& o) {
   o.files = o.extents = 0;
   if (const storage::DatasetFiles* set = source.file_set())
     for (const storage::DatasetFile& f : set->files()) {
       ++o.files;
-      if (!f.data_offset) o.extents += f.stored() ? f.stored_offsets.size() : f.sample_offsets.size();
+      if (!f.data_offset) o.extents += extents_of(f);
     }
 }
 
@@ -98,7 +105,7 @@ void TransparentPacer::setup() {
     }
     // Chunked: where each sample is, sorted by file offset (chunks lie in any order), with its
     // length: S raw, a filtered chunk's stored bytes.
-    const std::uint64_t count = f.stored() ? f.stored_offsets.size() : f.sample_offsets.size();
+    const std::uint64_t count = extents_of(f);
     if (extents + count > a_.buf_.extents)
       throw AgentError(fmt::format("{} has more chunk extents than its buffer was laid out for",
                                    a_.source_->describe()));

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <fmt/format.h>
 
 #include "hdf5_source_impl.h"
@@ -157,15 +158,18 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
     }
   }
 
-  // Unfiltered chunks of whole samples lie in the file as raw bytes too: look each chunk's
-  // address up once (a B-tree lookup each) and pread them like a contiguous dataset.
-  // (Whole: only one chunk holding the whole array.)
-  if (!options.mpio && layout == H5D_CHUNKED && filters == 0 && h5::native_order(ftype.get()) &&
-      std::equal(chunk.begin() + 1, chunk.end(), im->dims.begin() + 1) && chunk[0] >= 1 &&
-      (!options.whole || chunk[0] == im->dims[0])) {
-    const std::uint64_t per = options.whole ? 1 : chunk[0];
+  // Chunks of whole samples (chunk[0] of them; whole: the one chunk of the file's sample): the
+  // chunk index, each chunk's address and stored size (one B-tree lookup each), or nothing when
+  // a chunk is missing or lies past the end of the file. `raw`: unfiltered chunks, each holding
+  // `per` samples of raw bytes; else filtered ones, their stored bytes.
+  const bool by_samples = !options.mpio && layout == H5D_CHUNKED &&
+                          std::equal(chunk.begin() + 1, chunk.end(), im->dims.begin() + 1) &&
+                          chunk[0] >= 1 && (!options.whole || chunk[0] == im->dims[0]);
+  const std::uint64_t per = options.whole ? 1 : chunk.empty() ? 0 : chunk[0];
+  auto chunk_index = [&](bool raw)
+      -> std::optional<std::pair<std::vector<std::uint64_t>, std::vector<std::uint64_t>>> {
     const std::uint64_t chunks = (info.samples + per - 1) / per;
-    std::vector<std::uint64_t> addr(chunks);
+    std::vector<std::uint64_t> addr(chunks), stored(chunks);
     std::vector<hsize_t> coord(rank, 0);
     bool all = true;
     for (std::uint64_t j = 0; j < chunks && all; ++j) {
@@ -173,42 +177,30 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
       unsigned mask = 0;
       haddr_t a = HADDR_UNDEF;
       hsize_t size = 0;
-      if (H5Dget_chunk_info_by_coord(im->dset.get(), coord.data(), &mask, &a, &size) < 0 ||
-          a == HADDR_UNDEF || mask != 0 || a + per * info.sample_bytes > static_cast<std::uint64_t>(st.st_size))
-        all = false;
+      all = H5Dget_chunk_info_by_coord(im->dset.get(), coord.data(), &mask, &a, &size) >= 0 &&
+            a != HADDR_UNDEF && (raw ? mask == 0 : size > 0) &&
+            a + (raw ? per * info.sample_bytes : size) <= static_cast<std::uint64_t>(st.st_size);
       addr[j] = a;
+      stored[j] = size;
     }
     H5Eclear2(H5E_DEFAULT);
-    if (all) {
-      im->chunk_addr = std::move(addr);
+    if (!all) return std::nullopt;
+    return std::pair{std::move(addr), std::move(stored)};
+  };
+  // Unfiltered: the samples lie in the file as raw bytes, pread like a contiguous dataset.
+  if (by_samples && filters == 0 && h5::native_order(ftype.get())) {
+    if (auto t = chunk_index(true)) {
+      im->chunk_addr = std::move(t->first);
       im->samples_per_chunk = per;
     }
   }
-
-  // Filtered chunks of one sample each (or, whole, the one chunk of the file's sample): where
-  // each lies and how long it is as stored, for the transparent mode, which serves those bytes
-  // as they are (the reading program decodes them). Any filter, any byte order.
-  if (!options.mpio && layout == H5D_CHUNKED && filters != 0 && rank >= 1 &&
-      std::equal(chunk.begin() + 1, chunk.end(), im->dims.begin() + 1) &&
-      (options.whole ? chunk[0] == im->dims[0] : chunk[0] == 1)) {
-    std::vector<std::uint64_t> at(info.samples), len(info.samples);
-    std::vector<hsize_t> coord(rank, 0);
-    bool all = true;
-    for (std::uint64_t j = 0; j < info.samples && all; ++j) {
-      coord[0] = options.whole ? 0 : j;
-      unsigned mask = 0;
-      haddr_t a = HADDR_UNDEF;
-      hsize_t size = 0;
-      if (H5Dget_chunk_info_by_coord(im->dset.get(), coord.data(), &mask, &a, &size) < 0 ||
-          a == HADDR_UNDEF || size == 0 || a + size > static_cast<std::uint64_t>(st.st_size))
-        all = false;
-      at[j] = a;
-      len[j] = size;
-    }
-    H5Eclear2(H5E_DEFAULT);
-    if (all) {
-      im->entry.stored_offsets = std::move(at);
-      im->entry.stored_lengths = std::move(len);
+  // Filtered, one sample a chunk: where each chunk lies and how long it is as stored, for the
+  // transparent mode, which serves those bytes as they are (the reading program decodes them).
+  // Any filter, any byte order.
+  if (by_samples && filters != 0 && per == 1) {
+    if (auto t = chunk_index(false)) {
+      im->entry.stored_offsets = std::move(t->first);
+      im->entry.stored_lengths = std::move(t->second);
     }
   }
 

@@ -142,7 +142,21 @@ TEST(SizedPlan, EqualSizesGiveTheEqualSizePlan) {
   }
 }
 
-PlanConfig small_sized();
+PlanConfig small_sized() {
+  PlanConfig c;
+  c.samples = 64;
+  c.epochs = 3;
+  c.nodes = 2;
+  c.ranks_per_node = 2;
+  c.batch = 2;
+  c.policy = Policy::solar;
+  auto v = std::make_shared<std::vector<std::uint64_t>>(64);
+  for (std::uint64_t i = 0; i < 64; ++i) (*v)[i] = 1000 + 37 * i;  // 1000..3331
+  c.sample_sizes = v;
+  c.sample_bytes = sum(*v) / 64;
+  c.buffer_bytes = 40000;
+  return c;
+}
 
 // Fragmentation (bench/README.md, "Samples of differing sizes"): a sized plan's samples fit as
 // extents of an arena a few percent above its buffer, best-fit; never below what the node holds
@@ -186,22 +200,6 @@ TEST(SizedPlan, ExtentsFitAnArenaAFewPercentAboveTheBuffer) {
   const Plan p = make_plan(c);
   EXPECT_LE(arena_for_extents(p, ExtentFit::best), c.buffer_bytes);
   EXPECT_LE(arena_for_extents(p, ExtentFit::first), c.buffer_bytes);
-}
-
-PlanConfig small_sized() {
-  PlanConfig c;
-  c.samples = 64;
-  c.epochs = 3;
-  c.nodes = 2;
-  c.ranks_per_node = 2;
-  c.batch = 2;
-  c.policy = Policy::solar;
-  auto v = std::make_shared<std::vector<std::uint64_t>>(64);
-  for (std::uint64_t i = 0; i < 64; ++i) (*v)[i] = 1000 + 37 * i;  // 1000..3331
-  c.sample_sizes = v;
-  c.sample_bytes = sum(*v) / 64;
-  c.buffer_bytes = 40000;
-  return c;
 }
 
 TEST(SizedPlan, ABufferSmallerThanTheLargestSampleIsRefusedNamingBothSizes) {

@@ -185,14 +185,21 @@ def test_whole_dataset_resident_no_sample_byte_from_the_file(tmp_path, datasets,
     assert not FELL.search(p.stderr), p.stderr
 
 
+def h5py_gzip(path, data, chunks):
+    """An HDF5 file written by h5py: /data = `data` (numpy code, `n` the module) gzip-chunked
+    by `chunks`, /label one int32 a sample."""
+    subprocess.run([PY, "-c", "import h5py, numpy as n, sys; x = " + data + "; "
+                    "f = h5py.File(sys.argv[1], 'w'); f.create_dataset('data', data=x, "
+                    f"chunks={chunks}, compression='gzip'); "
+                    "f.create_dataset('label', data=n.arange(len(x), dtype='i4'))", str(path)],
+                   check=True)
+    return path
+
+
 def test_compressed_chunks_of_several_samples_are_refused_with_the_reason(tmp_path):
     """A gzip chunk of 4 samples holds no sample's bytes on their own: not served, said why."""
-    data = tmp_path / "gz4.h5"
-    subprocess.run([PY, "-c", "import h5py, numpy as n, sys; f = h5py.File(sys.argv[1], 'w'); "
-                    "f.create_dataset('data', data=n.arange(48 * 64, dtype='i2').reshape(48, 64), "
-                    "chunks=(4, 64), compression='gzip'); "
-                    "f.create_dataset('label', data=n.arange(48, dtype='i4'))", str(data)],
-                   check=True)
+    data = h5py_gzip(tmp_path / "gz4.h5", "n.arange(48 * 64, dtype='i2').reshape(48, 64)",
+                     (4, 64))
     p = run(SOLAR, "run", "-n", "1", "--dataset", data, "--epochs", "1", "--batch", "4",
             "--buffer", "100%", "--transparent", "--", "true", check=False,
             env=dict(os.environ, TMPDIR=str(tmp_path)))
@@ -204,12 +211,10 @@ def test_compressible_gzip_chunks_take_their_stored_size_in_the_buffer(tmp_path)
     """Compressible samples (zeros but a few bytes) in gzip chunks: the plan counts slots of the
     longest stored chunk, so the same --buffer holds many more samples than raw ones would;
     the script's batches are the plain script's bit for bit."""
-    data = tmp_path / "zeros.h5"
-    subprocess.run([PY, "-c", "import h5py, numpy as n, sys; x = n.zeros((96, 4, 8, 8, 8), 'i2'); "
-                    "x[:, 0, 0, 0, :] = n.arange(96)[:, None]; f = h5py.File(sys.argv[1], 'w'); "
-                    "f.create_dataset('data', data=x, chunks=(1, 4, 8, 8, 8), compression='gzip'); "
-                    "f.create_dataset('label', data=n.arange(96, dtype='i4'))", str(data)],
-                   check=True)
+    # Zeros but each sample's id in a few of its values.
+    data = h5py_gzip(tmp_path / "zeros.h5",
+                     "n.zeros((96, 4, 8, 8, 8), 'i2'); x[:, 0, 0, 0, :] = n.arange(96)[:, None]",
+                     (1, 4, 8, 8, 8))
     plain = run_script(tmp_path, data, "plain", "--buffer", "100%", "--no-agent")
     assert plain.returncode == 0, plain.stderr
     # 16 KiB a node: not one step of raw samples (2 ranks x 4 x 4 KiB = 32 KiB), ~250 stored.
