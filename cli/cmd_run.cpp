@@ -275,6 +275,13 @@ void run_run(const RunOptions& o) {
     if (o.peers && c.nodes < 2)
       throw ConfigError("--peers", "shares buffers between nodes: give --nodes 2 or more");
     storage::DatasetInfo planned = src->info();
+    if (planned.whole_files && !o.transparent && !o.no_agent)  // --no-agent: the script alone
+      throw ConfigError("--dataset",
+                        fmt::format("'{}' is whole-file samples ({}): solar serves them to an "
+                                    "unmodified script that reads the files itself (np.load, "
+                                    "PIL, open().read()); add --transparent. Its own loader does "
+                                    "not hand each sample's length yet",
+                                    o.dataset, planned.layout));
     // Transparent over filtered chunks: the buffer holds them as stored (--buffer 64%: of the
     // samples at the longest chunk's size), as the agent does.
     if (o.transparent)

@@ -29,7 +29,8 @@ void add_storage_commands(CLI::App& app) {
       "dataset-info",
       "Print a dataset's shape and identity as one JSON line: samples, sample_bytes, "
       "stored_sample_bytes (filtered chunks of one sample: the longest as stored, what the "
-      "transparent mode buffers; else 0), label_bytes (0: no labels), shape, dtype, layout, "
+      "transparent mode buffers; else 0), label_bytes (0: no labels), whole_files (every file one "
+      "sample: the transparent mode only), shape, dtype, layout, "
       "identity. Exit code 2 with one line "
       "naming the problem when it cannot be read. Used by the Slurm plugin.");
   info->add_option("source", in->source, "FILE.h5:/dataset (default /data) or fabric://HOST:PORT/NAME")
@@ -65,6 +66,7 @@ void add_storage_commands(CLI::App& app) {
                                          {"stored_sample_bytes",
                                           storage::stored_sample_bytes(*src)},
                                          {"label_bytes", i.has_labels ? i.label_bytes : 0},
+                                         {"whole_files", i.whole_files},
                                          {"shape", i.shape_string()},
                                          {"dtype", std::string(storage::to_string(i.dtype))},
                                          {"layout", i.layout},

@@ -2,10 +2,12 @@
 """An ordinary, solar-unaware PyTorch DDP data pipeline over a dataset of many HDF5 files, read
 the way real workloads read them: --layout files, the SOLAR artifact's CosmoFlow reader (one file
 a sample, `split` and `unitPar`, opened and closed in every __getitem__, over the sorted file
-list); --layout records, DLIO's (rows of a few files, every file kept open). DistributedSampler,
+list); --layout records, DLIO's (rows of a few files, every file kept open); --layout npz,
+MLPerf Storage's UNet3D (one .npz file a sample, of its own size, read with np.load: arrays `x`
+and `y`; a batch is its samples' `x` concatenated, with their lengths). DistributedSampler,
 DataLoader with workers. Nothing in it knows about solar: run it under `solar run --transparent`
 or `srun --solar-transparent` with the dataset as `ROOT/:/split --labels /unitPar` (or
-`ROOT/:/records[] --labels /labels`) and the same --seed/--batch/--epochs, and its reads of the
+`ROOT/:/records[] --labels /labels`, or `'ROOT/*.npz'`) and the same --seed/--batch/--epochs, and its reads of the
 files are served from the node agent's buffer.
 
 With --digests FILE (%r: the rank) it writes per batch the SHA-256 of its inputs and labels, so
@@ -60,9 +62,30 @@ class Records(Dataset):
                 torch.tensor(int(f["labels"][k]), dtype=torch.int64))
 
 
+class NpzFiles(Dataset):
+    """One .npz a sample (MLPerf Storage's UNet3D): np.load in every __getitem__."""
+    def __init__(self, root):
+        self.paths = sorted(glob.glob(os.path.join(root, "*.npz")))
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with np.load(self.paths[i]) as z:
+            x, y = z["x"], z["y"]
+        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y)
+
+
+def concatenate(batch):
+    """Samples of differing sizes: their inputs back to back, their lengths with the labels."""
+    xs, ys = zip(*batch)
+    lengths = torch.tensor([len(x) for x in xs], dtype=torch.int64)
+    return torch.cat(xs), torch.cat([lengths, torch.cat(ys).to(torch.int64)])
+
+
 p = argparse.ArgumentParser()
 p.add_argument("root")
-p.add_argument("--layout", choices=["files", "records"], default="files")
+p.add_argument("--layout", choices=["files", "records", "npz"], default="files")
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--batch", type=int, default=4)
 p.add_argument("--seed", type=int, default=0)
@@ -71,10 +94,11 @@ p.add_argument("--digests", required=True)
 a = p.parse_args()
 rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
 world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
-ds = Universes(a.root) if a.layout == "files" else Records(a.root)
+ds = {"files": Universes, "records": Records, "npz": NpzFiles}[a.layout](a.root)
 assert len(ds) > 0, a.root
 sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=a.seed)
-loader = DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers)
+loader = DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers,
+                    collate_fn=concatenate if a.layout == "npz" else None)
 with open(a.digests.replace("%r", str(rank)), "w") as out:
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)

@@ -148,6 +148,10 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
     throw AgentError(e.what());
   }
   const auto& info = source_->info();
+  if (info.whole_files && !o.transparent)
+    throw AgentError(fmt::format("{} is whole-file samples ({}): they are served in the "
+                                 "transparent mode only (--transparent)",
+                                 source_->describe(), info.layout));
   // Transparent over filtered chunks: slots hold each sample's bytes as stored (the program
   // decodes them), and the plan counts slots of the longest.
   const std::uint64_t stored = o.transparent ? storage::stored_sample_bytes(*source_) : 0;

@@ -1,7 +1,7 @@
 /* libsolar_preload.so: serves an unmodified rank's reads of the dataset's files from the node
  * agent's shared buffer (job-transparent mode). LD_PRELOAD it; see interpose/README.md.
  *
- * Only pread-family reads of fds that are exactly a file of the agent's file table (the same
+ * Only pread-family reads (and read(2) at the fd's position) of fds that are exactly a file of the agent's file table (the same
  * dev, ino, size, mtime and ctime), at byte ranges of samples that the agent's index marks
  * resident, are served from the mapping; everything else goes to the real libc function
  * unchanged. One file ($SOLAR_DATASET = FILE.h5[:/name]) is a table of one; a directory, a
@@ -53,6 +53,7 @@ int __openat_2(int dirfd, const char *path, int flags);
 int __openat64_2(int dirfd, const char *path, int flags);
 ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen);
 ssize_t __pread64_chk(int fd, void *buf, size_t n, off64_t off, size_t buflen);
+ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen);
 
 /* ---- the real functions ---------------------------------------------------------------- */
 
@@ -68,6 +69,8 @@ static ssize_t (*real_pread)(int, void *, size_t, off_t);
 static ssize_t (*real_pread64)(int, void *, size_t, off64_t);
 static ssize_t (*real___pread_chk)(int, void *, size_t, off_t, size_t);
 static ssize_t (*real___pread64_chk)(int, void *, size_t, off64_t, size_t);
+static ssize_t (*real_read)(int, void *, size_t);
+static ssize_t (*real___read_chk)(int, void *, size_t, size_t);
 static int (*real_close)(int);
 static int (*real_close_range)(unsigned int, unsigned int, int);
 static void (*real_closefrom)(int);
@@ -82,6 +85,7 @@ static int sys_openat(int dirfd, const char *path, int flags, mode_t mode) {
 static ssize_t sys_pread(int fd, void *buf, size_t n, off_t off) {
   return (ssize_t)syscall(SYS_pread64, fd, buf, n, off);
 }
+static ssize_t sys_read(int fd, void *buf, size_t n) { return syscall(SYS_read, fd, buf, n); }
 static int sys_close(int fd) { return (int)syscall(SYS_close, fd); }
 static int sys_close_range(unsigned int first, unsigned int last, int flags) {
   return (int)syscall(SYS_close_range, first, last, flags);
@@ -121,6 +125,9 @@ static _Atomic int ds_kind = SPEC_FILE_OR_DIR;
 static _Atomic uint64_t ds_dev, ds_ino;
 
 static _Atomic uint32_t fds[FD_MAX]; /* per fd number, above */
+/* Per fd number: a whole-file sample's file that this process read from (served or not); its
+ * sample counts as consumed when the fd is closed (see count_whole). */
+static _Atomic unsigned char fd_read[FD_MAX];
 static _Atomic int fd_high = -1;     /* no fd above this was ever tracked */
 
 static _Atomic int xstate = X_UNTRIED;
@@ -441,9 +448,29 @@ static uint32_t fd_mark(int fd) {
   return fd >= 0 && fd < FD_MAX ? atomic_load_explicit(&fds[fd], memory_order_relaxed) : FD_NONE;
 }
 
+/* Whole-file samples (a file of one extent covering it all: npz, JPEG, any file) are read in
+ * many pieces at many positions (zipfile reads the end first), so no single read says the
+ * sample was taken: it counts as consumed when the process closes the file after reading from
+ * it, which np.load, PIL and `with open()` do at once. (A chunk or a row is one read: counted
+ * at the read that brings its first byte, count_consumed.) */
+static int whole_file(const struct solar_xfile *f) {
+  return f->extents == 1 && X.ext[f->extents_first].offset == 0 &&
+         X.ext[f->extents_first].length == f->size;
+}
+
+static void count_whole(int fd, uint32_t old) {
+  if (!atomic_exchange_explicit(&fd_read[fd], 0, memory_order_relaxed)) return;
+  const uint32_t file = old >> 2;
+  if (file == 0 || atomic_load_explicit(&xstate, memory_order_acquire) != X_ATTACHED) return;
+  atomic_fetch_add_explicit(&X.consumed[X.files[file - 1].first], 1, memory_order_relaxed);
+}
+
 static void fd_mark_set(int fd, uint32_t mark) {
-  atomic_store_explicit(&fds[fd], mark, memory_order_relaxed);
-  if (mark == FD_NONE) return;
+  const uint32_t old = atomic_exchange_explicit(&fds[fd], mark, memory_order_relaxed);
+  if (mark == FD_NONE) {
+    count_whole(fd, old);
+    return;
+  }
   int high = atomic_load_explicit(&fd_high, memory_order_relaxed);
   while (high < fd && !atomic_compare_exchange_weak(&fd_high, &high, fd)) {
   }
@@ -679,6 +706,13 @@ static void count_consumed(const struct solar_xfile *f, uint64_t pos, uint64_t s
   }
 }
 
+/* What a read of [pos, pos + n) of file f through fd takes: its samples (count_consumed), or
+ * for a whole-file sample, its file marked read (counted when fd closes). */
+static void took(int fd, const struct solar_xfile *f, uint64_t pos, uint64_t n) {
+  if (!whole_file(f)) count_consumed(f, pos, n);
+  else if (same_process()) atomic_store_explicit(&fd_read[fd], 1, memory_order_relaxed);
+}
+
 /* The kernel refuses O_DIRECT reads whose buffer, offset or length is not a multiple of the
  * device's logical block size (EINVAL). Only requests aligned to this, at least as large as any
  * such block size, are served on an O_DIRECT fd; the others go to the kernel, which decides. */
@@ -752,7 +786,7 @@ static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
      * still count, for an agent that comes back. */
     if (verbose && !atomic_exchange(&warned_unwatched, 1))
       say("solar: the node agent no longer watches ", ds_path, "; reading it directly", -1);
-    count_consumed(f, pos, n);
+    took(fd, f, pos, n);
     stat_add(&X.stats->miss_reads, 1);
     stat_add(&X.stats->miss_bytes, n);
     return -1;
@@ -761,7 +795,7 @@ static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
   if (done < n && (mark & FD_MODE) == FD_DIRECT) done = 0; /* O_DIRECT: whole requests */
   /* After the copy (an eviction paced on it cannot start during it): what this read brings
    * in, served or from the file, counts as consumed. */
-  count_consumed(f, pos, n);
+  took(fd, f, pos, n);
   if (done == 0) {
     stat_add(&X.stats->miss_reads, 1);
     stat_add(&X.stats->miss_bytes, n);
@@ -885,6 +919,44 @@ EXPORT ssize_t __pread64_chk(int fd, void *buf, size_t n, off64_t off, size_t bu
   return sys_pread(fd, buf, n, off);
 }
 
+/* read(2) of a tracked fd (Python's io.FileIO under open(), np.load's zipfile, PIL): served
+ * at the file position the kernel keeps, which is then moved past what was served, exactly as
+ * the read would have moved it. (Two threads reading one fd at once race on that position,
+ * as they would on the kernel's without solar.) Untracked fds go straight to the real read. */
+static ssize_t serve_at_position(int fd, void *buf, size_t n) {
+  if (fd_mark(fd) == FD_NONE) return -1;
+  const int saved = errno;
+  const off_t pos = lseek(fd, 0, SEEK_CUR);
+  if (pos < 0) {
+    errno = saved;
+    return -1;
+  }
+  const ssize_t served = serve(fd, buf, n, pos);
+  if (served >= 0 && lseek(fd, pos + served, SEEK_SET) < 0) {
+    /* cannot happen on a regular file; the bytes were read: let the kernel read them again */
+    errno = saved;
+    return -1;
+  }
+  errno = saved;
+  return served;
+}
+
+EXPORT ssize_t read(int fd, void *buf, size_t n) {
+  const ssize_t served = serve_at_position(fd, buf, n);
+  if (served >= 0) return served;
+  return real_read ? real_read(fd, buf, n) : sys_read(fd, buf, n);
+}
+
+EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen) {
+  if (n <= buflen) {
+    const ssize_t served = serve_at_position(fd, buf, n);
+    if (served >= 0) return served;
+  }
+  if (real___read_chk) return real___read_chk(fd, buf, n, buflen);
+  if (n > buflen) abort();
+  return sys_read(fd, buf, n);
+}
+
 EXPORT int close(int fd) {
   if (fd_mark(fd) != FD_NONE && same_process()) fd_mark_set(fd, FD_NONE); /* before: no reuse gap */
   return close_fd(fd);
@@ -946,6 +1018,8 @@ __attribute__((constructor)) static void solar_preload_init(void) {
   RESOLVE(pread64);
   RESOLVE(__pread_chk);
   RESOLVE(__pread64_chk);
+  RESOLVE(read);
+  RESOLVE(__read_chk);
   RESOLVE(close);
   RESOLVE(close_range);
   RESOLVE(closefrom);

@@ -249,6 +249,12 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
       throw ConfigError("--solar-transparent", "this site does not allow it (plugstack.conf "
                                                "transparent=no); use solar's loader in the "
                                                "script instead");
+    if (info.whole_files && !o.is_transparent())
+      throw ConfigError("--solar-dataset",
+                        "it is whole-file samples (npz, JPEG, any file: one sample a file): "
+                        "solar serves them to an unmodified script that reads the files itself; "
+                        "add --solar-transparent (its own loader does not hand each sample's "
+                        "length yet)");
     PlanConfig c = o.partial_config();
     c.nodes = nodes;
     c.ranks_per_node = ranks_per_node;
@@ -300,6 +306,7 @@ DatasetShape DatasetShape::parse(const std::string& line) {
     d.sample_bytes = count(j, "sample_bytes");
     if (j.contains("stored_sample_bytes")) d.stored_sample_bytes = count(j, "stored_sample_bytes");
     d.label_bytes = count(j, "label_bytes");
+    if (j.contains("whole_files")) d.whole_files = j.at("whole_files").get<bool>();
     d.identity = j.at("identity").get<std::string>();
     return d;
   } catch (const nlohmann::json::exception& e) {

@@ -47,6 +47,7 @@ struct DatasetShape {
   std::uint64_t stored_sample_bytes = 0;
   std::uint64_t label_bytes = 0;  // 0: no labels
   std::string identity;           // for the plan (Plan::dataset_identity)
+  bool whole_files = false;       // every file one sample: the transparent mode only
   // `solar dataset-info`'s JSON line; throws ConfigError("--solar-dataset") when malformed.
   static DatasetShape parse(const std::string& json_line);
 };

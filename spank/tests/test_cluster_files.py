@@ -202,6 +202,54 @@ def test_unmodified_script_opening_a_file_per_sample_transparent_same_bytes(
     assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
 
 
+@pytest.fixture(scope="module")
+def npz_dataset(cluster):
+    """MLPerf Storage's UNet3D layout in small (issue 36): 64 npz files, one sample each, of
+    32 KiB +- 50% (np.savez: float32 `x` of its own length, int32 `y`)."""
+    import numpy as np
+    out = os.path.join(cluster.root, "npz")
+    os.makedirs(out, mode=0o755)
+    rng = np.random.default_rng(6)
+    for i in range(64):
+        n = int(rng.integers(1 << 12, 3 << 12))
+        path = os.path.join(out, f"case_{i:05d}.npz")
+        np.savez(path, x=rng.standard_normal(n, dtype=np.float32), y=np.array([i], np.int32))
+        os.chmod(path, 0o644)
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_npz_files_read_with_np_load_transparent_same_bytes(cluster, npz_dataset, workers):
+    """srun --solar-transparent, 2 nodes x 2 ranks, over whole-file samples of differing sizes
+    that the unmodified script reads with np.load (zipfile's read(2)s at the file's position):
+    the batches of plain srun bit for bit, reads served from both nodes' buffers."""
+    out_dir = os.path.join(cluster.root, "npz-ddp")
+    os.makedirs(out_dir, exist_ok=True)
+    script_args = [PY, FILES_DDP, npz_dataset, "--layout", "npz", "--epochs", str(EPOCHS),
+                   "--batch", "4", "--seed", "3", "--workers", str(workers)]
+    plain = srun(cluster, os.path.join(cluster.root, "tmp-npz-plain"), "-N2",
+                 "--ntasks-per-node=2", *script_args, "--digests",
+                 os.path.join(out_dir, f"plain{workers}-%r.txt"))
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    tmpdir = os.path.join(cluster.root, f"tmp-npz-{workers}")
+    p = srun(cluster, tmpdir, "-N2", "--ntasks-per-node=2",
+             f"--solar-dataset={npz_dataset}/*.npz", "--solar-labels=", f"--solar-epochs={EPOCHS}",
+             "--solar-batch=4", "--solar-buffer=64%", "--solar-seed=3", "--solar-transparent",
+             "--solar-verbose", *script_args, "--digests",
+             os.path.join(out_dir, f"solar{workers}-%r.txt"))
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(4):
+        with open(os.path.join(out_dir, f"plain{workers}-{r}.txt")) as f:
+            want = f.read()
+        assert want.count("\n") == EPOCHS * 64 // 4 // 4, want
+        with open(os.path.join(out_dir, f"solar{workers}-{r}.txt")) as f:
+            assert f.read() == want, f"rank {r}: batches differ from plain srun's"
+    served = [int(n) for n in re.findall(r"file reads served from the buffer (\d+)", out)]
+    assert len(served) == 2 and sum(served) > 0, out
+    assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
+
+
 def test_whole_dataset_resident_no_sample_byte_from_the_files(cluster, files_dataset,
                                                               plain_digests):
     """Both nodes holding every sample their ranks read (64M: several times the 512 KiB

@@ -55,6 +55,32 @@ bool hdf5_name(const fs::path& p) {
                      [&](const char* s) { return ext == s; });
 }
 
+// Whether `spec` names an array (`:/name` after its first character, as split_file_dataset
+// reads it), rather than leaving it to the default.
+bool names_array(std::string_view spec) {
+  const auto pos = spec.rfind(":/");
+  return pos != std::string_view::npos && pos > 0;
+}
+
+// Whether `path` is an HDF5 file: its signature at 0, or at 512, 1024, 2048, ... (after a user
+// block), as the HDF5 format specification places it. An unreadable file counts as HDF5 (the
+// HDF5 open then says why it cannot be read).
+bool hdf5_signature(const std::string& path) {
+  static constexpr unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  struct stat st {};
+  bool found = ::fstat(fd, &st) != 0;
+  for (std::uint64_t at = 0; !found && at + 8 <= static_cast<std::uint64_t>(st.st_size) &&
+                             at <= (std::uint64_t{1} << 30);
+       at = at ? at * 2 : 512) {
+    unsigned char b[8];
+    found = ::pread(fd, b, 8, static_cast<off_t>(at)) == 8 && std::memcmp(b, kSig, 8) == 0;
+  }
+  ::close(fd);
+  return found;
+}
+
 // The files `parsed` names, in the dataset's order.
 std::vector<std::string> list_files(const protocol::DatasetSpec& parsed, std::string_view spec) {
   const std::string& where = parsed.where.file;
@@ -112,7 +138,9 @@ std::vector<std::string> list_files(const protocol::DatasetSpec& parsed, std::st
   if (paths.empty())
     throw StorageError(fmt::format(
         "dataset '{}': no files{}; a dataset of many files is a directory (its *.h5, *.hdf5, "
-        "*.hdf, *.he5 files, recursively), a glob ('train/*/*.hdf5') or @LIST (a file of paths)",
+        "*.hdf, *.he5 files, recursively), a glob ('train/*/*.hdf5') or @LIST (a file of paths); "
+        "files of other kinds, one sample a file (npz, JPEG, ...), are named by a glob "
+        "('train/*.npz') or a list",
         spec,
         parsed.list ? " in the list" : parsed.glob ? " match the pattern" : " (HDF5) below it"));
   for (const auto& p : paths)
@@ -177,7 +205,7 @@ std::string file_line(const DatasetFile& f) {
 std::string identity_of(const DatasetIndex& x) {
   Fnv h;
   h.add(x.dataset);
-  h.add(x.rows ? "rows" : "whole");
+  h.add(x.whole_files ? "files" : x.rows ? "rows" : "whole");
   h.add(x.label_dataset);
   h.add(fmt::format("{} {} {} {}", x.info.shape_string(), to_string(x.info.dtype),
                     x.info.label_bytes, to_string(x.info.label_dtype)));
@@ -192,6 +220,56 @@ std::uint64_t to_u64(std::string_view s, const std::string& where) {
   if (ec != std::errc() || p != s.data() + s.size())
     throw StorageError(fmt::format("{}: '{}' is not a number", where, s));
   return v;
+}
+
+// Whole-file samples: each file of `paths` one sample of its size, stat'ed (no file opened).
+DatasetIndex scan_whole_files(DatasetIndex x, const std::vector<std::string>& paths,
+                              const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+  x.whole_files = true;
+  x.dataset.clear();
+  x.rows = false;
+  x.files.reserve(paths.size());
+  std::uint64_t least = UINT64_MAX, most = 0, total = 0;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    if (progress && i % 1024 == 0) progress(i, paths.size());
+    struct stat st {};
+    if (::stat(paths[i].c_str(), &st) != 0)
+      throw StorageError(fmt::format("dataset '{}', file {} of {} ({}): {}", x.spec, i + 1,
+                                     paths.size(), paths[i], std::strerror(errno)));
+    if (!S_ISREG(st.st_mode))
+      throw StorageError(fmt::format("dataset '{}': {} is not a regular file; every file of a "
+                                     "dataset of whole-file samples is one sample",
+                                     x.spec, paths[i]));
+    if (st.st_size == 0)
+      throw StorageError(fmt::format("dataset '{}': {} is empty; a whole-file sample is at "
+                                     "least one byte (remove it from the dataset)",
+                                     x.spec, paths[i]));
+    if (::access(paths[i].c_str(), R_OK) != 0)
+      throw StorageError(fmt::format("dataset '{}': cannot read {}: {}", x.spec, paths[i],
+                                     std::strerror(errno)));
+    DatasetFile f;
+    f.path = paths[i];
+    f.set_stat(st);
+    f.first = i;
+    f.count = 1;
+    f.stored_offsets = {0};
+    f.stored_lengths = {f.size};
+    least = std::min(least, f.size);
+    most = std::max(most, f.size);
+    total += f.size;
+    x.files.push_back(std::move(f));
+  }
+  if (progress) progress(paths.size(), paths.size());
+  x.info = DatasetInfo{};
+  x.info.samples = paths.size();
+  x.info.dtype = DType::uint8;
+  x.info.sample_shape = {most};
+  x.info.sample_bytes = most;
+  x.info.whole_files = true;
+  x.info.layout = fmt::format("{} files, whole-file samples of {} to {} bytes (mean {})",
+                              paths.size(), least, most, total / paths.size());
+  x.identity = identity_of(x);
+  return x;
 }
 
 }  // namespace
@@ -253,6 +331,8 @@ DatasetIndex scan_dataset(std::string_view spec, const std::string& label_datase
   x.rows = parsed.rows;
   x.label_dataset = label_dataset;
   const std::vector<std::string> paths = list_files(parsed, spec);
+  if ((parsed.glob || parsed.list) && !names_array(spec) && !hdf5_signature(paths[0]))
+    return scan_whole_files(std::move(x), paths, progress);
   Hdf5Options ho;
   ho.io_threads = 1;
   ho.label_dataset = label_dataset;
@@ -393,9 +473,10 @@ DatasetIndex index_dataset(std::string_view spec, const std::string& label_datas
 
 void write_index(const DatasetIndex& x, const std::string& path) {
   std::string out = fmt::format(
-      "solar-dataset-index 2\nspec {}\ndataset {}\nrows {}\nlabels {}\n"
+      "solar-dataset-index 3\nspec {}\ndataset {}\nrows {}\nwhole-files {}\nlabels {}\n"
       "info {} {} {} {} {} {} {} {}\nidentity {}\nfiles {}\n",
-      x.spec, x.dataset, x.rows ? 1 : 0, x.label_dataset.empty() ? "-" : x.label_dataset,
+      x.spec, x.dataset.empty() ? "-" : x.dataset, x.rows ? 1 : 0, x.whole_files ? 1 : 0,
+      x.label_dataset.empty() ? "-" : x.label_dataset,
       x.info.samples, x.info.shape_string(), to_string(x.info.dtype), x.info.has_labels ? 1 : 0,
       to_string(x.info.label_dtype), x.info.label_bytes,
       x.info.seed ? std::to_string(*x.info.seed) : "-", x.info.layout, x.identity,
@@ -426,8 +507,11 @@ DatasetIndex read_index(const std::string& path, std::string_view spec,
       throw bad(fmt::format("no '{}' line where expected", key));
     return line.substr(key.size() + 1);
   };
-  if (!std::getline(in, line) || line != "solar-dataset-index 2")
+  // Version 3 added the whole-files line; a version 2 index (no whole-file samples) is read.
+  if (!std::getline(in, line) ||
+      (line != "solar-dataset-index 3" && line != "solar-dataset-index 2"))
     throw bad("not a dataset index of this version");
+  const bool v2 = line.ends_with(" 2");
   DatasetIndex x;
   x.spec = field("spec");
   if (x.spec != spec)
@@ -435,7 +519,9 @@ DatasetIndex read_index(const std::string& path, std::string_view spec,
                                    "$SOLAR_DATASET_INDEX at the right one or unset it",
                                    path, x.spec, spec));
   x.dataset = field("dataset");
+  if (x.dataset == "-") x.dataset.clear();
   x.rows = field("rows") == "1";
+  if (!v2) x.whole_files = field("whole-files") == "1";
   x.label_dataset = field("labels");
   if (x.label_dataset == "-") x.label_dataset.clear();
   if (x.label_dataset != label_dataset)
@@ -463,6 +549,7 @@ DatasetIndex read_index(const std::string& path, std::string_view spec,
     }
     if (seed != "-") x.info.seed = to_u64(seed, path);
     x.info.layout = layout_rest.empty() ? "" : layout_rest.substr(1);
+    x.info.whole_files = x.whole_files;
   }
   x.identity = field("identity");
   const std::uint64_t n = to_u64(field("files"), path);
@@ -570,6 +657,12 @@ class FilesSource final : public SampleSource, public DatasetFiles {
   }
 
   void read(std::span<const SampleRun> runs, std::byte* dst) override {
+    if (x_.whole_files)
+      throw StorageError(fmt::format(
+          "dataset '{}' is whole-file samples ({}): solar serves them to an unmodified script "
+          "in the transparent mode (solar run --transparent, srun --solar-transparent); its "
+          "own loader and direct reads do not hand each sample's length yet",
+          x_.spec, x_.info.layout));
     check_runs(x_.info, runs, x_.spec);
     run_parts(split(runs, dst, x_.info.sample_bytes),
               [this](const Part& p) { read_part(p); });

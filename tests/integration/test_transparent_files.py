@@ -11,10 +11,13 @@ table and serves its samples' bytes from the buffer; file descriptors of closed 
 taken for new ones (a file a sample reuses the same numbers all the time)."""
 import json
 import os
+import zipfile
 import resource
 import shutil
 
 import pytest
+
+import numpy as np
 
 from test_transparent import SERVED, digests, served, wait_then_run
 from testlib import PY, SOLAR, run
@@ -36,6 +39,18 @@ def gen(out, layout, samples, *extra):
     return out
 
 
+def write_npz(out, samples, mean_bytes, seed=5):
+    """MLPerf Storage's UNet3D layout in small: one .npz a sample (np.savez: float32 `x` of a
+    length spread +-50% around the mean, int32 `y`), of differing sizes."""
+    out.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(samples):
+        n = int(rng.integers(mean_bytes // 8, mean_bytes * 3 // 8 + 1))  # 0.5x .. 1.5x mean
+        np.savez(out / f"case_{i:05d}.npz", x=rng.standard_normal(n, dtype=np.float32),
+                 y=np.array([i], dtype=np.int32))
+    return out
+
+
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
     """The artifact's layout (2 universes of 64 one-sample files, a subfolder each), with
@@ -51,6 +66,8 @@ def datasets(tmp_path_factory):
         "files-gzip": gen(d / "universes-gzip", "per-sample-files", 128,
                           "--universes-per-dir", "1", "--storage-layout", "gzip"),
         "records": gen(d / "dlio", "dlio", 380, "--files", "8", "--samples-per-file", "50"),
+        # Whole-file samples (issue 36): 96 npz files of 32 KiB +- 50%, np.load in the script.
+        "npz": write_npz(d / "npz", 96, 32 << 10),
     }
 
 
@@ -59,14 +76,16 @@ SPEC = {"files": ("{}/:/split", "/unitPar", "files"),
         "files-list": ("@{}.list:/split", "/unitPar", "files"),
         "files-chunked": ("{}/:/split", "/unitPar", "files"),
         "files-gzip": ("{}/:/split", "/unitPar", "files"),
-        "records": ("{}/:/records[]", "/labels", "records")}
+        "records": ("{}/:/records[]", "/labels", "records"),
+        "npz": ("{}/*.npz", None, "npz")}
 
 
 def solar_run(tmp_path, script, data, kind, tag, *solar_args, ranks=4, nodes=2, workers=0,
               epochs=2, wrapper=None, preexec=None):
     spec, labels, layout = SPEC[kind]
     cmd = [SOLAR, "run", "-n", str(ranks), "--nodes", str(nodes), "--dataset", spec.format(data),
-           "--labels", labels, "--epochs", str(epochs), "--batch", "4", "--seed", "3",
+           *(["--labels", labels] if labels else []), "--epochs", str(epochs), "--batch", "4",
+           "--seed", "3",
            *solar_args, "--", *(str(wrapper).split() if wrapper else []), PY, script, data, "--layout",
            layout, "--epochs", str(epochs), "--batch", "4", "--seed", "3", "--workers",
            str(workers), "--digests", tmp_path / f"{tag}-%r.txt"]
@@ -90,7 +109,8 @@ def plain_and_solar(tmp_path, script, data, kind, *solar_args, ranks=4, nodes=2,
 
 @pytest.mark.parametrize("kind,workers", [("files", 0), ("files", 2), ("files-chunked", 2),
                                           ("files-gzip", 0), ("files-gzip", 2),
-                                          ("records", 0), ("records", 2)])
+                                          ("records", 0), ("records", 2),
+                                          ("npz", 0), ("npz", 2)])
 def test_unmodified_script_over_many_files_same_bytes_served_from_the_buffer(
         tmp_path, script, datasets, kind, workers):
     """2 nodes x 2 ranks: a file opened and closed per sample, or DLIO's files kept open."""
@@ -119,7 +139,7 @@ def transparent_stats(path):
         return [n["transparent"] for n in json.load(f)["nodes"]]
 
 
-@pytest.mark.parametrize("kind", ["files", "files-chunked", "files-gzip", "records"])
+@pytest.mark.parametrize("kind", ["files", "files-chunked", "files-gzip", "records", "npz"])
 def test_whole_dataset_resident_no_sample_byte_from_the_files(tmp_path, script, datasets, kind):
     """One node holding the whole dataset (a buffer several times its size: the plan's resident
     set is what its staging slots leave) and a script that starts once the agent has read every
@@ -134,13 +154,14 @@ def test_whole_dataset_resident_no_sample_byte_from_the_files(tmp_path, script, 
                             wrapper=wait_then_run(tmp_path))
     m = SERVED.search(solar.stderr)
     assert m and int(m.group(1)) > 0 and int(m.group(2)) == 0, solar.stderr
+    # npz: every byte np.load reads (read(2)s at the file's position, zipfile's end first)
     assert "fallen through 0 (0 B)" in solar.stderr, solar.stderr
     [x] = transparent_stats(tmp_path / "stats.json")
     assert x["miss_bytes"] == 0 and x["hit_reads"] > 0, x
     if kind == "records":  # 8 files x 2 ranks x (their own + 2 workers x 2 epochs)
         assert x["opens"] == 8 * 2 * (1 + 2 * 2), x
-    else:
-        assert x["opens"] == 2 * 128, x
+    else:  # npz: np.load opens each file once, so the whole file counts once (at its close)
+        assert x["opens"] == 2 * (96 if kind == "npz" else 128), x
 
 
 def test_ulimit_256_with_2000_files(tmp_path, script):
@@ -186,3 +207,22 @@ def test_one_file_replaced_the_others_still_served(tmp_path, script, datasets):
     assert m and int(m.group(1)) > 0, solar.stderr
     assert "withdr" not in solar.stderr and "changed during the run" not in solar.stderr, \
         solar.stderr
+
+
+def test_npz_sizes_spread_and_the_batch_mode_refused(tmp_path, datasets):
+    """The npz files are of differing sizes (+-50% around their mean), one sample each; solar
+    run without --transparent refuses them naming the flag (its own loader does not hand a
+    sample's length yet), and `solar dataset-info` says what they are."""
+    data = datasets["npz"]
+    sizes = sorted(os.path.getsize(p) for p in data.glob("*.npz"))
+    assert sizes[-1] > 2.5 * sizes[0], sizes  # spread, not one size
+    with zipfile.ZipFile(data / "case_00000.npz") as z:
+        assert sorted(z.namelist()) == ["x.npy", "y.npy"]
+    p = run(SOLAR, "run", "-n", "1", "--dataset", f"{data}/*.npz", "--buffer", "50%", "--epochs",
+            "1", "--batch", "4", "--", PY, "-c", "pass", check=False)
+    assert p.returncode == 2 and "whole-file samples" in p.stderr and "--transparent" in p.stderr, \
+        p.stderr
+    info = json.loads(run(SOLAR, "dataset-info", f"{data}/*.npz", "--labels", "").stdout)
+    assert info["whole_files"] is True and info["samples"] == 96, info
+    assert info["stored_sample_bytes"] == info["sample_bytes"] == sizes[-1], info
+    assert "whole-file samples" in info["layout"], info

@@ -410,5 +410,82 @@ TEST(DatasetFiles, AFolderOfGzipFilesKeepsItsStoredExtentsInTheIndex) {
   expect_stored(*src, 40, false);
 }
 
+// Whole-file samples (issue 36): a glob or list of files that are not HDF5 names one sample a
+// file, its bytes as they are, of its own size; only read_stored reads them.
+TEST(DatasetFiles, FilesThatAreNotHdf5AreWholeFileSamplesOfTheirOwnSizes) {
+  TempDir dir;
+  fs::create_directories(dir.file("npz"));
+  std::vector<std::string> bytes;
+  for (int i = 0; i < 5; ++i) {
+    std::string b(100 + 37 * i, '\0');
+    for (std::size_t k = 0; k < b.size(); ++k) b[k] = static_cast<char>('a' + (i * 7 + k) % 26);
+    std::ofstream(dir.file(fmt::format("npz/s{}.npz", i)), std::ios::binary) << b;
+    bytes.push_back(b);
+  }
+  const std::string spec = dir.file("npz") + "/*.npz";
+  DatasetIndex x = index_dataset(spec, "/label");
+  EXPECT_TRUE(x.whole_files);
+  EXPECT_TRUE(x.info.whole_files);
+  ASSERT_EQ(x.info.samples, 5u);
+  EXPECT_EQ(x.info.sample_bytes, 100u + 37 * 4);  // the largest
+  EXPECT_FALSE(x.info.has_labels);
+  EXPECT_NE(x.info.layout.find("whole-file samples of 100 to 248 bytes"), std::string::npos)
+      << x.info.layout;
+  // The index file keeps them, and a version-3 index says so.
+  const std::string at = dir.file("npz.index");
+  write_index(x, at);
+  {
+    std::ifstream in(at);
+    std::string head;
+    std::getline(in, head);
+    EXPECT_EQ(head, "solar-dataset-index 3");
+  }
+  DatasetIndex back = read_index(at, spec, "/label");
+  EXPECT_TRUE(back.whole_files && back.info.whole_files);
+  EXPECT_EQ(back.identity, x.identity);
+  auto src = open_files_source(std::move(back), SourceOptions{});
+  EXPECT_EQ(stored_sample_bytes(*src), 248u);
+  // Each file's bytes at the stride, zero-padded; in any order.
+  const std::uint64_t stride = 256;
+  std::vector<std::byte> out(5 * stride, std::byte{0xff});
+  const SampleRun runs[] = {{3, 2}, {0, 3}};
+  src->read_stored(runs, out.data(), stride);
+  const int order[] = {3, 4, 0, 1, 2};
+  for (int j = 0; j < 5; ++j) {
+    const std::string& want = bytes[static_cast<std::size_t>(order[j])];
+    const auto* got = reinterpret_cast<const char*>(out.data() + j * stride);
+    EXPECT_EQ(std::string(got, want.size()), want) << "sample " << order[j];
+    for (std::size_t k = want.size(); k < stride; ++k) ASSERT_EQ(got[k], '\0');
+  }
+  // read() refuses: a batch has no place for each sample's length yet.
+  std::vector<std::byte> dec(5 * 248);
+  const SampleRun all{0, 5};
+  const std::string why = error_of([&] { src->read({&all, 1}, dec.data()); });
+  EXPECT_NE(why.find("whole-file samples"), std::string::npos) << why;
+  EXPECT_NE(why.find("--transparent"), std::string::npos) << why;
+}
+
+TEST(DatasetFiles, WholeFileRefusalsNameTheFile) {
+  TempDir dir;
+  fs::create_directories(dir.file("w"));
+  std::ofstream(dir.file("w/a.bin")) << "abc";
+  std::ofstream(dir.file("w/b.bin")).flush();  // empty
+  std::string why = error_of([&] { scan_dataset(dir.file("w") + "/*.bin", ""); });
+  EXPECT_NE(why.find("b.bin is empty"), std::string::npos) << why;
+  // With :/name the files are taken for HDF5 (and refused as not HDF5), not as whole files.
+  fs::remove(dir.file("w/b.bin"));
+  why = error_of([&] { scan_dataset(dir.file("w") + "/*.bin:/data", ""); });
+  EXPECT_NE(why.find("a.bin"), std::string::npos) << why;
+  EXPECT_EQ(why.find("whole-file"), std::string::npos) << why;
+  // An HDF5 file first: the glob is an HDF5 dataset as before (not whole files).
+  put(dir, "h/x.h5", 3, 9);
+  DatasetIndex h = scan_dataset(dir.file("h") + "/*", "/label");
+  EXPECT_FALSE(h.whole_files);
+  EXPECT_EQ(h.info.samples, 1u);  // without [] the file's whole array is one sample
+  // A directory lists HDF5 files only: one of other files says to name them with a glob.
+  why = error_of([&] { scan_dataset(dir.file("w") + "/", ""); });
+  EXPECT_NE(why.find("named by a glob"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace solar::storage

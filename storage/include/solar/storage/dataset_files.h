@@ -4,6 +4,12 @@
 // array in every file. Sample ids are global: the files in sorted path order (a list keeps its
 // own order), then the index within each file.
 //
+// Whole-file samples: a glob or @LIST without `:/name` whose first file is not HDF5 ('npz/*.npz',
+// '@images.txt', 'shards/*'): every file is one sample, its whole bytes (numpy's .npy/.npz, JPEG,
+// anything), of its own size; no labels (the script's come from its own files). They are served
+// as they lie in the files (DatasetFile::stored_extent is {0, size}), so only the transparent
+// mode reads them; a directory names HDF5 files only (name other files with a glob).
+//
 // What one sample of a file is: in a single file, and with `[]` after the array's name
 // (`dlio/:/records[]`), the array's first dimension indexes samples (N x sample shape, N may
 // differ between files); without it, in a dataset of many files each file's whole array is one
@@ -98,6 +104,7 @@ struct DatasetIndex {
   std::string spec;                  // the spec it was made for, as given
   std::string dataset;               // the array's name in every file ("/split")
   bool rows = false;                 // `[]`: the array's first dimension indexes samples
+  bool whole_files = false;          // every file one sample, its whole bytes (dataset unused)
   std::string label_dataset;         // "" = no labels
   DatasetInfo info;                  // N = all files' samples together
   std::vector<DatasetFile> files;

@@ -55,6 +55,11 @@ struct DatasetInfo {
   // its place in the dataset.
   std::optional<std::uint64_t> generated_first;
   std::string layout;                       // contiguous, chunked, gzip, ... (for people)
+  // Whole-file samples (dataset_files.h): each sample is one file's bytes, of its own size
+  // (sample_bytes: the largest; shape {sample_bytes} of uint8). They are read only as stored
+  // (read_stored: each file's bytes at a stride, zero-padded), which is what the transparent
+  // mode serves; read() refuses them (a sample's length has no place in a batch yet).
+  bool whole_files = false;
 
   std::string shape_string() const;         // "4x128x128x128"
 };
