@@ -19,9 +19,11 @@
 #include "options.h"
 #include "progress.h"
 #include "solar/core/extents.h"
+#include "solar/core/order_file.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
 #include "solar/core/rng.h"
+#include "solar/stats_file.h"
 
 namespace solar::cli {
 namespace {
@@ -35,6 +37,7 @@ struct PlanOptions {
   std::string sample_sizes;  // a file of one size per sample
   std::string seed = "0";
   std::string order = "solar";
+  std::string order_file;  // the script's own order (order_file.h)
   bool drop_last = false;
   bool peer_fetch = false;
   std::string policy = "solar";
@@ -168,6 +171,11 @@ PlanConfig build_config(const PlanOptions& o) {
   auto order = parse_order_mode(o.order);
   if (!order) throw ConfigError("--order", fmt::format("'{}' is not solar or torch", o.order));
   c.order = *order;
+  if (!o.order_file.empty()) {
+    if (o.order != "solar") throw ConfigError("--order-file", "gives the order itself: drop --order");
+    c.order = OrderMode::file;
+    c.order_list = read_order_file(o.order_file, c.samples, c.epochs);
+  }
   c.drop_last = o.drop_last;
   c.peer_fetch = o.peer_fetch;
   return c;
@@ -199,31 +207,6 @@ nlohmann::json config_json(const PlanConfig& c) {
           {"peer_fetch", c.peer_fetch},
           {"sized", c.sized()},
           {"dataset_bytes", c.dataset_bytes()}};
-}
-
-nlohmann::json metrics_json(const Metrics& m) {
-  nlohmann::json epochs = nlohmann::json::array();
-  for (std::size_t p = 0; p < m.per_epoch.size(); ++p) {
-    const auto& e = m.per_epoch[p];
-    epochs.push_back({{"position", p},
-                      {"accesses", e.accesses},
-                      {"hits", e.hits},
-                      {"remote_fetches", e.remote_fetches},
-                      {"peer_fetches", e.peer_fetches}});
-  }
-  return {{"accesses", m.accesses},
-          {"remote_fetches", m.remote_fetches},
-          {"remote_bytes", m.remote_bytes},
-          {"remote_reads", m.remote_runs},
-          {"peer_fetches", m.peer_fetches},
-          {"hits", m.hits},
-          {"hit_rate", m.hit_rate()},
-          {"lower_bound_fetches", m.lower_bound_fetches},
-          {"ratio_to_lower_bound", m.ratio_to_lower_bound()},
-          {"lower_bound_bytes", m.lower_bound_bytes},
-          {"ratio_bytes_to_lower_bound", m.ratio_bytes_to_lower_bound()},
-          {"peer_share_of_accesses", m.peer_share()},
-          {"per_epoch", epochs}};
 }
 
 void print_table(const PlanConfig& c, const std::string& scenario,
@@ -352,7 +335,7 @@ void run_plan(const PlanOptions& o) {
     nlohmann::json out = {{"scenario", o.scenario}, {"config", config_json(base)}};
     out["results"] = nlohmann::json::array();
     for (const auto& r : results) {
-      nlohmann::json j = metrics_json(r.metrics);
+      nlohmann::json j = protocol::plan_metrics_record(r.metrics);
       j["policy"] = std::string(to_string(r.policy));
       j["plan_seconds"] = r.seconds;
       if (r.extent_arena) {
@@ -401,7 +384,7 @@ void run_dump(const DumpOptions& o) {
                            {"steps_per_epoch", h.layout.steps},
                            {"epoch_order", h.epoch_order},
                            {"dataset_identity", h.dataset_identity},
-                           {"metrics", metrics_json(h.metrics)}};
+                           {"metrics", protocol::plan_metrics_record(h.metrics)}};
     if (c.sized()) head["sample_sizes"] = *c.sample_sizes;  // bytes per sample id
     std::string s = head.dump();
     s.pop_back();  // reopen the object to append the rows
@@ -476,6 +459,10 @@ void add_plan_commands(CLI::App& app) {
   plan->add_option("--order", o->order,
                    "Epoch order: solar (portable RNG) or torch (= DistributedSampler) [solar]")
       ->type_name("ORDER");
+  plan->add_option("--order-file", o->order_file,
+                   "The script's own order instead: .npy of shape (epochs, samples) or text "
+                   "ids, each epoch a permutation of 0..N-1 (as solar run --order-file)")
+      ->type_name(kFile);
   plan->add_flag("--drop-last", o->drop_last,
                  "Drop the tail that does not fill a step (DistributedSampler and DataLoader)");
   plan->add_flag("--peer-fetch", o->peer_fetch,

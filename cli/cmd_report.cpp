@@ -42,18 +42,25 @@ void add_report_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "report", "Draw measured statistics and benchmark results as one SVG picture: per-epoch "
                 "loading time against the storage's limit, hit rate and stall per epoch and "
-                "node, a sweep's speedups against their limits");
+                "node (with the plan's and the lower bound's), a sweep's speedups against their "
+                "limits, MLPerf Storage accelerator utilisation against the number of "
+                "accelerators. Overlapping lines keep apart by dashes and marker shapes; "
+                "legends give each line's total");
   auto inputs = std::make_shared<std::vector<std::string>>();
   auto out = std::make_shared<std::string>("solar-report.svg");
-  auto title = std::make_shared<std::string>("solar report");
+  auto title = std::make_shared<std::string>();
   cmd->add_option("inputs", *inputs,
                   "JSON files: solar run --stats-out / srun --solar-stats statistics, "
-                  "bench/pytorch_io.py --json results, bench/sweep results")
+                  "bench/pytorch_io.py --json results, bench/sweep results, bench/au.py --json results")
       ->required()
       ->type_name("FILE...");
   cmd->add_option("-o,--output", *out, "The SVG file to write [solar-report.svg]")
       ->type_name("FILE");
-  cmd->add_option("--title", *title, "The picture's title")->type_name("TEXT");
+  cmd->add_option("--title", *title,
+                  "The picture's title [from the inputs: what ran and its headline figures, "
+                  "e.g. \"solar run: 2 nodes, 3 epochs, hit rate 32.0%, plan 1.000x the lower "
+                  "bound\"]")
+      ->type_name("TEXT");
   cmd->callback([=] {
     try {
       run_report(*inputs, *out, *title);

@@ -20,6 +20,7 @@
 #include "options.h"
 #include "progress.h"
 #include "solar/core/job_params.h"
+#include "solar/core/order_file.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
 #include "solar/node_summary.h"
@@ -34,7 +35,7 @@ struct RunOptions {
   std::optional<std::string> ntasks, ranks_per_node;
   std::string nodes = "1", epochs, batch, seed = "0", imbalance = "0";
   std::string dataset, labels = "/label", buffer, order = "solar";
-  std::string plan_out, stats_out, read_gap;
+  std::string plan_out, stats_out, read_gap, order_file;
   std::optional<std::string> start_epoch, start_step;  // resume (--start-epoch, --start-step)
   std::string resume_from;                             // resume: a loader's state_dict as JSON
   bool drop_last = false, no_agent = false, keep = false, verbose = false, zero_copy = false;
@@ -288,6 +289,13 @@ void run_run(const RunOptions& o) {
       if (const std::uint64_t stored = storage::stored_sample_bytes(*src); stored > 0)
         planned.sample_bytes = stored;
     c = plan_for_run(planned, buffer, c, o.peers, !o.transparent && !o.zero_copy);
+    if (!o.order_file.empty()) {
+      if (o.order_given)
+        throw ConfigError("--order-file", "gives the order itself: drop --order");
+      c.order = OrderMode::file;
+      c.order_list = read_order_file(o.order_file, c.samples, c.epochs);
+      c.validate();
+    }
     if (o.transparent) follow_the_script(c, o.order_given);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "solar run: %s\n", e.what());
@@ -388,6 +396,13 @@ void add_run_commands(CLI::App& app) {
                   "solar or torch (= DistributedSampler) [solar; torch with --transparent]")
       ->type_name("ORDER")
       ->each([o](const std::string&) { o->order_given = true; });
+  run->add_option("--order-file", o->order_file,
+                  "The script's own order, epoch after epoch (a script that computes it up "
+                  "front, as the SOLAR artifact's shuffle lists: np.save(F, np.stack([perm of "
+                  "epoch 0, perm of epoch 1, ...]))), .npy of shape (epochs, samples) or text "
+                  "ids; the plan follows it exactly, each epoch's row strided among the ranks as "
+                  "DistributedSampler(shuffle=False) over indices 0..N-1 does")
+      ->type_name("FILE");
   run->add_flag("--drop-last", o->drop_last, "Drop the tail that does not fill a step");
   run->add_flag("--no-agent", o->no_agent, "No agents: ranks read directly (the fallback path)");
   run->add_flag("--zero-copy", o->zero_copy,

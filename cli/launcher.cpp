@@ -21,6 +21,7 @@
 #include "line_labeller.h"
 #include "run_dir.h"
 #include "run_stats.h"
+#include "solar/stats_file.h"
 #include "solar/core/plan_file.h"
 #include "solar/protocol.h"
 #include "solar/sys/remove_tree.h"
@@ -374,7 +375,9 @@ LaunchResult launch(const LaunchSpec& spec) {
     if (labeller) labeller->finish(1.0);
     stop_agents(true);
     result.times.agents_stopped = Clock::now();
-    if (!spec.stats_out.empty()) write_run_stats(spec.stats_out, dir, c.nodes, spec.agents);
+    if (!spec.stats_out.empty())
+      write_run_stats(spec.stats_out, dir, c.nodes, spec.agents,
+                      protocol::plan_metrics_record(plan.metrics));
   } catch (...) {
     for (pid_t p : ranks) ::kill(p, SIGKILL);
     for (pid_t p : ranks) ::waitpid(p, nullptr, 0);

@@ -7,8 +7,16 @@
 //   benchmark  `bench/pytorch_io.py --json`: {"modes":{"baseline":{per_epoch_s}, "solar":{...,
 //              limit}, ...}}
 //   sweep      `bench/sweep`: {"points":[{label, speedup, limit, ...}]}
+//   AU         `bench/au.py --json`: {"kind":"au", "accelerators":[N...], "threshold",
+//              "loaders":{name:{"N":{au, ...}}}}
 // Panels, one per kind present: per-epoch loading time of each loader with the storage's limit;
-// hit rate (and ranks' stall) per epoch and node; the sweep's speedup against its limit.
+// hit rate (and ranks' stall) per epoch and node, with the plan's hit rate and the best the
+// lower bound allows where the file has the plan's figures ("plan": solar run, srun); the
+// sweep's speedup against its limit; the accelerator utilisation against the number of
+// accelerators with MLPerf's threshold. Lines that overlap stay legible: each series has its
+// own dashes and its own hollow marker shape, a size larger than the one before (equal values
+// nest); references (limits, bounds, thresholds) are grey, dashed, without markers, and carry
+// their values in data-values. Legends give totals; the default title summarises the inputs.
 //
 // SVG is written directly (no plotting library): the tool stays free of Python and of a
 // display, the output is plain text a test can parse, and the picture needs only lines, bars,
@@ -16,6 +24,7 @@
 #include "report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -31,16 +40,18 @@ namespace {
 using nlohmann::json;
 
 struct Series {
-  std::string name;
+  std::string name;  // data-series (what a script looks up)
   std::string colour;
   std::vector<double> y;  // NaN: no value
-  bool dashed = false;
+  bool reference = false;  // a limit, bound or threshold: grey, dashed, no markers
+  std::string note;        // shown after the name in the legend (a total)
 };
 
 struct LinePanel {
   std::string title, y_label, x_label;
   std::vector<Series> series;
   double y_max_hint = 0;  // e.g. 100 for percentages
+  std::vector<std::string> x_ticks;  // the x values' labels; none: 0, 1, 2...
 };
 
 struct BarPanel {
@@ -115,16 +126,64 @@ double frame(std::ostringstream& o, double y0, const std::string& title,
   return ymax;
 }
 
-void legend(std::ostringstream& o, double y0, const std::vector<Series>& series) {
+// How a series is told from the others where lines overlap (issue 41): its own dash pattern,
+// and its own marker shape, hollow and a little larger than the previous series' so that equal
+// values show as nested shapes, not one hidden under the other.
+// References (limits, bounds, thresholds) have dashes of their own, k counting among them.
+const char* kDashes[] = {"", "9,4", "3,3", "12,4,3,4"};
+const char* kReferenceDashes[] = {"6,4", "2,3", "10,3,2,3"};
+
+std::string dash_attr(const Series& s, std::size_t k) {
+  const char* d = s.reference ? kReferenceDashes[k % 3] : kDashes[k % 4];
+  return *d ? fmt::format(" stroke-dasharray=\"{}\"", d) : "";
+}
+
+// Series k's marker at (x, y); `value` (NaN: a legend's sample, no value) as data-value.
+std::string marker(std::size_t k, double x, double y, const std::string& colour, double value) {
+  const double r = 3.5 + 1.2 * static_cast<double>(k % 6);
+  const std::string common = fmt::format(
+      "class=\"marker\" fill=\"white\" stroke=\"{}\" stroke-width=\"1.5\"{}", colour,
+      std::isfinite(value) ? fmt::format(" data-value=\"{:.6g}\"", value) : "");
+  switch (k % 6) {
+    case 0: return fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{:.1f}\" {}/>\n", x, y, r, common);
+    case 1:
+      return fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" {}/>\n",
+                         x - r, y - r, 2 * r, 2 * r, common);
+    case 2:
+      return fmt::format("<polygon points=\"{:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f}\" {}/>\n", x,
+                         y - r, x + r, y + r, x - r, y + r, common);
+    case 3:
+      return fmt::format(
+          "<polygon points=\"{:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f}\" {}/>\n", x,
+          y - r, x + r, y, x, y + r, x - r, y, common);
+    case 4:
+      return fmt::format("<polygon points=\"{:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f}\" {}/>\n", x,
+                         y + r, x + r, y - r, x - r, y - r, common);
+    default:
+      return fmt::format("<path d=\"M{:.1f},{:.1f}L{:.1f},{:.1f}M{:.1f},{:.1f}L{:.1f},{:.1f}\" {}/>\n",
+                         x - r, y - r, x + r, y + r, x - r, y + r, x + r, y - r, common);
+  }
+}
+
+void legend(std::ostringstream& o, double y0, const std::vector<Series>& series, bool markers) {
   double y = y0 + kTop + 8;
+  std::size_t k = 0, refs = 0;
   for (const Series& s : series) {
-    o << fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" "
-                     "stroke-width=\"3\"{4}/>\n",
-                     kWidth - kRight + 16, y, kWidth - kRight + 40, s.colour,
-                     s.dashed ? " stroke-dasharray=\"6,4\"" : "");
-    o << fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\">{}</text>\n",
-                     kWidth - kRight + 46, y + 4, esc(s.name));
+    const double x0 = kWidth - kRight + 12, x1 = kWidth - kRight + 44;
+    if (markers)  // lines: the line's own dashes; bars: a swatch of the colour
+      o << fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" "
+                       "stroke-width=\"2\"{4}/>\n",
+                       x0, y, x1, s.reference ? "#777" : s.colour,
+                       dash_attr(s, s.reference ? refs : k));
+    else
+      o << fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"10\" fill=\"{}\"/>\n", x0,
+                       y - 5, x1 - x0, s.colour);
+    if (markers && !s.reference) o << marker(k, (x0 + x1) / 2, y, s.colour, NAN);
+    std::string text = s.name + (s.note.empty() ? "" : " " + s.note);
+    o << fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\">{}</text>\n", x1 + 6, y + 4,
+                     esc(text));
     y += 20;
+    ++(s.reference ? refs : k);
   }
 }
 
@@ -147,25 +206,29 @@ void draw_lines(std::ostringstream& o, double y0, const LinePanel& p) {
   for (std::size_t i = 0; i < n; i += every)
     o << fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\">{}"
                      "</text>\n",
-                     x_of(i), y0 + kTop + h + 16, i);
+                     x_of(i), y0 + kTop + h + 16,
+                     i < p.x_ticks.size() ? esc(p.x_ticks[i]) : std::to_string(i));
   o << fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"12\">{}</text>\n",
                    kLeft + w / 2, y0 + kTop + h + 36, esc(p.x_label));
+  std::size_t k = 0, refs = 0;  // the series' place among the references or the others
   for (const Series& s : p.series) {
+    const std::size_t at = s.reference ? refs++ : k++;
     o << fmt::format("<g class=\"series\" data-series=\"{}\">\n", esc(s.name));
-    std::string pts;
+    std::string pts, marks, values;
     for (std::size_t i = 0; i < s.y.size(); ++i) {
       if (!std::isfinite(s.y[i])) continue;
       const double x = x_of(i), y = y0 + kTop + h - s.y[i] / ymax * h;
       pts += fmt::format("{:.1f},{:.1f} ", x, y);
-      o << fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\" "
-                       "data-value=\"{:.6g}\"/>\n",
-                       x, y, s.colour, s.y[i]);
+      values += fmt::format("{}{:.6g}", values.empty() ? "" : " ", s.y[i]);
+      if (!s.reference) marks += marker(at, x, y, s.colour, s.y[i]);
     }
-    o << fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{}/>\n",
-                     pts, s.colour, s.dashed ? " stroke-dasharray=\"6,4\"" : "");
-    o << "</g>\n";
+    // The line first, its markers over it; a reference's values (no markers) on its line.
+    o << fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"{}\"{}{}/>\n",
+                     pts, s.reference ? "#777" : s.colour, s.reference ? 1.5 : 2, dash_attr(s, at),
+                     s.reference ? fmt::format(" data-values=\"{}\"", values) : "");
+    o << marks << "</g>\n";
   }
-  legend(o, y0, p.series);
+  legend(o, y0, p.series, true);
 }
 
 void draw_bars(std::ostringstream& o, double y0, const BarPanel& p) {
@@ -200,7 +263,7 @@ void draw_bars(std::ostringstream& o, double y0, const BarPanel& p) {
     }
     o << "</g>\n";
   }
-  legend(o, y0, p.series);
+  legend(o, y0, p.series, false);
 }
 
 [[noreturn]] void bad(const std::string& path, const std::string& why) {
@@ -219,6 +282,19 @@ std::vector<double> numbers(const json& a) {
   return v;
 }
 
+// "(<the values' sum> in all)" where there is one: a line's total, in its legend.
+std::string total_note(const std::vector<double>& y, const char* format) {
+  double sum = 0;
+  bool any = false;
+  for (double v : y)
+    if (std::isfinite(v)) sum += v, any = true;
+  return any ? "(" + fmt::format(fmt::runtime(format), sum) + ")" : "";
+}
+
+std::string loader_name(const std::string& name) {
+  return name == "baseline" ? "PyTorch DataLoader" : name == "solar" ? "solar.torch.Loader" : name;
+}
+
 // The loaders' per-epoch loading times (pytorch_io --json) with each one's limit.
 LinePanel benchmark_panel(const json& j, const std::string& path) {
   const json& modes = j.at("modes");
@@ -226,25 +302,57 @@ LinePanel benchmark_panel(const json& j, const std::string& path) {
     bad(path, "a benchmark result needs modes.baseline (bench/pytorch_io.py --json)");
   LinePanel p{"Data-loading time per epoch (" + std::filesystem::path(path).filename().string() +
                   ")",
-              "seconds (slowest rank)", "epoch", {}, 0};
+              "seconds (slowest rank)", "epoch", {}, 0, {}};
   std::size_t c = 0;
   const std::vector<double> base = numbers(modes["baseline"].value("per_epoch_s", json()));
   for (const auto& [name, m] : modes.items()) {
-    std::string label = name == "baseline" ? "PyTorch DataLoader" : name == "solar"
-                                                                      ? "solar.torch.Loader"
-                                                                      : name;
+    std::string label = loader_name(name);
     if (name == "solar" || name == "transparent")
       if (const double s = num(m, "speedup"); std::isfinite(s))
         label += fmt::format(" ({:.2f}x)", s);
-    p.series.push_back({label, kColours[c++ % 8], numbers(m.value("per_epoch_s", json()))});
+    Series s{label, kColours[c++ % 8], numbers(m.value("per_epoch_s", json())), false, {}};
+    s.note = total_note(s.y, "{:.2f} s in all");
+    p.series.push_back(std::move(s));
   }
   // What the storage allows solar: the baseline's time over the plan's byte ratio.
   if (modes.contains("solar"))
     if (const double limit = num(modes["solar"], "limit"); std::isfinite(limit) && limit > 0) {
-      Series s{fmt::format("storage limit for solar ({:.2f}x)", limit), "#555", {}, true};
+      Series s{fmt::format("storage limit for solar ({:.2f}x)", limit), "#555", {}, true, {}};
       for (double b : base) s.y.push_back(b / limit);
       p.series.push_back(std::move(s));
     }
+  return p;
+}
+
+// MLPerf Storage's accelerator utilisation against the number of emulated accelerators, one
+// series per loader, the workload's threshold dashed (bench/au.py --json).
+LinePanel au_panel(const json& j, const std::string& path) {
+  const json& counts = j.at("accelerators");
+  const json& loaders = j.at("loaders");
+  if (!counts.is_array() || counts.empty() || !loaders.is_object())
+    bad(path, "an AU result needs \"accelerators\" (a non-empty array) and \"loaders\" (an "
+              "object) (bench/au.py --json)");
+  LinePanel p{fmt::format("Accelerator utilisation, {} ({})", j.value("workload", std::string("?")),
+                          std::filesystem::path(path).filename().string()),
+              "AU % (mean over the accelerators)", "emulated accelerators (N)", {}, 100, {}};
+  for (const json& n : counts) p.x_ticks.push_back(n.is_number() ? n.dump() : "?");
+  std::size_t c = 0;
+  for (const auto& [name, by_n] : loaders.items()) {
+    Series s{loader_name(name), kColours[c++ % 8], {}, false, {}};
+    if (const json* largest = j.contains("largest") && j["largest"].is_object()
+                                  ? &j["largest"] : nullptr;
+        largest && largest->contains(name) && (*largest)[name].is_number())
+      s.name += fmt::format(" (sustains {})", (*largest)[name].dump());
+    for (const json& n : counts) {
+      const std::string key = n.is_number() ? n.dump() : "";
+      s.y.push_back(by_n.is_object() && by_n.contains(key) && by_n[key].is_object()
+                        ? 100 * num(by_n[key], "au") : NAN);
+    }
+    p.series.push_back(std::move(s));
+  }
+  if (const double t = num(j, "threshold"); std::isfinite(t))
+    p.series.push_back({fmt::format("MLPerf threshold ({:.0f}%)", 100 * t), "#555",
+                        std::vector<double>(counts.size(), 100 * t), true, {}});
   return p;
 }
 
@@ -259,10 +367,11 @@ std::vector<LinePanel> stats_panels(const json& j, const std::string& path) {
   }
   const std::string file = std::filesystem::path(path).filename().string();
   LinePanel hit{"Hit rate per epoch (" + file + ")", "% of samples served from the buffer",
-                "epoch", {}, 100};
+                "epoch", {}, 100, {}};
   LinePanel stall{"Ranks' wait for batches per epoch (" + file + ")",
-                  "seconds (slowest rank, summed over its batches)", "epoch", {}, 0};
-  std::size_t c = 0, missing = 0;
+                  "seconds (slowest rank, summed over its batches)", "epoch", {}, 0, {}};
+  std::size_t c = 0, missing = 0, epochs = 0;
+  double all_hits = 0, all_fetched = 0;
   bool any_stall = false;
   for (const json& n : nodes) {
     if (n.contains("missing")) {
@@ -273,17 +382,49 @@ std::vector<LinePanel> stats_panels(const json& j, const std::string& path) {
       bad(path, "a node's statistics need an \"epochs\" array (solar run --stats-out, "
                 "srun --solar-stats or solar-agent --stats-out)");
     const std::string name = fmt::format("node {}", n.value("node", json(0)).dump());
-    Series h{name, kColours[c % 8], {}}, st{name, kColours[c % 8], {}};
+    Series h{name, kColours[c % 8], {}, false, {}}, st{name, kColours[c % 8], {}, false, {}};
     ++c;
+    double node_hits = 0, node_fetched = 0;
     for (const json& e : n["epochs"]) {
       const double hits = num(e, "hits"), fetched = num(e, "fetched_samples");
       h.y.push_back(hits + fetched > 0 ? 100 * hits / (hits + fetched) : NAN);
+      if (std::isfinite(hits + fetched)) node_hits += hits, node_fetched += fetched;
       const double s = num(e, "stall_max_rank_seconds");
       any_stall = any_stall || std::isfinite(s);
       st.y.push_back(s);
     }
+    if (node_hits + node_fetched > 0)
+      h.note = fmt::format("({:.1f}% over the run)", 100 * node_hits / (node_hits + node_fetched));
+    st.note = total_note(st.y, "{:.2f} s in all");
+    all_hits += node_hits;
+    all_fetched += node_fetched;
+    epochs = std::max(epochs, h.y.size());
     hit.series.push_back(std::move(h));
     stall.series.push_back(std::move(st));
+  }
+  if (hit.series.size() > 1 && all_hits + all_fetched > 0)
+    hit.title += fmt::format(": {:.1f}% over all nodes", 100 * all_hits / (all_hits + all_fetched));
+  // The plan's own figures (solar run, srun --solar-stats): its hit rate per epoch over all
+  // nodes, and the best any plan can do, from the lower bound on storage reads (core/order.h).
+  if (const json* plan = j.contains("plan") && j["plan"].is_object() ? &j["plan"] : nullptr) {
+    Series planned{"planned (all nodes)", "#777", {}, true, {}};
+    if (plan->contains("per_epoch") && (*plan)["per_epoch"].is_array())
+      for (const json& e : (*plan)["per_epoch"]) {
+        const double a = num(e, "accesses"), hits = num(e, "hits");
+        planned.y.push_back(a > 0 ? 100 * hits / a : NAN);
+      }
+    if (planned.y.size() > epochs) planned.y.resize(epochs);  // a resumed run's part
+    const double a = num(*plan, "accesses"), lb = num(*plan, "lower_bound_fetches");
+    if (!planned.y.empty()) {
+      if (const double hr = num(*plan, "hit_rate"); std::isfinite(hr))
+        planned.note = fmt::format("({:.1f}% over the run)", 100 * hr);
+      hit.series.push_back(std::move(planned));
+    }
+    if (a > 0 && std::isfinite(lb) && epochs > 0) {
+      const double best = 100 * std::max(0.0, 1 - lb / a);
+      hit.series.push_back({"lower bound's best", "#777", std::vector<double>(epochs, best), true,
+                            fmt::format("({:.1f}% over the run: no plan reads less)", best)});
+    }
   }
   if (hit.series.empty())
     bad(path, fmt::format("no node has statistics ({} missing: the agents did not run or were "
@@ -298,8 +439,8 @@ BarPanel sweep_panel(const json& j, const std::string& path) {
     bad(path, "a sweep needs a non-empty \"points\" array (bench/sweep)");
   BarPanel p{"Sweep: solar's speedup over the PyTorch DataLoader and the storage's limit",
              "x the DataLoader's loading time", {}, {}};
-  Series speed{"solar speedup", kColours[1], {}}, limit{"limit (plain / planned bytes)", "#999",
-                                                        {}};
+  Series speed{"solar speedup", kColours[1], {}, false, {}},
+      limit{"limit (plain / planned bytes)", "#999", {}, false, {}};
   for (const json& pt : j["points"]) {
     p.groups.push_back(pt.value("label", std::string("?")));
     speed.y.push_back(num(pt, "speedup"));
@@ -309,11 +450,59 @@ BarPanel sweep_panel(const json& j, const std::string& path) {
   return p;
 }
 
+// One input's line of the default title: what ran and its headline figure.
+std::string summary(const json& j) {
+  if (j.value("kind", std::string()) == "au") {
+    std::string out = "MLPerf Storage AU, " + j.value("workload", std::string("?"));
+    if (j.contains("largest") && j["largest"].is_object()) {
+      std::vector<std::string> parts;
+      for (const auto& [name, n] : j["largest"].items())
+        parts.push_back(fmt::format("{} sustains {}", loader_name(name), n.dump()));
+      if (!parts.empty()) out += fmt::format(": {}", fmt::join(parts, ", "));
+    }
+    return out;
+  }
+  if (j.contains("modes")) {
+    const json& solar = j["modes"].is_object() ? j["modes"].value("solar", json::object())
+                                               : json::object();
+    const double sp = num(solar, "speedup"), lim = num(solar, "limit");
+    return std::isfinite(sp) ? fmt::format("solar {:.2f}x the PyTorch DataLoader{}", sp,
+                                           std::isfinite(lim)
+                                               ? fmt::format(" (the storage allows {:.2f}x)", lim)
+                                               : "")
+                             : "loaders compared";
+  }
+  if (j.contains("points")) return fmt::format("sweep of {} points", j["points"].size());
+  if (j.contains("nodes") && j["nodes"].is_array()) {
+    double hits = 0, fetched = 0;
+    std::size_t epochs = 0;
+    for (const json& n : j["nodes"]) {
+      if (!n.is_object() || !n.contains("epochs") || !n["epochs"].is_array()) continue;
+      epochs = std::max(epochs, n["epochs"].size());
+      for (const json& e : n["epochs"]) {
+        const double h = num(e, "hits"), f = num(e, "fetched_samples");
+        if (std::isfinite(h + f)) hits += h, fetched += f;
+      }
+    }
+    std::string out = fmt::format("{}: {} nodes, {} epochs", j.value("source", std::string("run")),
+                                  j["nodes"].size(), epochs);
+    if (j.contains("job") && j.contains("step"))
+      out += fmt::format(" (job {}, step {})", j["job"].dump(), j["step"].dump());
+    if (hits + fetched > 0) out += fmt::format(", hit rate {:.1f}%", 100 * hits / (hits + fetched));
+    if (j.contains("plan") && j["plan"].is_object())
+      if (const double r = num(j["plan"], "ratio_to_lower_bound"); std::isfinite(r) && r > 0)
+        out += fmt::format(", plan {:.3f}x the lower bound", r);
+    return out;
+  }
+  return fmt::format("node {}", j.value("node", json(0)).dump());
+}
+
 }  // namespace
 
 Report report_svg(const std::vector<ReportInput>& inputs, const std::string& title) {
   std::vector<LinePanel> lines;
   std::vector<BarPanel> bars;
+  std::vector<std::string> summaries;  // for the default title
   for (const ReportInput& in : inputs) {
     const std::string& path = in.name;
     json j;
@@ -324,7 +513,9 @@ Report report_svg(const std::vector<ReportInput>& inputs, const std::string& tit
     }
     if (!j.is_object()) bad(path, "not a JSON object");
     try {
-      if (j.contains("modes")) {
+      if (j.value("kind", std::string()) == "au") {
+        lines.push_back(au_panel(j, path));
+      } else if (j.contains("modes")) {
         lines.push_back(benchmark_panel(j, path));
       } else if (j.contains("points")) {
         bars.push_back(sweep_panel(j, path));
@@ -332,11 +523,20 @@ Report report_svg(const std::vector<ReportInput>& inputs, const std::string& tit
         for (LinePanel& p : stats_panels(j, path)) lines.push_back(std::move(p));
       } else {
         bad(path, "not a stats file (solar run --stats-out, srun --solar-stats), a benchmark "
-                  "result (bench/pytorch_io.py --json) or a sweep (bench/sweep)");
+                  "result (bench/pytorch_io.py --json), a sweep (bench/sweep) or an AU result "
+                  "(bench/au.py --json)");
       }
+      if (title.empty()) summaries.push_back(summary(j));
     } catch (const json::exception& e) {
       bad(path, fmt::format("unexpected content: {}", e.what()));
     }
+  }
+  std::string heading = title;
+  if (heading.empty()) {  // from the inputs: the first two's summaries
+    std::vector<std::string> parts(summaries.begin(),
+                                   summaries.begin() + std::min<std::size_t>(2, summaries.size()));
+    heading = fmt::format("{}", fmt::join(parts, "; "));
+    if (inputs.size() > 2) heading += fmt::format("; {} more", inputs.size() - 2);
   }
   const double height = 50 + kPanelH * static_cast<double>(lines.size() + bars.size());
   std::ostringstream o;
@@ -345,7 +545,7 @@ Report report_svg(const std::vector<ReportInput>& inputs, const std::string& tit
                    "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\">\n"
                    "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
                    "<text x=\"{2}\" y=\"30\" font-size=\"20\">{3}</text>\n",
-                   kWidth, height, kLeft, esc(title));
+                   kWidth, height, kLeft, esc(heading));
   double y = 50;
   for (const LinePanel& p : lines) {
     o << "<g class=\"panel\" data-title=\"" << esc(p.title) << "\">\n";

@@ -25,7 +25,8 @@ struct Report {
   std::size_t panels = 0;  // how many panels it has
 };
 
-// The picture of `inputs`, one panel per kind each holds, under `title`. Throws BadInput when an
+// The picture of `inputs`, one panel per kind each holds, under `title` (empty: one made from the
+// inputs, what ran and its headline figure). Throws BadInput when an
 // input is not JSON or not a stats file, a benchmark result or a sweep.
 Report report_svg(const std::vector<ReportInput>& inputs, const std::string& title);
 

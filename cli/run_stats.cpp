@@ -12,7 +12,8 @@
 namespace solar::cli {
 namespace fs = std::filesystem;
 
-nlohmann::json run_stats_document(const fs::path& dir, std::uint32_t nodes, bool agents) {
+nlohmann::json run_stats_document(const fs::path& dir, std::uint32_t nodes, bool agents,
+                                  const nlohmann::json& plan) {
   nlohmann::json list = nlohmann::json::array();
   for (std::uint32_t m = 0; m < nodes; ++m) {
     std::ifstream f(dir / fmt::format("node{}.stats.json", m));
@@ -31,12 +32,14 @@ nlohmann::json run_stats_document(const fs::path& dir, std::uint32_t nodes, bool
     }
     list.push_back(std::move(n));
   }
-  return protocol::run_stats_file("solar run", std::move(list));
+  return protocol::run_stats_file("solar run", std::move(list),
+                                  plan.is_null() ? nlohmann::json::object()
+                                                 : nlohmann::json{{"plan", plan}});
 }
 
 void write_run_stats(const std::string& out, const fs::path& dir, std::uint32_t nodes,
-                     bool agents) {
-  const nlohmann::json doc = run_stats_document(dir, nodes, agents);
+                     bool agents, const nlohmann::json& plan) {
+  const nlohmann::json doc = run_stats_document(dir, nodes, agents, plan);
   if (const char* failed = sys::write_file_atomically(out, protocol::stats_file_text(doc), 0666))
     throw std::runtime_error(
         fmt::format("--stats-out {}: {}: {}", out, failed, std::strerror(errno)));

@@ -10,6 +10,12 @@ or `srun --solar-transparent` with the dataset as `ROOT/:/split --labels /unitPa
 `ROOT/:/records[] --labels /labels`, or `'ROOT/*.npz'`) and the same --seed/--batch/--epochs, and its reads of the
 files are served from the node agent's buffer.
 
+With --shuffle-list FILE (a .npy of shape (epochs, N)) it reads as the SOLAR artifact's
+io_baseline.py does: epoch e's order is row e of a list computed up front (the artifact draws it
+with numpy's global RNG and broadcasts it over MPI), read through
+DistributedSampler(shuffle=False), rank r taking the list's positions r, r+W, ...; under solar,
+give the same file as `--order-file` and the plan follows it.
+
 With --digests FILE (%r: the rank) it writes per batch the SHA-256 of its inputs and labels, so
 runs with and without solar can be compared bit for bit. Rank and world size come from the usual
 variables (RANK/WORLD_SIZE, or Slurm's)."""
@@ -76,6 +82,18 @@ class NpzFiles(Dataset):
         return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y)
 
 
+class Listed(Dataset):
+    """The artifact's way of shuffling: item i of epoch e is sample order[e][i]."""
+    def __init__(self, ds, order):
+        self.ds, self.order, self.epoch = ds, order, 0
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return self.ds[int(self.order[self.epoch][i])]
+
+
 def concatenate(batch):
     """Samples of differing sizes: their inputs back to back, their lengths with the labels."""
     xs, ys = zip(*batch)
@@ -91,17 +109,23 @@ p.add_argument("--batch", type=int, default=4)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--digests", required=True)
+p.add_argument("--shuffle-list", help="epochs x N .npy: each epoch's order (the artifact's)")
 a = p.parse_args()
 rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
 world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
 ds = {"files": Universes, "records": Records, "npz": NpzFiles}[a.layout](a.root)
 assert len(ds) > 0, a.root
-sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=a.seed)
+if a.shuffle_list:
+    ds = Listed(ds, np.load(a.shuffle_list))
+sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=not a.shuffle_list,
+                             seed=a.seed)
 loader = DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers,
                     collate_fn=concatenate if a.layout == "npz" else None)
 with open(a.digests.replace("%r", str(rank)), "w") as out:
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)
+        if a.shuffle_list:
+            ds.epoch = epoch  # before the iterator: workers take the dataset as it is then
         for b, (x, y) in enumerate(loader):
             out.write(f"{epoch} {b} {hashlib.sha256(x.numpy().tobytes()).hexdigest()} "
                       f"{hashlib.sha256(y.numpy().tobytes()).hexdigest()}\n")

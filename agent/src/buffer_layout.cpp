@@ -36,6 +36,9 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
           std::max(b.ring_depth, small_batch_ring_depth(b.ring_batch * b.slot_bytes));
     // A plan of policy `none` may hold less than a step; its samples still need slots.
     b.cache_slots = std::max(c.buffer_samples(), std::uint64_t{R} * b.ring_batch);
+    // One step of room beyond the plan's resident set, out of the budget as the plan counts it
+    // (kAgentLookaheadSteps, solar/core/agent_budget.h): reads run a step ahead of the copies.
+    b.cache_slots += std::uint64_t{kAgentLookaheadSteps} * R * b.ring_batch;
   }
   if (o.peers && b.ring_depth > 0) {  // without rings the staging slots hold them (.h)
     b.handover_slots = std::uint64_t{kPeerHandoverSteps} * R * b.ring_batch;

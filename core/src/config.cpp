@@ -11,7 +11,9 @@
 
 namespace solar {
 
-std::string_view to_string(OrderMode m) { return m == OrderMode::torch ? "torch" : "solar"; }
+std::string_view to_string(OrderMode m) {
+  return m == OrderMode::torch ? "torch" : m == OrderMode::file ? "file" : "solar";
+}
 
 std::string_view to_string(Policy p) {
   switch (p) {
@@ -84,6 +86,13 @@ void PlanConfig::validate() const {
                                               epochs, what, std::uint64_t{epochs} * per_epoch,
                                               kMaxAccesses, kMaxAccesses / per_epoch));
   }
+  if (order_list && order != OrderMode::file)
+    throw ConfigError("--order", "an order list is given but the order is not `file`");
+  if (order_list && order_list->size() != std::uint64_t{epochs} * samples)
+    throw ConfigError("--order-file",
+                      fmt::format("the order holds {} sample ids; {} epochs × {} samples need {}",
+                                  order_list->size(), epochs, samples,
+                                  std::uint64_t{epochs} * samples));
   if (sized()) {
     validate_sizes();
     return;
@@ -273,12 +282,13 @@ void fit_plan_to_agent_budget(PlanConfig& c, std::uint64_t budget_bytes,
 }
 
 void follow_the_script(PlanConfig& c, bool order_given) {
-  if (order_given && c.order != OrderMode::torch)
+  if (order_given && c.order != OrderMode::torch && c.order != OrderMode::file)
     throw ConfigError("--order", "an unmodified script reads in DistributedSampler's order: use "
-                                 "torch (the default in the transparent mode)");
+                                 "torch (the default in the transparent mode), or give the "
+                                 "script's own order with --order-file");
   if (c.imbalance)
     throw ConfigError("--imbalance", "an unmodified script's batches are equal: use 0");
-  c.order = OrderMode::torch;
+  if (c.order != OrderMode::file) c.order = OrderMode::torch;
   c.policy = Policy::sampler;
   c.validate();
 }
@@ -291,7 +301,8 @@ PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t 
   c.policy = Policy::none;
   c.validate();
   fit_plan_to_agent_budget(c, budget_bytes, label_bytes,
-                           kAgentStagingSteps + (peers && rings ? kPeerHandoverSteps : 0));
+                           kAgentStagingSteps + (rings ? kAgentLookaheadSteps : 0) +
+                               (peers && rings ? kPeerHandoverSteps : 0));
   c.policy = Policy::solar;
   c.peer_fetch = peers;
   c.validate();

@@ -29,8 +29,18 @@ void epoch_sequence(const PlanConfig& c, const EpochLayout& layout, std::uint32_
   const std::uint64_t n = c.samples, total = layout.sequence_length();
   out.resize(std::max(n, total));
   std::span<std::uint32_t> perm(out.data(), n);
-  if (c.order == OrderMode::torch) torch_randperm(c.seed + epoch, perm);
-  else solar_permutation(c.seed, epoch, perm);
+  if (c.order == OrderMode::file) {
+    if (!c.order_list || c.order_list->size() < (std::uint64_t{epoch} + 1) * n)
+      throw ConfigError("--order-file",
+                        "this plan follows an order file, and the order is not at hand (a plan "
+                        "file holds its accesses, not the list): give the order file again");
+    const auto first = c.order_list->begin() + static_cast<std::ptrdiff_t>(std::uint64_t{epoch} * n);
+    std::copy(first, first + static_cast<std::ptrdiff_t>(n), perm.begin());
+  } else if (c.order == OrderMode::torch) {
+    torch_randperm(c.seed + epoch, perm);
+  } else {
+    solar_permutation(c.seed, epoch, perm);
+  }
   // Pad by wrapping around the permutation, as DistributedSampler does; or truncate.
   for (std::uint64_t i = n; i < total; ++i) out[i] = out[(i - n) % n];
   out.resize(total);

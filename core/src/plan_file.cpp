@@ -227,7 +227,8 @@ PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::
   c.peer_fetch = r.get<std::uint8_t>() != 0;
   c.seed = r.get<std::uint64_t>();
   c.buffer_bytes = r.get<std::uint64_t>();
-  if (order > 1) r.fail(fmt::format("unknown order mode {}", order));
+  if (order > static_cast<std::uint8_t>(OrderMode::file))
+    r.fail(fmt::format("unknown order mode {}", order));
   if (policy > static_cast<std::uint8_t>(Policy::sampler))
     r.fail(fmt::format("unknown policy {}", policy));
   c.order = static_cast<OrderMode>(order);

@@ -1,6 +1,33 @@
 #include "solar/stats_file.h"
 
+#include "solar/core/plan.h"
+
 namespace solar::protocol {
+
+nlohmann::json plan_metrics_record(const Metrics& m) {
+  nlohmann::json epochs = nlohmann::json::array();
+  for (std::size_t p = 0; p < m.per_epoch.size(); ++p) {
+    const auto& e = m.per_epoch[p];
+    epochs.push_back({{"position", p},
+                      {"accesses", e.accesses},
+                      {"hits", e.hits},
+                      {"remote_fetches", e.remote_fetches},
+                      {"peer_fetches", e.peer_fetches}});
+  }
+  return {{"accesses", m.accesses},
+          {"remote_fetches", m.remote_fetches},
+          {"remote_bytes", m.remote_bytes},
+          {"remote_reads", m.remote_runs},
+          {"peer_fetches", m.peer_fetches},
+          {"hits", m.hits},
+          {"hit_rate", m.hit_rate()},
+          {"lower_bound_fetches", m.lower_bound_fetches},
+          {"ratio_to_lower_bound", m.ratio_to_lower_bound()},
+          {"lower_bound_bytes", m.lower_bound_bytes},
+          {"ratio_bytes_to_lower_bound", m.ratio_bytes_to_lower_bound()},
+          {"peer_share_of_accesses", m.peer_share()},
+          {"per_epoch", epochs}};
+}
 
 nlohmann::json node_stats_record(const nlohmann::json& doc) {
   auto field = [&](const char* name) { return doc.value(name, nlohmann::json()); };

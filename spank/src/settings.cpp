@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "solar/core/job_params.h"
+#include "solar/core/order_file.h"
 #include "solar/sys/meminfo.h"
 
 namespace solar::spank {
@@ -23,6 +24,7 @@ ConfigError as_srun_error(const ConfigError& e) {
       {"--buffer", "--solar-buffer"},     {"--batch", "--solar-batch"},
       {"--epochs", "--solar-epochs"},     {"--seed", "--solar-seed"},
       {"--imbalance", "--solar-imbalance"}, {"--order", "--solar-order"},
+      {"--order-file", "--solar-order-file"},
       {"--ranks-per-node", "--ntasks-per-node"}, {"--nodes", "-N/--nodes"},
       {"--samples", "--solar-dataset"},   {"--sample-bytes", "--solar-dataset"}};
   std::string message = e.what();
@@ -109,6 +111,10 @@ const std::vector<OptionSpec>& option_specs() {
       {"seed", "SOLAR_SEED", "s", "solar: shuffle seed [0]"},
       {"order", "SOLAR_ORDER", "solar|torch",
        "solar: shuffle order; torch = DistributedSampler's [solar]"},
+      {"order-file", "SOLAR_ORDER_FILE", "FILE",
+       "solar: the script's own order, computed up front (.npy of shape (epochs, samples), or "
+       "text ids; each epoch a permutation), read with DistributedSampler(shuffle=False): the "
+       "plan follows it exactly (instead of --solar-order)"},
       {"imbalance", "SOLAR_IMBALANCE", "d", "solar: per-rank batch may be b-d..b+d [0]"},
       {"transparent", "SOLAR_TRANSPARENT", nullptr,
        "solar: the script is unmodified (h5py + DistributedSampler): its reads of the dataset "
@@ -152,6 +158,9 @@ void JobOptions::set(int field, const std::string& text) {
       break;
     case stats:
       if (text.empty()) throw ConfigError(flag, "is empty; give the JSON file to write");
+      break;
+    case order_file:
+      if (text.empty()) throw ConfigError(flag, "is empty; give the order's .npy or text file");
       break;
     case enable:
       if (text != "off" && text != "on")
@@ -277,6 +286,13 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
     // Peer sharing: on one node there is no one to share with (off).
     c = config_for_agents(c, info.samples, sample_bytes, label, budget,
                           o.is_peers() && nodes > 1, !pc.zero_copy && !o.is_transparent());
+    if (const auto& file = o.value[JobOptions::order_file]) {
+      if (o.value[JobOptions::order])
+        throw ConfigError("--solar-order-file", "gives the order itself: drop --solar-order");
+      c.order = OrderMode::file;
+      c.order_list = read_order_file(*file, c.samples, c.epochs);
+      c.validate();
+    }
     if (o.is_transparent()) follow_the_script(c, o.value[JobOptions::order].has_value());
     return c;
   } catch (const ConfigError& e) {

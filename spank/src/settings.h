@@ -64,8 +64,9 @@ struct OptionSpec {
 const std::vector<OptionSpec>& option_specs();
 
 struct JobOptions {
-  enum Field : int { dataset, labels, buffer, epochs, batch, seed, order, imbalance, transparent,
-                     peers, start_epoch, start_step, verbose, stats, enable, kFields };
+  enum Field : int { dataset, labels, buffer, epochs, batch, seed, order, order_file, imbalance,
+                     transparent, peers, start_epoch, start_step, verbose, stats, enable,
+                     kFields };
   // Raw text per field, and where it came from (command line beats environment).
   std::optional<std::string> value[kFields];
   bool from_command_line[kFields] = {};

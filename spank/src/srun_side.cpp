@@ -196,8 +196,10 @@ void write_step_stats(const State& s, const std::vector<NodeStats>& all) {
     n["node"] = m;
     nodes.push_back(std::move(n));
   }
-  const nlohmann::json out = protocol::run_stats_file("srun --solar-stats", std::move(nodes),
-                                                      {{"job", s.job}, {"step", s.step}});
+  nlohmann::json extra = {{"job", s.job}, {"step", s.step}};
+  if (!s.plan_metrics.empty()) extra["plan"] = nlohmann::json::parse(s.plan_metrics);
+  const nlohmann::json out =
+      protocol::run_stats_file("srun --solar-stats", std::move(nodes), extra);
   // %j and %s: the job and step ids, as in srun -o (one file per step of an sbatch job).
   std::string path;
   const std::string spec = s.options.stats_path();
@@ -265,6 +267,7 @@ int plan_step(spank_t sp, State& s) {
     return -1;
   }
   Plan plan = make_plan(c);
+  s.plan_metrics = protocol::plan_metrics_record(plan.metrics).dump();  // for --solar-stats
   plan.dataset_identity = s.dataset->identity;
   std::uint64_t start = 0;  // resume: --solar-start-epoch / --solar-start-step
   try {

@@ -37,6 +37,7 @@ struct State {
   bool peers = false;  // --solar-peers on several nodes: the step's peer folder, removed in exit
   std::uint32_t nodes = 0;
   std::uint32_t job = 0, step = 0;              // of the planned step
+  std::string plan_metrics;  // the plan's figures (protocol::plan_metrics_record), JSON text
 
   // slurmstepd
   bool step_active = false;      // this step uses solar on this node

@@ -2,9 +2,14 @@
 // variables, and the plan a step gets from them.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "settings.h"
+#include "solar/core/agent_budget.h"
 
 namespace solar::spank {
 namespace {
@@ -178,8 +183,9 @@ TEST(StepPlan, SameBudgetRuleAsSolarRun) {
   EXPECT_EQ(c.ranks_per_node, 2u);
   EXPECT_EQ(c.samples, 256u);
   EXPECT_EQ(c.policy, Policy::solar);
-  // 50% of 256 slots of (4096 + 4 -> 4160) bytes, minus two staging steps of 2 ranks x 8.
-  EXPECT_EQ(c.buffer_bytes, (128u - 2u * 16u) * 4096u);
+  // 50% of 256 slots of (4096 + 4 -> 4160) bytes, minus two staging steps of 2 ranks x 8 and
+  // the look-ahead step (kAgentLookaheadSteps: reads a step ahead of the copies).
+  EXPECT_EQ(c.buffer_bytes, (128u - (2u + kAgentLookaheadSteps) * 16u) * 4096u);
 }
 
 // Transparent over filtered chunks (issue 36): the plan counts slots of the longest chunk as
@@ -219,6 +225,44 @@ TEST(StepPlan, ErrorsNameTheSrunOption) {
     EXPECT_EQ(e.flag(), "--solar-buffer");
     EXPECT_NE(std::string(e.what()).find("at least"), std::string::npos);
   }
+}
+
+// --solar-order-file (issue 38): the step's plan follows the script's own order; a bad file or
+// one given with --solar-order is named as the srun option.
+TEST(StepPlan, OrderFileIsTheStepsOrder) {
+  const PluginConfig pc;
+  char dir[] = "/tmp/solar-order-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/order.txt";
+  {
+    std::ofstream f(path);
+    for (int e = 0; e < 3; ++e)
+      for (int i = 0; i < 256; ++i) f << (i * 5 + e) % 256 << "\n";
+  }
+  JobOptions o = basic();
+  o.set(JobOptions::order_file, path);
+  const PlanConfig c = plan_config_for_step(o, pc, tiny(), 2, 2, 1ULL << 30);
+  EXPECT_EQ(c.order, OrderMode::file);
+  ASSERT_TRUE(c.order_list);
+  EXPECT_EQ(c.order_list->size(), 3u * 256u);
+  EXPECT_EQ((*c.order_list)[256 + 1], 6u);
+  o.set(JobOptions::order, "torch");
+  try {
+    plan_config_for_step(o, pc, tiny(), 2, 2, 1ULL << 30);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-order-file");
+  }
+  JobOptions bad = basic();
+  bad.set(JobOptions::order_file, std::string(dir) + "/missing.npy");
+  try {
+    plan_config_for_step(bad, pc, tiny(), 2, 2, 1ULL << 30);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-order-file");
+    EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(StepPlan, SiteLimitClamps) {

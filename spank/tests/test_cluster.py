@@ -21,7 +21,8 @@ if os.geteuid() != 0:
 def test_srun_help_lists_every_option(cluster):
     out = cluster.run("srun", "--help").stdout
     for opt in ["--solar-dataset", "--solar-labels", "--solar-buffer", "--solar-epochs",
-                "--solar-batch", "--solar-seed", "--solar-order", "--solar-imbalance",
+                "--solar-batch", "--solar-seed", "--solar-order", "--solar-order-file",
+                "--solar-imbalance",
                 "--solar-transparent", "--solar-start-epoch", "--solar-start-step",
                 "--solar-verbose", "--solar-stats", "--solar=off"]:
         assert opt in out, opt

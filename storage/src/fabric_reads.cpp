@@ -189,4 +189,46 @@ void FabricSource::Impl::pump(Session& s, Request* mine) {
   }
 }
 
+bool FabricSource::Impl::warm_up(Session& s) {
+  if (!s.rma || !s.ep || exported.info.samples == 0 || exported.info.sample_bytes == 0)
+    return true;
+  std::vector<std::byte> buf(std::min<std::uint64_t>(4096, exported.info.sample_bytes));
+  fabric::Region local;
+  void* desc = nullptr;
+  struct One final : fabric::Driver::Work {
+    fabric::Read rd;
+    bool posted_ = false, finished = false;
+    Clock::time_point started = Clock::now();
+    bool more() override { return !finished; }
+    bool next(fabric::Read& r) override {
+      if (posted_) return false;
+      r = rd;
+      return true;
+    }
+    void posted() override { posted_ = true; }
+    double due(std::uint64_t) override { return 0; }
+    void done(void*, std::size_t, std::uint64_t) override { finished = true; }
+    void check(bool, double, Clock::time_point&) override {
+      if (Clock::now() - started > std::chrono::seconds(2))
+        throw fabric::DriverError("warm-up read took over 2 s");
+    }
+  } one;
+  try {
+    if (s.ep->local_mr()) {
+      local = s.ep->register_memory(buf.data(), buf.size(), FI_READ);
+      desc = local.desc();
+    }
+    one.rd = {buf.data(), buf.size(), desc, s.data.base, s.data.key, nullptr, 0};
+    fabric::Driver own(1);
+    own.run(*s.ep, s.server, one, {});
+    return true;
+  } catch (const std::exception& e) {
+    // The first real read meets the problem and reports it (retries, reconnects) as it would.
+    spdlog::debug("{}: warm-up read: {}", remote.uri, e.what());
+    local = fabric::Region();  // a read in flight points at buf: the endpoint goes first
+    s.ep.reset();
+    return false;
+  }
+}
+
 }  // namespace solar::storage

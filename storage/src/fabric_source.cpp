@@ -49,6 +49,7 @@ std::unique_ptr<FabricSource> FabricSource::connect(const std::string& uri,
   for (;;) {
     try {
       im->session = im->open_session(true);
+      if (!im->warm_up(*im->session)) im->session.reset();
       break;
     } catch (const TransientError& e) {
       im->next_attempt(e, true);

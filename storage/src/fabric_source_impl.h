@@ -207,6 +207,12 @@ struct FabricSource::Impl {
   // Drives the session until `mine` is done, or without `mine` until nothing is queued (the
   // caller holds the session).
   void pump(Session& s, Request* mine);
+  // One small fi_read of the export's first bytes on a new RMA session, neither charged to
+  // the emulated link nor counted: the provider sets up its data path (a connection, its
+  // buffers) on the first transfer, 50 ms here over tcp, which would otherwise land on the
+  // first real read (an agent's first step). False: it failed and the session's endpoint is
+  // closed (drop the session: the first real read opens another and reports what fails).
+  bool warm_up(Session& s);
   void engine_loop();
   ~Impl() {
     {

@@ -34,7 +34,9 @@ TEST(BufferLayout, RingsFillTheBudgetCoreFittedThePlanTo) {
     for (const std::uint64_t label : {0ULL, 4ULL}) {
       PlanConfig c = large_batch_config();
       const std::uint64_t budget = 64ULL << 20;
-      fit_plan_to_agent_budget(c, budget, label, staging);
+      // With rings the plan leaves one look-ahead step of the budget to the cache (as
+      // config_for_agents does).
+      fit_plan_to_agent_budget(c, budget, label, staging + kAgentLookaheadSteps);
       BufferOptions o;
       o.staging_steps = staging;
       const BufferLayout b = buffer_layout(c, label, o);
@@ -45,7 +47,7 @@ TEST(BufferLayout, RingsFillTheBudgetCoreFittedThePlanTo) {
       EXPECT_EQ(b.slot_bytes + label, agent_slot_bytes(c.sample_bytes, label));
       EXPECT_EQ(b.ring_batch, 18U);
       EXPECT_EQ(b.ring_depth, staging);
-      EXPECT_EQ(b.cache_slots, c.buffer_samples());
+      EXPECT_EQ(b.cache_slots, c.buffer_samples() + kAgentLookaheadSteps * 4U * 18U);
       EXPECT_EQ(b.slots, b.cache_slots + 4U * staging * 18U);
       // the whole budget, no more
       EXPECT_EQ(b.slots, budget / agent_slot_bytes(c.sample_bytes, label));
@@ -72,14 +74,14 @@ TEST(BufferLayout, SmallBatchRingsAreEightToSixteenDeepBeyondTheBudget) {
   for (const std::uint32_t staging : {1U, 2U, 3U, 4U, 6U, 8U, 10U, 16U, 20U}) {
     PlanConfig c = small_config();
     const std::uint64_t budget = 8ULL << 20;
-    fit_plan_to_agent_budget(c, budget, 0, staging);
+    fit_plan_to_agent_budget(c, budget, 0, staging + kAgentLookaheadSteps);
     BufferOptions o;
     o.staging_steps = staging;
     const BufferLayout b = buffer_layout(c, 0, o);
     SCOPED_TRACE(testing::Message() << "staging " << staging);
     const std::uint64_t depth = std::max<std::uint64_t>(staging, 16U);
     EXPECT_EQ(b.ring_depth, depth);
-    EXPECT_EQ(b.cache_slots, c.buffer_samples());
+    EXPECT_EQ(b.cache_slots, c.buffer_samples() + kAgentLookaheadSteps * 4U * 18U);
     EXPECT_EQ(b.slots, budget / b.slot_bytes + 4U * (depth - staging) * 18U);
     EXPECT_LE((b.slots - budget / b.slot_bytes) * b.slot_bytes,
               4U * (depth - staging) * 18U * 1024U);
@@ -90,15 +92,13 @@ TEST(BufferLayout, ZeroCopyAndTransparentKeepTheStagingSlotsInTheCache) {
   PlanConfig c = large_batch_config();
   const std::uint64_t budget = 64ULL << 20;
   fit_plan_to_agent_budget(c, budget, 0);
-  BufferOptions rings;
-  const BufferLayout r = buffer_layout(c, 0, rings);
   for (const bool transparent : {false, true}) {
     BufferOptions o;
     o.zero_copy = !transparent;
     o.transparent = transparent;
     const BufferLayout b = buffer_layout(c, 0, o);
     EXPECT_EQ(b.ring_depth, 0U);
-    EXPECT_EQ(b.slots, r.slots);  // the same slots, all of them cache slots
+    EXPECT_EQ(b.slots, budget / b.slot_bytes);  // the whole budget, all of it cache slots
     EXPECT_EQ(b.cache_slots, b.slots);
     EXPECT_EQ(b.cache_slots, c.buffer_samples() + kAgentStagingSteps * 4U * 18U);
   }
@@ -133,8 +133,9 @@ TEST(BufferLayout, APlanHoldingLessThanAStepStillGetsAStepOfCacheSlots) {
   PlanConfig c = small_config();
   c.buffer_bytes = 10 * c.sample_bytes;  // policy none: under R·(b+δ) = 72
   const BufferLayout b = buffer_layout(c, 0, BufferOptions{});
-  EXPECT_EQ(b.cache_slots, 72U);
-  EXPECT_EQ(b.slots, 72U + 4U * 16U * 18U);  // rings 16 deep (small batches)
+  // a step for the plan, and the look-ahead step (kAgentLookaheadSteps)
+  EXPECT_EQ(b.cache_slots, 72U + kAgentLookaheadSteps * 72U);
+  EXPECT_EQ(b.slots, b.cache_slots + 4U * 16U * 18U);  // rings 16 deep (small batches)
 }
 
 TEST(BufferLayout, RingSlotsTileTheSpaceAfterTheCacheSlots) {
@@ -157,7 +158,8 @@ TEST(BufferLayout, RingSlotsTileTheSpaceAfterTheCacheSlots) {
           EXPECT_EQ(b.ring_slot(r, t + depth, i), s);  // step t + depth reuses step t's entry
         }
     EXPECT_EQ(seen.size(), b.slots - b.cache_slots);
-    EXPECT_EQ(b.slot_offset(b.ring_slot(1, 0, 0)), (500U + depth * 18U) * b.slot_bytes);
+    EXPECT_EQ(b.cache_slots, 500U + kAgentLookaheadSteps * 4U * 18U);
+    EXPECT_EQ(b.slot_offset(b.ring_slot(1, 0, 0)), (b.cache_slots + depth * 18U) * b.slot_bytes);
   }
 }
 

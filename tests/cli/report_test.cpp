@@ -9,6 +9,19 @@
 namespace solar::cli {
 namespace {
 
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The element of `svg`'s series `name` (its <g> group), or "" where there is none.
+std::string series_group(const std::string& svg, const std::string& name) {
+  const auto at = svg.find("data-series=\"" + name + "\"");
+  if (at == std::string::npos) return "";
+  return svg.substr(at, svg.find("</g>", at) - at);
+}
+
 std::string bad_input(const std::string& text) {
   try {
     report_svg({{"in.json", text}}, "t");
@@ -50,6 +63,84 @@ TEST(Report, ValidInputsGiveTheirPanels) {
   EXPECT_EQ(r.panels, 2u);
   EXPECT_NE(r.svg.find("title &lt;&amp;&gt;"), std::string::npos);
   EXPECT_NE(r.svg.find("data-value=\"75\""), std::string::npos);
+}
+
+// bench/au.py --json: AU against N, one series per loader (missing N: no point), the threshold.
+TEST(Report, AcceleratorUtilisationIsDrawnAgainstN) {
+  const Report r = report_svg(
+      {{"au.json", R"({"kind": "au", "workload": "cosmoflow", "threshold": 0.7,
+          "accelerators": [1, 2, 4], "largest": {"baseline": 2, "solar": 4},
+          "loaders": {"baseline": {"1": {"au": 0.9}, "2": {"au": 0.75}, "4": {"au": 0.5}},
+                      "solar": {"1": {"au": 0.99}, "4": {"au": 0.8}}}})"}},
+      "t");
+  EXPECT_EQ(r.panels, 1u);
+  EXPECT_NE(r.svg.find("Accelerator utilisation, cosmoflow (au.json)"), std::string::npos);
+  EXPECT_NE(r.svg.find("PyTorch DataLoader (sustains 2)"), std::string::npos);
+  EXPECT_NE(r.svg.find("solar.torch.Loader (sustains 4)"), std::string::npos);
+  EXPECT_NE(r.svg.find("MLPerf threshold (70%)"), std::string::npos);
+  for (const char* v : {"data-value=\"75\"", "data-value=\"99\"", "data-value=\"80\"",
+                        ">4</text>"})
+    EXPECT_NE(r.svg.find(v), std::string::npos) << v;
+  // solar has no N=2 point: 2 of its 3 values drawn, the DataLoader's 3; the threshold is a
+  // reference (no markers, its values on its line).
+  EXPECT_EQ(count(r.svg, "class=\"marker\" fill=\"white\" stroke=\"#d62728\" stroke-width=\"1.5\" data-value"), 3u);
+  EXPECT_EQ(count(r.svg, "class=\"marker\" fill=\"white\" stroke=\"#1f77b4\" stroke-width=\"1.5\" data-value"), 2u);
+  EXPECT_NE(r.svg.find("data-values=\"70 70 70\""), std::string::npos);
+  EXPECT_NE(bad_input(R"({"kind": "au", "accelerators": [], "loaders": {}})").find(
+                "in.json: an AU result needs"),
+            std::string::npos);
+}
+
+// Issue 41: two nodes with the same hit rates (one line over the other) stay apart: their own
+// dash pattern and marker shape; each legend gives the node's total; the plan's figures draw
+// the planned hit rate and the lower bound's best; the default title summarises the run.
+TEST(Report, OverlappingLinesStayDistinguishableWithTotalsAndTheLowerBound) {
+  const std::string epochs = R"([{"hits": 0, "fetched_samples": 10}, {"hits": 5, "fetched_samples": 5}])";
+  const std::string stats = R"({"source": "solar run", "nodes": [{"node": 0, "epochs": )" + epochs +
+                            R"(}, {"node": 1, "epochs": )" + epochs +
+                            R"(}], "plan": {"accesses": 40, "hits": 10, "hit_rate": 0.25,
+                            "lower_bound_fetches": 30, "ratio_to_lower_bound": 1.0,
+                            "per_epoch": [{"accesses": 20, "hits": 0}, {"accesses": 20, "hits": 10}]}})";
+  const Report r = report_svg({{"s.json", stats}}, "");
+  EXPECT_EQ(r.panels, 1u);
+  const std::string n0 = series_group(r.svg, "node 0"), n1 = series_group(r.svg, "node 1");
+  ASSERT_FALSE(n0.empty());
+  ASSERT_FALSE(n1.empty());
+  // The same values, drawn differently: a solid line with circles, a dashed one with squares.
+  EXPECT_EQ(count(n0, "data-value=\"0\""), 1u);
+  EXPECT_EQ(count(n1, "data-value=\"50\""), 1u);
+  EXPECT_EQ(count(n0, "<circle"), 2u);
+  EXPECT_EQ(count(n1, "<rect"), 2u);
+  EXPECT_EQ(n0.find("stroke-dasharray"), std::string::npos);
+  EXPECT_NE(n1.find("stroke-dasharray=\"9,4\""), std::string::npos);
+  // Totals: 5 hits of 20 per node, 10 of 40 in all.
+  EXPECT_EQ(count(r.svg, "(25.0% over the run)"), 3u);  // node 0, node 1, the plan
+  EXPECT_NE(r.svg.find("Hit rate per epoch (s.json): 25.0% over all nodes"), std::string::npos);
+  EXPECT_NE(series_group(r.svg, "planned (all nodes)").find("data-values=\"0 50\""),
+            std::string::npos);
+  // 30 of 40 accesses must come from storage: at best 25% hits.
+  const std::string lb = series_group(r.svg, "lower bound's best");
+  EXPECT_NE(lb.find("data-values=\"25 25\""), std::string::npos) << lb;
+  EXPECT_NE(r.svg.find("no plan reads less"), std::string::npos);
+  EXPECT_NE(r.svg.find(">solar run: 2 nodes, 2 epochs, hit rate 25.0%, plan 1.000x the lower "
+                       "bound</text>"),
+            std::string::npos);
+  // A title given is used as it is.
+  EXPECT_NE(report_svg({{"s.json", stats}}, "mine").svg.find(">mine</text>"), std::string::npos);
+}
+
+TEST(Report, DefaultTitleNamesEachInputsHeadline) {
+  const Report r = report_svg(
+      {{"b.json", R"({"modes": {"baseline": {"per_epoch_s": [1, 1]},
+                      "solar": {"per_epoch_s": [1, 0.5], "speedup": 1.33, "limit": 1.5}}})"},
+       {"a.json", R"({"kind": "au", "workload": "unet3d", "accelerators": [1],
+                      "largest": {"baseline": 1}, "loaders": {"baseline": {"1": {"au": 0.9}}}})"}},
+      "");
+  EXPECT_NE(r.svg.find(">solar 1.33x the PyTorch DataLoader (the storage allows 1.50x); MLPerf "
+                       "Storage AU, unet3d: PyTorch DataLoader sustains 1</text>"),
+            std::string::npos);
+  EXPECT_NE(r.svg.find("PyTorch DataLoader (2.00 s in all)"), std::string::npos);
+  EXPECT_NE(r.svg.find("(1.50 s in all)"), std::string::npos);
 }
 
 }  // namespace

@@ -99,9 +99,11 @@ def test_agent_out_of_file_descriptors_refuses_at_once_and_the_job_finishes(tmp_
     at once (they read directly), logs it once-ish and stops keeping slots for them, so the ranks
     it serves are not held up either (the timeout is long: nothing relies on it). Before: it
     stopped accepting without a word and the other ranks waited forever."""
+    # Ranks slowed down (20 ms a step) so that all eight are attached at once: fast ones finished
+    # and gave their descriptors back before the last ones connected, and none was refused.
     cmd = " ".join(f"'{c}'" for c in run_cmd(tmp_path, "-n", "8", "--nodes", "1", "--buffer", "50%",
                                             "--epochs", "1", "--batch", "4", "--dataset", dataset,
-                                            "--keep-run-dir"))
+                                            "--keep-run-dir", train_args=["--compute-ms", "20"]))
     p = start(["bash", "-c", f"ulimit -n 18 && exec {cmd}"], tmp_path, SOLAR_AGENT_TIMEOUT="600")
     try:
         rc, out, err = finish(p, 180)

@@ -49,7 +49,7 @@ def check_sequences(tmp_path, plan, world):
         assert got == dict(seq[rank]), f"rank {rank}'s samples differ from the plan"
 
 
-RUN = ["-n", "4", "--nodes", "2", "--buffer", "40%", "--epochs", "3", "--batch", "6"]
+RUN = ["-n", "4", "--nodes", "2", "--buffer", "50%", "--epochs", "3", "--batch", "6"]
 
 
 def solar_run(tmp_path, dataset_spec, *extra, train_args=(), popen=False):

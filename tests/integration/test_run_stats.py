@@ -58,19 +58,39 @@ def test_report_draws_the_series_of_a_real_run(stats, tmp_path):
     assert root.tag == SVG + "svg"
     panels = {g.get("data-title"): g for g in root.iter(SVG + "g") if g.get("class") == "panel"}
     hit = next(g for t, g in panels.items() if t.startswith("Hit rate"))
-    series = {g.get("data-series"): g for g in hit.iter(SVG + "g") if g.get("class") == "series"}
+    series = {g.get("data-series"): g for g in hit.iter(SVG + "g") if g.get("class") == "series"
+              and g.get("data-series").startswith("node ")}
     assert set(series) == {"node 0", "node 1"}
     doc = json.loads(stats.read_text())
     for n in doc["nodes"]:
-        points = [float(c.get("data-value")) for c in series[f"node {n['node']}"].iter(SVG + "circle")]
+        points = [float(c.get("data-value")) for c in series[f"node {n['node']}"].iter()
+                  if c.get("class") == "marker"]
         want = [100 * e["hits"] / (e["hits"] + e["fetched_samples"]) for e in n["epochs"]]
         assert points == pytest.approx(want, abs=1e-3)
     load = next(g for t, g in panels.items() if t.startswith("Data-loading time"))
     names = [g.get("data-series") for g in load.iter(SVG + "g") if g.get("class") == "series"]
     assert names[0] == "PyTorch DataLoader" and names[1].startswith("solar.torch.Loader (1.88x)")
-    limit = [float(c.get("data-value")) for g in load.iter(SVG + "g")
-             if (g.get("data-series") or "").startswith("storage limit") for c in g.iter(SVG + "circle")]
+    limit = [float(v) for g in load.iter(SVG + "g")
+             if (g.get("data-series") or "").startswith("storage limit")
+             for line in g.iter(SVG + "polyline") for v in line.get("data-values").split()]
     assert limit == pytest.approx([0.25, 0.25, 0.25])
+    # The plan's figures ride in the stats file and are drawn: its hit rate per epoch, and the
+    # best any plan could do (the lower bound on storage reads).
+    plan = doc["plan"]
+    assert plan["ratio_to_lower_bound"] >= 1 and len(plan["per_epoch"]) == EPOCHS
+    refs = {g.get("data-series"): [float(v) for line in g.iter(SVG + "polyline")
+                                   for v in line.get("data-values").split()]
+            for g in hit.iter(SVG + "g") if g.get("data-series") in
+            ("planned (all nodes)", "lower bound's best")}
+    assert refs["planned (all nodes)"] == pytest.approx(
+        [100 * e["hits"] / e["accesses"] for e in plan["per_epoch"]], abs=1e-3)
+    best = 100 * (1 - plan["lower_bound_fetches"] / plan["accesses"])
+    assert refs["lower bound's best"] == pytest.approx([best] * EPOCHS, abs=1e-3)
+    # The plan cannot beat the bound (the agents' measured hits may: a sample the plan re-reads
+    # but still in a slot, the agent's look-ahead room, counts as a hit).
+    assert 100 * plan["hits"] / plan["accesses"] <= best + 1e-6
+    title = next(root.iter(SVG + "text")).text
+    assert title.startswith("solar run: 2 nodes, 3 epochs, hit rate "), title
 
 
 @pytest.mark.parametrize("content,named", [

@@ -89,7 +89,7 @@ def test_unmodified_script_same_bytes_served_from_the_buffer(tmp_path, datasets,
 
 def test_wrong_seed_same_bytes_and_the_mismatch_is_reported(tmp_path, datasets):
     data = datasets["small"]
-    plain = run_script(tmp_path, data, "plain", "--buffer", "50%", "--no-agent", script_seed=9)
+    plain = run_script(tmp_path, data, "plain", "--buffer", "100%", "--no-agent", script_seed=9)
     assert plain.returncode == 0, plain.stderr
     solar = run_script(tmp_path, data, "solar", "--buffer", "50%", "--transparent", script_seed=9)
     assert solar.returncode == 0, solar.stdout + solar.stderr
@@ -104,7 +104,7 @@ def test_wrong_seed_same_bytes_and_the_mismatch_is_reported(tmp_path, datasets):
 
 def test_agent_killed_mid_epoch_same_bytes(tmp_path, datasets):
     data = datasets["small"]
-    plain = run_script(tmp_path, data, "plain", "--buffer", "50%", "--no-agent", epochs=3)
+    plain = run_script(tmp_path, data, "plain", "--buffer", "100%", "--no-agent", epochs=3)
     assert plain.returncode == 0, plain.stderr
     p = run_script(tmp_path, data, "solar", "--buffer", "50%", "--transparent", epochs=3,
                    popen=True)

@@ -285,7 +285,7 @@ def test_example_train_verifies_samples_and_labels_of_every_layout(tmp_path, lay
     def train():
         return subprocess.run(
             [SOLAR, "run", "-n", "2", "--no-agent", "--dataset", spec, "--labels", labels,
-             "--buffer", "50%", "--epochs", "1", "--batch", "2", "--",
+             "--buffer", "75%", "--epochs", "1", "--batch", "2", "--",
              os.environ["SOLAR_EXAMPLE_TRAIN"], "--verify"],
             capture_output=True, text=True, timeout=300)
 

@@ -179,7 +179,7 @@ def test_a_connection_that_never_says_hello_is_closed(tmp_path, servers):
 def solar_run(tmp_path, spec, env=None):
     """2 ranks and one agent with a small buffer (the agent reads all through the run), ranks
     slowed down so that the run lasts several seconds; rank 0 records its steps."""
-    cmd = [SOLAR, "run", "-n", "2", "--nodes", "1", "--dataset", spec, "--buffer", "10%",
+    cmd = [SOLAR, "run", "-n", "2", "--nodes", "1", "--dataset", spec, "--buffer", "12%",
            "--epochs", "3", "--batch", "8", "--keep-run-dir",
            "--", TRAIN, "--verify", "--compute-ms", "30", "--record", tmp_path / "rank-%r.txt"]
     env = dict(env or os.environ, TMPDIR=str(tmp_path))

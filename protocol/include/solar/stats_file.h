@@ -9,7 +9,18 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+namespace solar {
+struct Metrics;  // solar/core/plan.h
+}
+
 namespace solar::protocol {
+
+// A plan's figures (solar plan --json's "metrics"; the "plan" of solar run's and srun's stats
+// files, which solar report draws): {accesses, remote_fetches, remote_bytes, remote_reads,
+// peer_fetches, hits, hit_rate, lower_bound_fetches, ratio_to_lower_bound, lower_bound_bytes,
+// ratio_bytes_to_lower_bound, peer_share_of_accesses, per_epoch: [{position, accesses, hits,
+// remote_fetches, peer_fetches}]}.
+nlohmann::json plan_metrics_record(const Metrics& m);
 
 // One node's record: {"format_version": 1, node, mode, epochs_planned, steps_per_epoch,
 // ranks_per_node, sample_bytes, start_step, unplanned_fetched_samples, error, epochs (the

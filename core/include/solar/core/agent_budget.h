@@ -13,6 +13,14 @@ namespace solar {
 // resident set plus `staging_steps` steps of the node's ranks (each rank's
 // ring of that many batches, into which its next batches are copied ahead of its requests).
 inline constexpr std::uint32_t kAgentStagingSteps = 2;
+// With rings, one more step of cache slots than the plan's resident set, out of the budget:
+// room to read step t+1 while step t's samples are still being copied into the rings. Without
+// it a buffer the plan fills (every epoch after the first, most of the first) makes the reads
+// lockstep with the copies, and idle time on the link is bandwidth lost: `solar bench loader`
+// over solar-stored at 800 MB/s + 1 ms went from 1.31x to 1.0-1.1x its limit in epochs 1-2,
+// at 400 MB/s + 2 ms from 1.28x to 1.1x (issue 39). (Zero copy and the transparent mode read
+// the cache slots directly: their staging steps are such room already.)
+inline constexpr std::uint32_t kAgentLookaheadSteps = 1;
 std::uint64_t agent_slot_bytes(std::uint64_t sample_bytes, std::uint64_t label_bytes);
 // A slot's share of that: the sample's bytes rounded up to 64 (the distance between slots).
 std::uint64_t agent_sample_slot_bytes(std::uint64_t sample_bytes);

@@ -17,6 +17,7 @@ namespace solar {
 enum class OrderMode : std::uint8_t {
   solar = 0,  // solar's portable RNG (rng.h)
   torch = 1,  // exactly torch.utils.data.DistributedSampler(shuffle=True, seed) + set_epoch(e)
+  file = 2,   // the script's own order, given as a file (order_file.h): PlanConfig::order_list
 };
 
 // How a plan decides assignment, epoch order and eviction. `solar` is ours; the rest are the
@@ -52,6 +53,11 @@ struct PlanConfig {
   bool drop_last = false;          // DistributedSampler(drop_last) and DataLoader(drop_last)
   std::uint64_t seed = 0;
   OrderMode order = OrderMode::solar;
+  // order == file: each epoch's permutation of the samples, epoch e at [e·N, (e+1)·N) (read
+  // by order_file.h, checked there). A plan read back from its file has the mode but not the
+  // list: its accesses are in the file; what needs the sequences again (a new plan, the
+  // replay) needs the order file again. Shared, so that copies of a config are cheap.
+  std::shared_ptr<const std::vector<std::uint32_t>> order_list;
   std::uint64_t buffer_bytes = 0;  // per node
   std::uint32_t imbalance = 0;     // δ: each rank gets between b-δ and b+δ samples per step
   bool peer_fetch = false;         // allow a node to take a sample from a peer node's buffer
