@@ -255,13 +255,13 @@ def per_sample(tool, lib, a, tmp):
         os.makedirs(out)
         log, stats = os.path.join(out, "strace.log"), os.path.join(out, "stats.json")
         cmd = [tool, "run", "--nodes", "1", "-n", "1", "--dataset", spec_of(folder), "--labels",
-               LABELS, "--buffer", "100%", "--epochs", str(epochs), "--batch", "16", "--seed",
+               LABELS, "--buffer", "100%", "--epochs", str(epochs), "--batch", "8", "--seed",
                "0", "--order", "torch",
                *(["--no-agent"] if mode == "plain" else ["--transparent", "--stats-out", stats]),
                "--", "strace", "-f", "-qq", "-y", "-e", f"trace={TRACED}", "-o", log,
                sys.executable, os.path.join(HERE, "pytorch_io.py"), "--rank", "baseline",
                "--warm", "--workers", "0", "--out", out, "--library", lib, "--seed", "0",
-               "--batch", "16", "--epochs", str(epochs), "--data", spec_of(folder)]
+               "--batch", "8", "--epochs", str(epochs), "--data", spec_of(folder)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             sys.exit(f"many_files_startup: {' '.join(cmd)} failed ({p.returncode}):\n"

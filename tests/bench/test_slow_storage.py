@@ -123,9 +123,12 @@ def test_disk_bytes_of_a_solar_run_agree_with_its_plan(tmp_path):
     sample_bytes = 256 * 1024
     planned = fetches * sample_bytes
     nodes = json.loads(stats.read_text())["nodes"]
-    assert sum(e["fetched_bytes"] for n in nodes for e in n["epochs"]) == planned
+    # At most the plan's fetches: a sample the plan re-reads but still in one of the agent's
+    # look-ahead slots (agent_budget.h) is a hit; a few percent at this size.
+    fetched = sum(e["fetched_bytes"] for n in nodes for e in n["epochs"])
+    assert 0.9 * planned <= fetched <= planned, (fetched, planned)
     disk = json.loads(count.read_text())["read_bytes"]
-    assert planned <= disk <= planned * 1.03 + 2 * 2**20, (disk, planned)
+    assert fetched <= disk <= planned * 1.03 + 2 * 2**20, (disk, fetched, planned)
 
 
 def test_bench_loader_under_the_cap_counts_what_each_phase_read(tmp_path):
@@ -154,7 +157,9 @@ def test_bench_loader_under_the_cap_counts_what_each_phase_read(tmp_path):
     assert 0 < planned["solar"] < planned["baseline"]
     for phase in ("baseline", "solar"):
         disk = r["disk"][phase]["bytes"]
-        assert planned[phase] <= disk <= planned[phase] * 1.03 + 2 * 2**20, (phase, disk, planned)
+        # solar: up to a few percent less than planned (its agents' look-ahead slots, above)
+        least = planned[phase] * (0.9 if phase == "solar" else 1)
+        assert least <= disk <= planned[phase] * 1.03 + 2 * 2**20, (phase, disk, planned)
         assert r["disk"][phase]["requests"] > 0
     # Bandwidth-bound at this cap: the limit is the ratio of planned bytes.
     assert r["bandwidth_bytes_per_s"] == 2**30 and r["iops"] == 100000
