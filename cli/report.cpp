@@ -394,7 +394,7 @@ std::vector<LinePanel> stats_panels(const json& j, const std::string& path) {
       st.y.push_back(s);
     }
     if (node_hits + node_fetched > 0)
-      h.note = fmt::format("({:.1f}% over the run)", 100 * node_hits / (node_hits + node_fetched));
+      h.note = fmt::format("({:.1f}% in all)", 100 * node_hits / (node_hits + node_fetched));
     st.note = total_note(st.y, "{:.2f} s in all");
     all_hits += node_hits;
     all_fetched += node_fetched;
@@ -417,13 +417,13 @@ std::vector<LinePanel> stats_panels(const json& j, const std::string& path) {
     const double a = num(*plan, "accesses"), lb = num(*plan, "lower_bound_fetches");
     if (!planned.y.empty()) {
       if (const double hr = num(*plan, "hit_rate"); std::isfinite(hr))
-        planned.note = fmt::format("({:.1f}% over the run)", 100 * hr);
+        planned.note = fmt::format("({:.1f}% in all)", 100 * hr);
       hit.series.push_back(std::move(planned));
     }
     if (a > 0 && std::isfinite(lb) && epochs > 0) {
       const double best = 100 * std::max(0.0, 1 - lb / a);
       hit.series.push_back({"lower bound's best", "#777", std::vector<double>(epochs, best), true,
-                            fmt::format("({:.1f}% over the run: no plan reads less)", best)});
+                            fmt::format("({:.1f}% in all, at best)", best)});
     }
   }
   if (hit.series.empty())

@@ -31,6 +31,7 @@ std::string_view dict_value(std::string_view h, std::string_view key) {
   if (at == std::string_view::npos) return {};
   auto v = h.substr(at + key.size() + 2);
   v.remove_prefix(std::min(v.find_first_not_of(" :"), v.size()));
+  if (v.empty()) return {};
   const std::size_t end = v.front() == '(' ? v.find(')') + 1 : v.find_first_of(",}");
   return v.substr(0, std::min(end, v.size()));
 }
