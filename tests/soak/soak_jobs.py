@@ -56,11 +56,18 @@ class Job:
             # so is 10% of the tiny set with --peers (its staging slots come out of --buffer),
             # and of the 256 one-sample files.
             small_ok = name == "tiny" and not self.peers
-            self.buffer = rng.choice(["10%", "25%", "50%", "100%"] if small_ok else
-                                     ["25%", "50%", "100%"])
             self.zero_copy = rng.random() < 0.3  # cache slots pinned by the ranks, no rings
-            n = self.nodes * self.rpn
             samples = SAMPLES[name]
+            # What an agent needs at least, in steps of its node's ranks (core/agent_budget.h):
+            # one resident, two staging, with rings one look-ahead, with rings and peers one
+            # for handovers; labels take a little more of the budget.
+            steps_needed = 3 + (0 if self.zero_copy else 1 + self.peers)
+            need = steps_needed * self.rpn * self.batch
+            buffers = [b for b in (["10%", "25%", "50%", "100%"] if small_ok else
+                                   ["25%", "50%", "100%"])
+                       if int(b[:-1]) * samples / 100 >= need * 1.1]
+            self.buffer = rng.choice(buffers or ["100%"])
+            n = self.nodes * self.rpn
             steps = self.epochs * math.ceil(samples / (n * self.batch))
             target = rng.uniform(8, 28)
             self.compute_ms = max(5, int(target * 1000 / steps))
