@@ -292,9 +292,7 @@ void run_run(const RunOptions& o) {
     if (!o.order_file.empty()) {
       if (o.order_given)
         throw ConfigError("--order-file", "gives the order itself: drop --order");
-      c.order = OrderMode::file;
-      c.order_list = read_order_file(o.order_file, c.samples, c.epochs);
-      c.validate();
+      follow_order_file(c, o.order_file);
     }
     if (o.transparent) follow_the_script(c, o.order_given);
   } catch (const ConfigError& e) {

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "solar/core/config.h"
 #include "solar/core/config_error.h"
 
 namespace solar {
@@ -170,6 +171,12 @@ std::shared_ptr<const std::vector<std::uint32_t>> read_order_file(const std::str
       (*out)[std::uint64_t{e} * samples + q] = static_cast<std::uint32_t>(x);
     }
   return out;
+}
+
+void follow_order_file(PlanConfig& c, const std::string& path) {
+  c.order = OrderMode::file;
+  c.order_list = read_order_file(path, c.samples, c.epochs);
+  c.validate();
 }
 
 }  // namespace solar

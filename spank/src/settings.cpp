@@ -289,9 +289,7 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
     if (const auto& file = o.value[JobOptions::order_file]) {
       if (o.value[JobOptions::order])
         throw ConfigError("--solar-order-file", "gives the order itself: drop --solar-order");
-      c.order = OrderMode::file;
-      c.order_list = read_order_file(*file, c.samples, c.epochs);
-      c.validate();
+      follow_order_file(c, *file);
     }
     if (o.is_transparent()) follow_the_script(c, o.value[JobOptions::order].has_value());
     return c;

@@ -29,4 +29,9 @@ std::shared_ptr<const std::vector<std::uint32_t>> read_order_file(const std::str
                                                                   std::uint64_t samples,
                                                                   std::uint32_t epochs);
 
+// `c` follows the order file at `path`: order `file`, its list read for c.samples and c.epochs,
+// the config validated. Throws ConfigError as read_order_file does.
+struct PlanConfig;
+void follow_order_file(PlanConfig& c, const std::string& path);
+
 }  // namespace solar
