@@ -29,5 +29,6 @@ void add_stat_command(CLI::App& app);      // stat (cmd_stat.cpp)
 void add_bench_loader_command(CLI::App& app);  // bench loader (cmd_bench_loader.cpp)
 void add_bench_serve_command(CLI::App& app);   // bench serve (cmd_bench_serve.cpp)
 void add_report_command(CLI::App& app);  // report (cmd_report.cpp)
+void add_slurm_check_command(CLI::App& app);  // slurm-check (cmd_slurm_check.cpp)
 
 }  // namespace solar::cli

@@ -76,8 +76,8 @@ std::string find_sibling(const std::string& name, const std::string& build_subdi
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    // Beside this program, in its build tree, or where the install puts libraries
-    // (<prefix>/bin/solar -> <prefix>/<libdir>/libsolar_preload.so).
+    // Beside this program, in its build tree, or where the install puts libsolar's modules
+    // (<prefix>/bin/solar -> <prefix>/<libdir>/solar/libsolar_preload.so).
     for (const fs::path& cand :
          {self.parent_path() / name, self.parent_path().parent_path() / build_subdir / name,
           (self.parent_path() / SOLAR_BIN_TO_LIBDIR / name).lexically_normal()})

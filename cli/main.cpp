@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "solar " SOLAR_PROJECT_VERSION);
   solar::cli::add_plan_commands(app);
   solar::cli::add_report_command(app);
+  solar::cli::add_slurm_check_command(app);
 #ifdef SOLAR_HAVE_STORAGE
   solar::cli::add_storage_commands(app);
   solar::cli::add_run_commands(app);

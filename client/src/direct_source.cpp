@@ -1,6 +1,7 @@
 #include "direct_source.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fmt/format.h>
@@ -49,7 +50,12 @@ struct DirectModule {
                             "SOLAR_DIRECT_LIBRARY=/path/to/{}", kDirectModule, kDirectModule);
         return;
       }
+      // Beside libsolar (the build tree, the wheel), else in its private folder solar/ (an
+      // install: <libdir>/solar/, cmake/SolarInstall.cmake).
       path = folder + kDirectModule;
+      const std::string installed = folder + "solar/" + kDirectModule;
+      if (::access(path.c_str(), F_OK) != 0 && ::access(installed.c_str(), F_OK) == 0)
+        path = installed;
     }
     void* h = nullptr;
     {
@@ -65,8 +71,8 @@ struct DirectModule {
       const char* why = ::dlerror();
       error = fmt::format(
           "reading the dataset directly (no agent) needs {}, which could not be loaded from {} "
-          "({}): {}. Install it beside libsolar (it is built and installed with it) or set "
-          "SOLAR_DIRECT_LIBRARY to it",
+          "({}): {}. Install it beside libsolar or in libsolar's folder solar/ (it is built "
+          "and installed with it: the package libsolar0) or set SOLAR_DIRECT_LIBRARY to it",
           kDirectModule, path, how, why ? why : "unknown error");
       return;
     }

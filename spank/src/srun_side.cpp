@@ -309,8 +309,8 @@ int plan_step(spank_t sp, State& s) {
     return -1;
   }
   if (!s.dataset_index.empty()) {  // the agents and ranks read it instead of every file
-    if (const char* step = sys::write_file_atomically(index_in(folder), s.dataset_index, 0600)) {
-      error(fmt::format("writing the dataset index {}: {}: {}", index_in(folder), step,
+    if (const char* why = sys::write_file_atomically(index_in(folder), s.dataset_index, 0600)) {
+      error(fmt::format("writing the dataset index {}: {}: {}", index_in(folder), why,
                         std::strerror(errno)));
       sys::remove_tree(folder);
       return -1;

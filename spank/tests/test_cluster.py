@@ -2,6 +2,7 @@
 slurmctld and two slurmd on loopback), real HDF5 files from `solar gen`, real agents. Every
 wait polls (sinfo, squeue, files); every daemon is stopped by its recorded PID, even when a
 test fails."""
+import glob
 import os
 import re
 import shutil
@@ -11,7 +12,8 @@ import tempfile
 
 import pytest
 
-from slurm_cluster import DDP_SCRIPT, TRAIN, agents_running, solar_args, wait_until
+from slurm_cluster import (AGENT, DDP_SCRIPT, SOLAR, SPANK, TRAIN, agents_running, solar_args,
+                           wait_until)
 
 if os.geteuid() != 0:
     pytest.skip("the test cluster needs root (slurmd starts jobs as their users)",
@@ -386,15 +388,91 @@ def test_step_shape_error_stops_the_step_under_either_line(cluster, dataset, lin
     assert "RAN" not in p.stdout and "--ntasks-per-node" in p.stderr, p.stdout + p.stderr
 
 
+MULTIARCH = subprocess.run(["gcc", "-print-multiarch"], capture_output=True, text=True,
+                           check=True).stdout.strip()
+
+
+def staged_packages(cluster):
+    """Every Debian package of the build (tests/install: package.deb) unpacked into one staging
+    root, once."""
+    deb_dir = os.environ.get("SOLAR_DEB_DIR")
+    debs = sorted(glob.glob(os.path.join(deb_dir or "", "*.deb")))
+    assert debs, f"no packages in {deb_dir}: ctest runs package.deb first"
+    stage = os.path.join(cluster.root, "stage")
+    if not os.path.isdir(stage):
+        for deb in debs:
+            subprocess.run(["dpkg-deb", "-x", deb, stage], check=True, timeout=120)
+    return stage
+
+
+def plugin_of_release(src, dst, version):
+    """A copy of the plugin claiming another Slurm release: its plugin_version (0xMMmmuu) set
+    to `version`, found through readelf (symbol value minus its section's address, plus the
+    section's file offset)."""
+    syms = subprocess.run(["readelf", "-W", "--dyn-syms", src], capture_output=True, text=True,
+                          check=True).stdout
+    m = re.search(r"^\s*\d+: ([0-9a-f]+)\s+4 OBJECT\s+GLOBAL\s+\S+\s+(\d+) plugin_version$",
+                  syms, re.M)
+    assert m, syms
+    addr, index = int(m.group(1), 16), int(m.group(2))
+    sections = subprocess.run(["readelf", "-W", "-S", src], capture_output=True, text=True,
+                              check=True).stdout
+    s = re.search(rf"^\s*\[\s*{index}\]\s+\S+\s+\S+\s+([0-9a-f]+) ([0-9a-f]+)", sections, re.M)
+    assert s, sections
+    offset = addr - int(s.group(1), 16) + int(s.group(2), 16)
+    data = bytearray(open(src, "rb").read())
+    data[offset:offset + 4] = version.to_bytes(4, "little")
+    with open(dst, "wb") as f:
+        f.write(data)
+
+
+def test_slurm_check_sees_the_plugin_in_effect_and_a_mismatched_release(cluster, dataset):
+    """`solar slurm-check` on the real cluster: the plugin in effect (exit 0); then a plugin of
+    another Slurm release under an `optional` line: Slurm refuses it (srun prints "Incompatible
+    Slurm plugin" on every step and runs it without solar, --solar-* unrecognised) and
+    slurm-check names the two releases (exit 1)."""
+    stage = staged_packages(cluster)
+    solar = os.path.join(stage, "usr", "bin", "solar")
+    cluster.plugstack(line="optional")
+    p = cluster.run(solar, "slurm-check")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "the plugin is in effect" in p.stdout and "srun --help lists" in p.stdout, p.stdout
+    own = subprocess.run(["srun", "--version"], capture_output=True, text=True,
+                         env=cluster.env).stdout.split()[1]
+    major, minor = (int(x) for x in own.split(".")[:2])
+    other = os.path.join(cluster.root, "solar_spank_other.so")
+    plugin_of_release(SPANK, other, (major + 1) << 16 | (minor + 1) << 8)
+    with open(os.path.join(cluster.dir, "plugstack.conf"), "w") as f:
+        f.write(f"optional {other} agent={AGENT} solar={SOLAR} plan_dir={cluster.plans}\n")
+    try:
+        p = cluster.run(solar, "slurm-check")
+        assert p.returncode == 1, p.stdout + p.stderr
+        assert f"built for Slurm {major + 1}.{minor + 1:02d}.0, this host runs {own}" in p.stdout
+        assert "srun --help (exit" in p.stdout and "Incompatible" in p.stdout, p.stdout
+        step = cluster.run("srun", "-N1", "echo", "RAN")
+        assert step.returncode == 0 and "RAN" in step.stdout, step.stdout + step.stderr
+        assert "Incompatible Slurm plugin" in step.stderr, step.stderr
+        step = cluster.run("srun", "-N1", f"--solar-dataset={dataset}", "echo", "RAN")
+        assert step.returncode != 0 and "unrecognized option '--solar-dataset" in step.stderr
+    finally:
+        cluster.plugstack()
+        os.unlink(other)
+    # No line at all: said so, naming the file.
+    with open(os.path.join(cluster.dir, "plugstack.conf"), "w") as f:
+        f.write("# nothing here\n")
+    try:
+        p = cluster.run(solar, "slurm-check")
+        assert p.returncode == 1 and "no active solar_spank.so line in" in p.stdout, p.stdout
+    finally:
+        cluster.plugstack()
+
+
 def test_installed_package_runs_the_example_job(cluster, dataset):
     """The Debian package unpacked into a staging root, the plugstack line of the docs with no
     agent=/solar= paths (the plugin finds them beside itself), and the documented example job
     (train-example.sbatch) with only the staging root's programs on PATH."""
-    deb = os.environ.get("SOLAR_DEB")
-    assert deb and os.path.isfile(deb), f"no package at {deb}: ctest runs package.deb first"
-    stage = os.path.join(cluster.root, "stage")
-    subprocess.run(["dpkg-deb", "-x", deb, stage], check=True, timeout=120)
-    plugin = os.path.join(stage, "usr", "lib", "slurm-wlm", "solar_spank.so")
+    stage = staged_packages(cluster)
+    plugin = os.path.join(stage, "usr", "lib", MULTIARCH, "slurm-wlm", "solar_spank.so")
     with open(os.path.join(cluster.dir, "plugstack.conf"), "w") as f:
         f.write(f"required {plugin} plan_dir={cluster.plans} runtime_dir={cluster.run_dir}\n")
     bindir = os.path.join(stage, "usr", "bin")

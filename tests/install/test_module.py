@@ -82,6 +82,7 @@ def test_both_modules_find_the_prefix_and_name_paths_that_exist(prefix):
             assert os.path.isdir(d), f"{var}: {d} is not a directory of the install"
     assert os.access(os.path.join(paths["PATH"][0], "solar"), os.X_OK)
     assert sets["SOLAR_ROOT"] == str(prefix)
+    assert "Apache License" in (prefix / "share" / "doc" / "solar" / "LICENSE").read_text()
     assert sets["SOLAR_SPANK_PLUGIN"].startswith(str(prefix))
     assert "plugstack" in lua.read_text() and "plugstack" in tcl.read_text()
 

@@ -350,10 +350,11 @@ void expect_stored(SampleSource& src, std::uint64_t seed_of_first, bool one_file
     }
   std::vector<std::byte> small(stride - 1);
   const SampleRun one{0, 1};
-  if (src.file_set()->files()[0].stored_lengths[0] == stride)
+  if (src.file_set()->files()[0].stored_lengths[0] == stride) {
     EXPECT_NE(error_of([&] { src.read_stored({&one, 1}, small.data(), stride - 1); })
                   .find("more than"),
               std::string::npos);
+  }
 }
 
 TEST(DatasetFiles, GzipChunksOfOneSampleAreReadAsStored) {
