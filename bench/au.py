@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Accelerator utilisation (AU), MLPerf Storage's measure, for the plain PyTorch DataLoader,
 solar.torch.Loader and the same DataLoader under `solar run --transparent`, side by side on the
 same (capped) storage.

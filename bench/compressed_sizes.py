@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Samples held per GiB, compressed against raw (issue 36), and the sizes a planner by bytes
 works with.
 

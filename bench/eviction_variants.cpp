@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Eviction by bytes, size-aware variants measured against each other (issue 36, item 1).
 //
 // One node reading what DistributedSampler gives its ranks (the sampler policy's stream: every

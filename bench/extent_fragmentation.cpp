@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How much room variable-size extents need beyond the plan's bytes (issue 36, item 1: the
 // buffer's fragmentation, measured before the agent's allocator is built).
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """The interposer's own costs, one process, ratios from one run:
 
 - a resident read: pread of 256 KiB samples served from the agent's buffer by

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* interpose_read: pread throughput of one process over a dataset file's samples, against
  * memcpy of the same sizes in the same process. Run by bench/interpose_bench.py plain, under
  * libsolar_preload.so with every sample resident (served from the agent's buffer), and under

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """How long constructing `solar.torch.Loader()` takes in a fresh rank process (issue 15: at most
 20 ms), with a node agent and reading directly. Each run is one `solar run` of one rank over a
 small `solar gen` file; the rank times `import solar.torch` and then `solar.torch.Loader()`

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Start-up against the number of files (issue 35), and what reaches the file system per sample.
 
     /usr/bin/python3 bench/many_files_startup.py                      # 10^3, 10^4, 10^5 files

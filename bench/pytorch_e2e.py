@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """End-to-end training in the SOLAR artifact's format: a small CosmoFlow-like 3D CNN trained
 with DDP (gloo, CPU) for 3 epochs, once with the PyTorch DataLoader (h5py Dataset,
 DistributedSampler), once with solar.torch.Loader, and once on batches already in memory (pure

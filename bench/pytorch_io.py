@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """I/O evaluation in the SOLAR artifact's format: the PyTorch DataLoader (h5py Dataset,
 DistributedSampler) against solar.torch.Loader and against the same unmodified DataLoader
 under solar's transparent mode (libsolar_preload.so), same HDF5 file, same ranks, same run.

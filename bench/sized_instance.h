@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The command line of the sized-sample bench tools (solar-eviction-variants,
 // solar-extent-fragmentation): a plan config of samples whose sizes are spread evenly over
 // 1 MiB ± --spread percent (drawn from --seed), the buffer --buffer percent of their bytes.

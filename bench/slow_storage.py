@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Emulated shared storage: run a command with reads of the disk that holds the data capped by
 the kernel, and count what it read from that disk.
 

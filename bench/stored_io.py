@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """solar-stored against the raw fabric, every sample size and provider in one run.
 
     /usr/bin/python3 bench/stored_io.py                       # 256K, 2M, 16M x tcp;ofi_rxm, shm

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar bench io: per-sample random reads vs coalesced runs vs a sequential read, each beside
 // the raw fabric under a fabric:// source.
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar bench loader: the baseline (what a PyTorch DataLoader does: each rank reads its
 // DistributedSampler samples directly, one request per sample, K reader threads) against solar
 // (agents + shared memory), on the same data and storage, side by side in one run.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar bench serve: how fast an agent hands out batches from its buffer, and how fast ranks
 // copy samples out of it.
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar gen: write a generated dataset (content checkable from (seed, index)).
 #include <fmt/format.h>
 #include <fmt/ranges.h>

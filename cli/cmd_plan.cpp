@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar plan: compute a plan, compare policies, write the plan file.
 // solar plan-dump: print a plan file for people (csv) and scripts (json).
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar report: one SVG picture from measured statistics and benchmark results (what it reads
 // and draws: report.h).
 #include <fmt/format.h>

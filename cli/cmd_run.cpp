@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar run: the whole data path on one machine (plan, agents, ranks, teardown).
 #include <fmt/format.h>
 #include <time.h>

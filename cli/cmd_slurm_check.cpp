@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar slurm-check: whether this host's Slurm will load solar's SPANK plugin, checked as an
 // admin would after installing it: the plugstack line, the plugin's Slurm release (read from
 // the file, not loaded) against the host's, and what `srun --help` really shows. A plugin of

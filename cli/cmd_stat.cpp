@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar stat: an agent's live metrics.
 #include <fmt/format.h>
 #include <sys/ioctl.h>

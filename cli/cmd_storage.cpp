@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar gen, verify, bench io (each in its own file: cmd_gen.cpp, cmd_verify.cpp,
 // cmd_bench_io.cpp) and solar dataset-info, registered on the app.
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The storage subcommands, each in a file of its own; add_storage_commands (cmd_storage.cpp)
 // registers them and `solar dataset-info`.
 #pragma once

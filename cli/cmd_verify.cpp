@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar verify: read a source and check every byte against the generator.
 #include <fmt/format.h>
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Each subcommand registers itself on the `solar` app; main.cpp calls these in order.
 #pragma once
 

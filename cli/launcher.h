@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Runs a planned job on this machine: one solar-agent per simulated node, R ranks per node
 // with the SOLAR_* / torch.distributed environment, signals forwarded, everything stopped and
 // removed afterwards. Used by `solar run` and `solar bench loader`. Killed outright (SIGKILL),

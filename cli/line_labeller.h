@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `solar run -l`: every line a rank writes goes to our stdout/stderr prefixed with its label,
 // whole lines only (used by the launcher).
 #pragma once

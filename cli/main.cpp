@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar: plan, inspect and run accelerated data loading for distributed training.
 #include <fmt/format.h>
 #include <signal.h>

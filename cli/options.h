@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Conventions shared by the `solar` subcommands' options.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The progress bar of the `solar` tool: one line on stderr for long work (planning, writing
 // and verifying datasets), drawn only when stderr is a terminal, and only once the work has
 // taken longer than a moment, so short runs, pipes, logs and tests never see it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar report's reading and drawing (report.h): one SVG picture from measured statistics and
 // benchmark results.
 //

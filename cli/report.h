@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar report's reading and drawing, without files or the command line (cmd_report.cpp): JSON
 // texts in, one SVG picture out. What it recognises is listed at the top of report.cpp.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The run folder after a kill (used by the launcher).
 //
 // `solar run` removes its folder (plan, sockets, logs) when it ends, also after Ctrl-C or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `solar run --stats-out`: the agents' per-node statistics files merged into one document
 // (used by the launcher when the job ends; `solar report` reads it).
 #pragma once

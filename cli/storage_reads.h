@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What `solar gen`, `solar verify` and `solar bench io` share: the source options, batches
 // of runs, page-aligned destinations and double-buffered reads.
 #pragma once

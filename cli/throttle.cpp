@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // See throttle.h. Mirrors bench/slow_storage.py's Throttle class (the Python benchmarks' copy),
 // so both put the same cap on the same counters.
 #include "throttle.h"

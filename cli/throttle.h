@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Emulated shared storage for `solar bench loader --throttle`: the calling process (and all it
 // starts afterwards) joins a fresh cgroup whose reads of the disk holding a file are capped by
 // the kernel (cgroup v1 blkio.throttle.read_{bps,iops}_device, or cgroup v2 io.max), and the

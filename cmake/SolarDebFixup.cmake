@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Run by cpack after it made the Debian packages (CPACK_POST_BUILD_SCRIPTS, SolarInstall.cmake),
 # to finish them as debhelper would (lintian --pedantic: tests/install/test_package.py):
 # - ELF files lose the .comment and .note sections CPack's plain `strip` leaves (dh_strip:

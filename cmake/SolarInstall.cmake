@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # What `cmake --install` and `cpack -G DEB` put where. One place for every install rule, read
 # after the whole project (docs/user-guide.md, "Installing"). Each rule belongs to a component,
 # and each component is one Debian package (packaging/README.md), so a compute node gets only

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # SOLAR_SANITIZE=address|thread|undefined: everything built with that sanitizer (scripts/sanitize
 # configures build-asan, build-tsan or build-ubsan with it and runs the tests that can run under
 # it). Empty (the default): no sanitizer.

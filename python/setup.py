@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The dynamic part of the wheel build (the static metadata is in pyproject.toml).
 
 A wheel carries libsolar: the library named by SOLAR_LIBRARY (the built target solar_client,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar-example-train: iterates every epoch of this rank's plan through libsolar, as a training
 // loop would. --verify checks every sample's bytes (and label) against the deterministic
 // content `solar gen` wrote; --compute-ms spends that long per batch as if training. Prints

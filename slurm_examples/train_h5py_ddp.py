@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """An ordinary, solar-unaware PyTorch DDP data pipeline: an h5py Dataset, DistributedSampler,
 DataLoader with workers, a small model. Nothing in it knows about solar; run it under
 `solar run --transparent` or `srun --solar-transparent` (same --seed/--batch/--epochs as the

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """An ordinary, solar-unaware PyTorch DDP data pipeline over a dataset of many HDF5 files, read
 the way real workloads read them: --layout files, the SOLAR artifact's CosmoFlow reader (one file
 a sample, `split` and `unitPar`, opened and closed in every __getitem__, over the sorted file

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the Python tests share: the built programs' paths, `run`, `finish` and `wait_until`,
 what /proc and the programs' files say (`proc_status`, `count_lines`, `plan_sequences`), and the
 agent protocol's constants read from the C++ headers (so a test never carries a copy that can

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Start-up (plan part, source, buffer, socket), run and stop; the parts are in the files
 // agent_impl.h lists.
 #include "agent.h"

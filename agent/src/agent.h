@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar-agent: one per node per job step. Executes this node's part of the plan: fills a
 // shared-memory buffer from storage ahead of the ranks and hands batches to them over a Unix
 // socket (protocol/include/solar/protocol.h).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Agent::Impl: the state every part shares (the plan part, the source, the buffer and its slot
 // table, the ranks' progress, the steps read and servable, the error), its one lock, and the
 // parts that compose the agent, each a class with its own header and members:

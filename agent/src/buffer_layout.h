@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent's buffer layout: how many slots of what size, where each rank's ring lies, and (in
 // transparent mode) where the shared sample index goes. Pure arithmetic on the plan header and
 // the agent's options, so that it can be checked against core's budget rule

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The control server's requests (the io thread): libsolar's hello and its next, release, stats
 // and shutdown requests, and the interposer's hello; both hellos hand over the buffer's fd.
 // See control_server.h.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The control server (the io thread): the Unix socket, accepting, sessions, reading requests
 // and writing replies, and the last words after a failure; the requests themselves are
 // control_messages.cpp's. See control_server.h.

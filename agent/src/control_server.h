@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ControlServer: the agent's Unix socket and the io thread that serves it: accepting (with the
 // limits of agent/README.md, "Connections and limits"), the sessions, the hellos of libsolar
 // and of the interposer, the ranks' next/release/stats/shutdown requests, the batches handed

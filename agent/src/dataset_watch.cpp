@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The batch mode's checks of the dataset file. See dataset_watch.h.
 #include "dataset_watch.h"
 

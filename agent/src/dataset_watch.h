@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DatasetWatch (batch mode over HDF5 files): checks the open file and its path every
 // kWatchPeriod (a dataset of many files: kWatchSlice of them in turn, each with its path); a
 // file rewritten, truncated, replaced (renamed over), renamed away or deleted stops the agent (Agent::Impl::fail: the ranks are told why and read directly, where the same

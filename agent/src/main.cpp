@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar-agent: see agent.h. Started by `solar run` or the SPANK plugin, one per node.
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>

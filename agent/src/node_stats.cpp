@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent's measurements and their JSON. See node_stats.h and agent/README.md (the fields
 // and their units).
 #include "node_stats.h"

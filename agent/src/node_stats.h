@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What one agent measured as it worked, and its JSON: the run's counters, the per-epoch
 // records, the head start and the start-up stages, reported in the stats document (the stats
 // reply, the log's last line "stopped: {...}", --stats-out; fields and units in

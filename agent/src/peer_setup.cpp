@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PeerSharing's start-up: the endpoint and registrations, this agent's card in the peer folder
 // and the other agents' cards (who is who, and which of them belong to this job). See
 // peer_sharing.h and peer_sharing.cpp.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Peer sharing: the plan's peer reads executed over libfabric RMA between the job's agents, and
 // this agent's buffer served to them. See agent/README.md, "Peers", and peer_sharing.h.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PeerSharing (--peer-dir; agent/README.md, "Peers"): the plan's peer reads executed over
 // libfabric RMA from the other agents' buffers, and this agent's buffer served to them.
 // Internal to solar-agent.

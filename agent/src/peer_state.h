@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PeerSharing's fabric state (peer_sharing.h): the endpoint, the registrations of the buffer,
 // the progress counters and the scratch words, what is known of each other node, and the reads
 // in flight. The peer thread's alone, except where peer_sharing.h says the agent's lock guards

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The prefetch engine (plan → storage reads → slots) and the copies of batches into the
 // ranks' rings. See prefetcher.h.
 #include "prefetcher.h"

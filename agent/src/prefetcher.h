@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Prefetcher: the prefetch engine (the plan → storage reads → slots) and the copies of batches
 // into the ranks' rings. Internal to solar-agent.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The bytes a connection sends the agent, cut into request frames (solar/protocol.h). No socket
 // and no agent state: the control server (control_server.cpp) feeds it what it reads, and so does a
 // fuzzer (tests/fuzz/agent_requests_fuzz.cpp) with any bytes at all.

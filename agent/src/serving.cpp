@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Batch mode: the batches handed to libsolar's ranks. See control_server.h.
 #include "control_server.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent's cache slots and the samples in them: the free list, which slot holds which
 // sample, the uses pinning each sample (admitted uses of ranks, and reads in flight), the
 // zombies (evicted by the plan while still in use) and, in transparent mode, the shared index

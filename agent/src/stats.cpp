@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The stats document: the node's state (ranks, slots, peers, the process's CPU and device
 // reads) and what NodeStats measured (node_stats.h), as the stats reply, the end-of-run log
 // line and the --stats-out file; --stats-out checked at start-up. See agent/README.md (the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Transparent mode: the shared sample index the interposer serves reads from (extent mode),
 // and eviction paced on the samples unmodified ranks consume. See transparent_pacer.h.
 #include "transparent_pacer.h"

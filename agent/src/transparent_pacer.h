@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TransparentPacer (--transparent): the shared sample index the interposer serves unmodified
 // ranks' reads from (solar/transparent.h, extent mode), the watch's lease on the dataset file,
 // and eviction paced on the samples those ranks consume. Internal to solar-agent.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libsolar: see solar.h. Two paths behind one API: batches from the node agent's shared buffer
 // (the plan's samples, handed out as slots), or the same samples read directly from storage.
 // This file is the C API; the loader it drives is loader.h.

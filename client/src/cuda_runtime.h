@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA runtime, opened on first use (SOLAR_WITH_CUDA builds): what solar_batch_to_device and
 // the loader's pinned buffer use.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libsolar-direct.so: the direct path's storage (HDF5, libfabric), loaded by libsolar on first
 // use (direct_source.h). Only solar_direct_open_v1 is exported; everything linked in is local.
 #include <dlfcn.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The direct path's storage (a rank reading its samples itself, without an agent), kept out of
 // libsolar: HDF5 and libfabric (with every libfabric provider's dependencies and their
 // constructors) cost a rank 0.2 s at load time and take over signal handlers, for a path most

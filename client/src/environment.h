@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What libsolar reads from its environment (solar.h lists the variables): the launcher's
 // SOLAR_* and rank variables, SOLAR_AGENT_TIMEOUT; ClientError, what a bad one throws.
 #pragma once

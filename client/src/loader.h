@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One rank's loader (solar.h's solar_loader) and the batch it hands out: the node plan's part
 // for this rank, its session with the node agent (hello, batches from the shared buffer asked
 // ahead, releases) or, without an agent or once it is gone, the same samples read directly.

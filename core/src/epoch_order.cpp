@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The solar-paper policy's epoch order: the SOLAR artifact's particle swarm (utils/PSO.py, a
 // discrete swap-sequence PSO) over its epoch-to-epoch cost matrix (utils/solar_shuffle.py).
 // Deviations, all for reproducibility: the artifact's RNGs are unseeded; ours derive from the

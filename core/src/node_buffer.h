@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One node's buffer as the planner simulates it: resident samples of at most `capacity` units
 // in all, each with an eviction key; the resident, unpinned sample with the smallest key goes
 // first, until the incoming one fits. A unit is a sample (equal-size samples) or, given the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "solar/core/order_file.h"
 
 #include <fmt/format.h>

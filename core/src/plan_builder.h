@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Pieces every policy uses to produce a Plan: the stream of epoch sequences (with each access's
 // next use, for clairvoyant eviction) and the recorder that turns per-step decisions into the
 // Plan's arrays and metrics.

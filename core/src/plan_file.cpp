@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading a plan file: decoding and checking the header and the node sections (writing:
 // plan_file_write.cpp).
 #include "solar/core/plan_file.h"

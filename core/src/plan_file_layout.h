@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The plan file's constants both its writer (plan_file_write.cpp) and its reader
 // (plan_file.cpp) use; the layout itself is described in solar/core/plan_file.h.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writing a plan file: the header, the directory and each node's section, then the checksums
 // (reading: plan_file.cpp).
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The policies but solar (policy_solar.cpp). All share the epoch stream, the node buffer simulation and the recorder
 // (plan_builder.h); they differ in epoch order, in who gets which sample of a step, and in the
 // eviction key a buffered sample carries.

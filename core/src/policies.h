@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One function per policy; each computes a whole Plan. See core/README.md, "Policies".
 #pragma once
 

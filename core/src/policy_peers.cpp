@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The sampler policy with peer reads (--policy sampler --peer-fetch): DistributedSampler's
 // assignment, fixed by the unmodified script, with the nodes' buffers acting as one.
 //

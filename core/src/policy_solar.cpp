@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The solar policy.
 //
 // Every sample is read once per epoch, so reuse is decided by which samples each node carries

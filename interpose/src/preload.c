@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* libsolar_preload.so: serves an unmodified rank's reads of the dataset's files from the node
  * agent's shared buffer (job-transparent mode). LD_PRELOAD it; see interpose/README.md.
  *

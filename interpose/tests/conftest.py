@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared pieces of the interposer's tests: the library, a dataset file, runners, and the real
 node agent (solar-agent --transparent) with what the tests need to drive and observe it.
 

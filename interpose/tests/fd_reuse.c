@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Opens the dataset, gets rid of its fd in the ways a program can (close_range, closefrom,
  * dup2/dup3 over it, a vfork child that closes/dups/opens, fclose of an fdopen), then reads other
  * files through the same fd numbers. Prints "<label> <fnv1a-64 of one sample read at READ_AT>" per read; the test

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An unmodified h5py + PyTorch DataLoader job: prints a SHA-256 per batch of inputs and labels.
 
 usage: loader.py FILE.h5 WORKERS {init|lazy} [SPAN] [EPOCHS]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The attached path against the real node agent (solar-agent --transparent, conftest.Agent): an
 unmodified h5py + DataLoader job (loader.py) must see exactly the batches it sees without the
 preload, whether the agent holds the whole dataset or part of it, and the counters the

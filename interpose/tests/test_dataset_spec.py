@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The interposer's own reading of SOLAR_DATASET (interpose/src/preload.c: the file is
 everything before the last ':/'; `@LIST`, a glob, a directory name many files) against the
 golden table every parser is tested with (tests/protocol/dataset_spec_cases.json). Driven

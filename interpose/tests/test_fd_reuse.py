@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """c. fd numbers that held the dataset and were freed behind the interposer's back (close_range,
 closefrom, dup2/dup3 over them, vfork children) serve the files they hold now.
 

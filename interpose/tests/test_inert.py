@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """a. Processes that never open the dataset see no difference: bash, python, gcc under the
 preload, configured with a real dataset file and a socket nobody listens on."""
 import pytest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """b. An unmodified h5py + DataLoader job gives identical batches with the preload when no agent
 answers (the socket path has no listener): every read falls through to the file."""
 import pytest

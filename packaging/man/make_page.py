@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes one gzip -9n man page (cmake/SolarInstall.cmake runs it at build time).
 
   make_page.py --help2man H --version V --include P.h2m --output P.1.gz PROGRAM

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Spack recipe for solar: copy this folder into a Spack repository (packages/solar/package.py)
 # and `spack install solar` (packaging/README.md). Spack builds it as any CMake project; the
 # tests and benchmarks are not built.
@@ -39,6 +40,8 @@ class Solar(CMakePackage):
         args = [
             self.define("SOLAR_BUILD_TESTS", False),
             self.define("SOLAR_BUILD_BENCH", False),
+            # A plain prefix: <prefix>/lib, not Debian's lib/<multiarch> (the default).
+            self.define("CMAKE_INSTALL_LIBDIR", "lib"),
             self.define_from_variant("SOLAR_WITH_CUDA", "cuda"),
             # The plugin beside the libraries: an admin points plugstack.conf at it.
             self.define("SOLAR_SLURM_PLUGIN_DIR", "lib/slurm"),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "solar/node_summary.h"
 
 #include "solar/core/units.h"  // format_bytes

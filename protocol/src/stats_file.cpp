@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "solar/stats_file.h"
 
 #include "solar/core/plan.h"

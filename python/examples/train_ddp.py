@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A DDP training script on solar.torch.Loader, with checkpoints that resume mid-epoch.
 
     solar gen data.h5 --samples 800 --preset tiny

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar: a rank's training batches from the solar node agent (or read directly).
 
     import solar

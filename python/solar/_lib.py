@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ctypes binding of libsolar (client/include/solar/solar.h). Internal: use solar.Loader."""
 import ctypes
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar.Batch: one rank's batch of one step, and the pool that recycles the memory of its copies.
 
 The zero-copy views of a batch (`sample(i)`, `views()`) point into the node agent's shared

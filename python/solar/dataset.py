@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The dataset a loader reads: its spec, the layout of a sample and of a label (shape, dtype) from
 libsolar or, failing that, the HDF5 files, and `DatasetInfo`, what `loader.dataset` is.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The exceptions solar's Python front end raises (re-exported by solar and solar.loader)."""
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar.Loader: a rank's batches from libsolar as numpy arrays.
 
 A loader is one pass over the planned run, epoch after epoch, as the plan orders them. Iterating

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar.torch.Loader: the same batches as torch tensors, for a DDP training loop.
 
     loader = solar.torch.Loader()            # instead of DataLoader(..., sampler=DistributedSampler)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures for the front-end tests: real `solar gen` files, real plans, real `solar run`.
 Everything is written under one temporary directory that is removed at the end."""
 import os

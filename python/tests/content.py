@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar gen's sample content, from the numpy implementation in tests/storage."""
 import importlib.util
 import os

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """A rank program for test_layout.py: constructs solar.torch.Loader (or solar.Loader) and writes
 what it says a sample is, and whether h5py was imported on the way, to OUT (JSON).
 

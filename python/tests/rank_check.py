@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """A rank program for the tests: iterates every epoch through solar.Loader (or
 solar.torch.Loader), checks every sample's bytes and label against solar gen's content, and
 records each step's samples and weight.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The PyTorch benchmarks still run from one command each and print the artifact's format: a
 small run of bench/pytorch_io.py and bench/pytorch_e2e.py (their figures are not judged here;
 speed targets live in the benchmarks, not in tests)."""

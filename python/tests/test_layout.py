@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a sample is (shape, dtype, label dtype) comes from libsolar: from the agent's hello on the
 agent path, from the source libsolar opens on the direct path; the loader agrees with h5py's view
 of the file and imports no h5py in either case (solar.torch.Loader() stays fast)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar.Loader in this process, reading directly (no agent): content, order, configuration,
 errors, batch lifetime, epochs."""
 import csv

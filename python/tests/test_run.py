@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar.Loader and solar.torch.Loader in rank programs under a real `solar run`: real agents
 (zero copy from the node buffer), the direct path, the torch order and per-batch weights."""
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Importing solar, and reading without an agent, leave Python's signal handling as it was
 (issue 14: loading libsolar took over SIGINT and SIGTERM). libfabric's psm provider loads
 libinfinipath, whose constructor installs handlers that print a backtrace and exit(1): Ctrl-C

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The package as a user gets it: the wheel (a platform wheel carrying libsolar) installed with
 pip into a fresh venv, and a DDP script (python/examples/train_ddp.py) run from it under
 `solar run`, from a directory outside the checkout, without SOLAR_LIBRARY: int64 labels, and a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One node's solar-agent, started from slurmstepd: launched as the job's user in a private
 // folder, watched through a pidfd (slurmstepd reaps every child itself, so waitpid cannot be
 // relied on), stopped with SIGTERM then SIGKILL.

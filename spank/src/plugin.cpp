@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar_spank.so: the Slurm entry points. Each forwards to the module of the process it runs
 // in (srun_side.cpp: srun, sbatch, salloc; stepd_side.cpp: a node's slurmstepd and slurmd's
 // job epilog). No exception leaves this file.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the plugin is told: the admin's plugstack.conf arguments (PluginConfig) and the user's
 // --solar-* options or SOLAR_* variables (JobOptions), and how a job's plan follows from them.
 // Plain C++ with no Slurm in it, so tests exercise it without a cluster.
@@ -16,7 +17,7 @@ namespace solar::spank {
 // What happens when a node's agent cannot start.
 enum class OnError : std::uint8_t { fallback, fail };
 
-// plugstack.conf: `required /usr/lib/slurm-wlm/solar_spank.so agent=... plan_dir=... ...`
+// plugstack.conf: `required /usr/lib/x86_64-linux-gnu/slurm-wlm/solar_spank.so agent=... plan_dir=... ...`
 struct PluginConfig {
   std::string agent = SOLAR_SPANK_DEFAULT_AGENT;  // the solar-agent binary
   std::string solar = SOLAR_SPANK_DEFAULT_SOLAR;  // the solar tool (reads datasets for srun)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The submitting side: srun (local context) and sbatch/salloc (allocator context). Checks the
 // user's options and the dataset before anything is allocated or launched, computes the step's
 // plan once the step's shape is known, writes it where every node reads it, and exports what

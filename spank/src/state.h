@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the plugin keeps between callbacks of one process (srun, sbatch/salloc or one node's
 // slurmstepd), and the contexts' entry points. plugin.cpp owns the one State and dispatches.
 #pragma once

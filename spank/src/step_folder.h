@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where one step's files live, and how slurmstepd and the epilog open what the job's user (or
 // another user) can place there. plan_dir is 1777 and shared: every step gets a private folder
 // in it, made by srun under a name nobody could take beforehand, and found again by the nodes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A node's side: slurmstepd starts this node's agent as the job's user once per step
 // (user_init), gives every task its SOLAR_* variables (task_init), stops the agent when the
 // last local task is gone (task_exit) or at the latest in exit, and removes its folder. The job

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """spank.lean: solar_spank.so loads nothing heavy into srun and slurmstepd (slurmstepd runs as
 root): its DT_NEEDED list has no MPI, HDF5, libfabric, curl or CUDA, only the C/C++ runtime and
 libfmt, and stripped it stays small. Usage: check_lean.py PLUGIN"""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cluster tests' fixtures: one test cluster and one dataset for the whole session (starting
 a cluster takes a while), and after every test the check that nothing of it is left (no agent,
 no run or plan folder, nothing of solar's in /dev/shm)."""

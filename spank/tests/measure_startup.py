@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The plugin's added start-up time per step, for the `cosmoflow` plan size (47,616 samples,
 20 epochs, 8 nodes x 4 ranks, batch 16, 6.25% buffer): `srun true` with and without --solar-*
 on a private 8-node test cluster, several runs each, medians. Not a ctest test (it takes a few

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The plugin's settings without Slurm: plugstack.conf arguments, --solar-* options and SOLAR_*
 // variables, and the plan a step gets from them.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the cluster tests share (test_cluster.py, test_cluster_isolation.py): the programs under
 test, the test cluster on this host (scripts/test-cluster: a private munged, slurmctld and two
 slurmd on loopback) as a `Cluster`, and the probes of what a job leaves behind. The fixtures

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What slurmstepd and the epilog open in folders a user controls (step_folder.h), and how the
 // epilog signals a leftover agent (kill_if_agent). Run as root they also check files of
 // another user (nobody).

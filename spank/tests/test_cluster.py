@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar_spank.so on a real Slurm cluster on this host (scripts/test-cluster: a private munged,
 slurmctld and two slurmd on loopback), real HDF5 files from `solar gen`, real agents. Every
 wait polls (sinfo, squeue, files); every daemon is stopped by its recorded PID, even when a
@@ -440,7 +441,8 @@ def test_slurm_check_sees_the_plugin_in_effect_and_a_mismatched_release(cluster,
     own = subprocess.run(["srun", "--version"], capture_output=True, text=True,
                          env=cluster.env).stdout.split()[1]
     major, minor = (int(x) for x in own.split(".")[:2])
-    other = os.path.join(cluster.root, "solar_spank_other.so")
+    os.makedirs(os.path.join(cluster.root, "other"), exist_ok=True)
+    other = os.path.join(cluster.root, "other", "solar_spank.so")
     plugin_of_release(SPANK, other, (major + 1) << 16 | (minor + 1) << 8)
     with open(os.path.join(cluster.dir, "plugstack.conf"), "w") as f:
         f.write(f"optional {other} agent={AGENT} solar={SOLAR} plan_dir={cluster.plans}\n")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar_spank.so on the test cluster over a dataset of many files (issue 35): the SOLAR
 artifact's CosmoFlow layout from `solar gen --layout per-sample-files` (one HDF5 file a sample in
 folders of 64, `/split` + `/unitPar` float32[4]). srun lists and checks the files once (`solar

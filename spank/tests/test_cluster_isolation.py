@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar_spank.so on the test cluster: what another user can reach of a job (issue 14: the
 buffer, the socket, the agent's privileges) and what a job's user, or another user, can place
 where the plugin's root side and slurmstepd look (issue 32: run folders, plan_dir's names, the

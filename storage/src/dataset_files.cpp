@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Datasets of many files: listing a directory, a glob or a list, checking every file (the
 // index), the index file, and the source that reads samples across the files. See
 // solar/storage/dataset_files.h.

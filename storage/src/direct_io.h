@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading with O_DIRECT (internal to storage): what Hdf5Source and the many-file source share.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fabric::Driver: the one loop that keeps fi_reads in flight on an endpoint and reaps their
 // completions. Its owner says what to read and hears what completed (Driver::Work); the driver
 // owns the slots of the queue depth and knows nothing of sessions, requests or servers.

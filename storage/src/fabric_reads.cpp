@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FabricSource's reads on a session, each a fabric::Driver run (fabric_driver.h): a staged
 // export's pieces (run_pieces) and every thread's queued requests (pump). What is theirs is
 // what to read next, where it lands, the emulated link, and when a request is finished.

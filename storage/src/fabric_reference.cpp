@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RawFabricReference: the raw fabric under a source, measured as fabtests' fi_rma_bw does.
 #include "solar/storage/fabric_reference.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One connection to solar-stored (the bootstrap hello, the fabric endpoint), its requests,
 // and the reconnection window when it is lost.
 #include "fabric_source_impl.h"

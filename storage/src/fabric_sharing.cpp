@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Several threads' reads on one session: a caller that finds no driver drives, else waits
 // for its request to be finished; the engine thread drives what callers leave queued.
 #include "fabric_source_impl.h"

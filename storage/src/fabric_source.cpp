@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "solar/storage/fabric_source.h"
 
 #include "fabric_source_impl.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FabricSource's private parts, shared by its files: one connection (Session) and what its
 // reads are made of (Piece, Request), and FabricSource::Impl, which owns the connection,
 // the queue of every thread's reads and the reconnection window. Who does what:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hdf5Source's reads: runs of samples from the file into memory. Raw layouts (contiguous, or
 // unfiltered chunks of whole samples) are pread in coalesced pieces on the I/O pool, O_DIRECT
 // when asked, nearby pieces merged into one request on request-bound storage (read_gap); other

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hdf5Source::Impl, shared by the files that implement Hdf5Source: hdf5_source.cpp (open,
 // metadata, the checks that the file is still the one opened) and hdf5_reads.cpp (reading runs
 // of samples: pread of raw bytes, O_DIRECT, H5Dread, retries).

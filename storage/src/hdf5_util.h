@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small helpers around the HDF5 C API: owning handles, the library lock, error text, types.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "solar/storage/hdf5_writer.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A fixed set of threads that run the parts of a job in parallel: Boost.Asio's thread_pool,
 // with the caller working on its own job too. Several callers may submit jobs at once; as each
 // caller also takes parts of its own job, a busy pool (or a pool of no threads) never

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Opening a source by its spec (HDF5 file or solar-stored). The plain types it uses (dtypes,
 // runs, their checks) are in sample_types.cpp, which needs no HDF5 or libfabric.
 #include "solar/storage/sample_source.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The plain types of sample_source.h: dtypes, runs of samples and their checks, identities. No
 // HDF5, MPI or libfabric here, so that a program that only decodes requests (solar-stored's
 // wire protocol, its fuzzer in tests/fuzz) can link them alone.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What solar-stored exports: --export specs, the files opened and mapped (or copied into
 // memory), and the watch that withdraws an export whose file changed.
 #include "server_impl.h"

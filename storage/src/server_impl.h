@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // StorageServer's private parts, shared by its files: the exports and the memory clients read
 // them from (Exported), what one authenticated connection may read (Grant), the staging slots,
 // the raw-fabric reference's plain memory, and StorageServer::Impl, which owns them, the

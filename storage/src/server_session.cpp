@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One authenticated client of solar-stored: its hello reply and grant, then its requests on
 // a thread of its own, the staging slots it borrows and the reference buffer it may share.
 #include "server_impl.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar-stored: exports HDF5 datasets read-only over libfabric RMA (see storage/README.md).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The bootstrap protocol between FabricSource and solar-stored: JSON messages over TCP, each
 // framed by a 4-byte little-endian length. Version 2:
 //   hello  {op, version, token, dataset}   -> {ok, provider, address (hex), virt_addr, info,

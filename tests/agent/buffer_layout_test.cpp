@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent's buffer layout: slot counts, rings and where the transparent index goes, a pure
 // function of the plan and the options (agent/src/buffer_layout.h).
 #include <gtest/gtest.h>

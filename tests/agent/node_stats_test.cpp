@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What an agent measured and its JSON (agent/src/node_stats.h), without processes: reads,
 // requests, batches and releases noted at chosen times, then the stats document's fields.
 #include <gtest/gtest.h>

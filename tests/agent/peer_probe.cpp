@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar_peer_probe CARD: what another process can do to an agent's buffer over the fabric,
 // given the agent's peer card (tests/agent/test_peers.py). Every attempt uses a fresh endpoint
 // (a failed RMA operation breaks the endpoint's connection). Prints one line per attempt:

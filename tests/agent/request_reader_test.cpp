@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent's request frames (agent/src/request_reader.h): what a connection's bytes are cut
 // into, whatever the reads' sizes, and which headers close the connection.
 #include <gtest/gtest.h>

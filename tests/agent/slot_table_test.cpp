@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent's slot table (free list, pins, evictions, zombies, index entries), without threads
 // or I/O (agent/src/slot_table.h); its buffer layout: buffer_layout_test.cpp.
 #include <gtest/gtest.h>

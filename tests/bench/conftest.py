@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The bench scripts' tests share tests/testlib.py (the built programs' paths): its folder goes
 on sys.path before pytest imports the test files."""
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bench/au.py, MLPerf Storage's accelerator utilisation (issue 39): a tiny configuration of
 each layout, every loader. The figures are not judged here; what is checked is the bench's own
 arithmetic: each accelerator's AU recomputed from the compute and wait times its rank recorded

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`solar bench serve --repeat N`: N real runs (an agent and its ranks each time), the median of
 each figure, and every run's own figures beside it, so that a run disturbed by the machine can
 be told from the build."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bench/compressed_sizes.py (issue 36): what it counts. Its figures (samples per GiB,
 compressed against raw) are not judged; checked are its arithmetic, that every file reads back
 as written (the script asserts it), and that the sizes it writes are the files' stored bytes

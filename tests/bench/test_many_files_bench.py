@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 35's benchmarks run from one command each: bench/pytorch_io.py --layout
 per-sample-files (the SOLAR artifact's one file per sample, every mode) and
 bench/many_files_startup.py (start-up against the number of files, syscalls per sample). Their

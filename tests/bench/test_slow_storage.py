@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """scripts/slow-storage, the emulated shared storage every benchmark runs on: the kernel really
 caps a cold read (a lower bound on time, which noise cannot break), its own counter sees the
 bytes, and bad use gets one clear line."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bench/stored_io.py, the one command behind issue 15's solar-stored-vs-fabric figures: it
 runs on both providers, places the server as asked, leaves no server or dataset behind, and
 refuses bad input with one line. No speed is asserted (bench/README.md)."""

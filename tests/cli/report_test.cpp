@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar report's reading and drawing (cli/report.h) on inputs the fuzzer (fuzz.report) found
 // mishandled: each must give a picture or one BadInput naming the file.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar run --stats-out's document (cli/run_stats.cpp): the agents' files merged, a reason
 // where a node has none; from files alone (no agent, no processes).
 #include <gtest/gtest.h>

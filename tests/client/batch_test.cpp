@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar.hpp's RAII batch: an explicit release reports failures, the destructor never throws.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """client.lean: libsolar.so, loaded into every rank, brings nothing heavy at load time: no MPI
 (it would clash with the user's own), no CUDA runtime (opened on first use), no HDF5 and no
 libfabric (0.2 s of a rank's start for libfabric's providers alone; the direct path opens them

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libsolar's resume API (solar_skip_to, solar_position, solar_plan_fingerprint) and the
 // standalone defaults of solar_open_env, on the direct-read path with a real HDF5 file and a
 // real plan. (With an agent, skip_to is exercised end to end by python/tests/test_wheel.py

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PlanConfig's checks, the transparent mode's settings, sizes as text, and the job-parameter
 // table every front end parses with (core/include/solar/core/{plan_config,agent_budget,units,
 // job_params}.h).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Property tests: many random small configurations, every policy, checked by the independent
 // replay (replay.h) — permutations, membership, batch bounds, capacity, and recounted metrics.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A random small plan configuration (no policy set): the property tests' inputs, shared by
 // planner_test.cpp and plan_file_test.cpp.
 #pragma once

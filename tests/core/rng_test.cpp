@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Golden tests: the generators and shuffles must give these exact values on every platform.
 #include <gtest/gtest.h>
 

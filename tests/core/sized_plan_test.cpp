@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Plans over samples of differing sizes (issue 36, item 1): the node buffers hold bytes, the
 // eviction is clairvoyant by bytes, and the lower bound is one on bytes. Every plan here is
 // checked by the independent replay (replay.h), which recounts the bytes from the plan's own

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A small plan configuration for hand-checked cases: n one-byte samples, 3 epochs, a buffer
 // that holds them all; shared by order_test.cpp and config_test.cpp.
 #pragma once

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes tests/data/torch_sampler_golden.json from real PyTorch.
 
 Each case is DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=True, seed=s,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: what a connection sends solar-agent (agent/src/request_reader.h), cut into
 // reads of the sizes the input's first byte picks. Every frame handed out must be one the
 // agent reads (request_acceptable, its payload exactly the header's length), a malformed header

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes the fuzzers' seed corpora (tests/fuzz/corpus/NAME/) from the messages and files the
 real programs exchange, built here the way they build them:
 

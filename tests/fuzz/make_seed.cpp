@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes a small valid plan file: the fuzzer's seed corpus (mutations of a real file reach
 // far deeper than random bytes). With --sized, one of samples of differing sizes.
 #include <cstdio>

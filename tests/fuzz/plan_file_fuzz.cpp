@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the plan-file reader must reject any byte string cleanly (PlanFileError)
 // or decode it into a plan; never crash, hang or read out of bounds (built with ASan/UBSan).
 #include <cstddef>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: `solar report`'s reading of its JSON inputs and the picture drawn from them
 // (cli/report.h). Any text must give a picture or one BadInput naming the file; nothing else may
 // escape, crash or hang (the run uses -timeout).

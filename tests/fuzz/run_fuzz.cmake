@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Runs one libFuzzer target for SECONDS on a fresh copy of its seed corpus (ctest fuzz.NAME).
 #   FUZZER   the fuzzer binary          WORKDIR  a scratch folder (removed when no crash)
 #   NAME     for messages               SECONDS  how long

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the SPANK plugin's settings (spank/src/settings.h). The input's lines are,
 // in turn: the plugin's own path, plugstack.conf's arguments (split at blanks, as Slurm does),
 // then --solar-* options and SOLAR_* variables as `NAME=VALUE` lines (NAME an option's name

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: what solar-stored decodes of a client's bytes (storage/src/wire.h) and
 // what a client decodes of its replies. The input is a frame as sent on the socket (4-byte
 // little-endian length, then the JSON body); its length is checked as the server checks a

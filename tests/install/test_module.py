@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The environment modules (packaging/modules, installed by cmake --install): an install into a
 fresh prefix, then a job run with nothing but the module's environment (PATH, LD_LIBRARY_PATH,
 PYTHONPATH, ...): solar run, the example trainer verifying every sample, and the Python

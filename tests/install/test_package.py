@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Debian packages as an admin and a user meet them: built by `cmake --build build --target
 deb` (ctest fixture package.deb) into one folder, one package per component
 (cmake/SolarInstall.cmake), unpacked into a staging root with dpkg-deb, and used from there

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The integration tests' shared helpers are tests/testlib.py: its folder goes on sys.path
 before pytest imports the test files."""
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Faults found by probing the data path as an attacker and a careless user would (issue 14), with
 real processes: an agent that runs out of file descriptors or is stopped (SIGSTOP), a `solar run`
 killed outright, whatever lies at the agent's --socket path, and floods of connections."""

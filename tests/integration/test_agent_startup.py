@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An agent killed before it is ready (found by scripts/soak: `solar run` failed the whole job
 with 'the agent of node N exited (137) before it was ready'): its ranks read directly, as when it
 dies during the run; an agent that exits by itself (a setting it refuses) still stops the job

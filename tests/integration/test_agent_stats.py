@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's measured statistics with real processes: per-epoch records, the head start and
 their totals, in the stats reply, the log's last line ("stopped: {...}") and the --stats-out
 file, for the ring path, the zero-copy path and the transparent mode (agent/README.md)."""

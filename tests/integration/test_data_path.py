@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The whole data path with real processes: `solar run` starting real agents over a real HDF5
 file or a real solar-stored server, real rank programs verifying every sample, and faults
 (agent killed, rank killed, strangers, garbage on the socket, mismatched inputs)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Datasets of many HDF5 files end to end (issue 35), the batch modes: `solar run` with real
 agents (and peers, and solar-stored) over what `solar gen` writes in the layouts of real
 workloads: the SOLAR artifact's CosmoFlow (one sample a file, DIR:/split), DLIO (rows of a

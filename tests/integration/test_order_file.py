@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """--order-file (issue 38, item 1): a script that computes its whole order up front, as the SOLAR
 artifact's io_baseline.py does (a per-epoch shuffle list drawn with numpy's global RNG, read
 through DistributedSampler(shuffle=False)), with the same list given to solar: the plan follows

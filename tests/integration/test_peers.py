@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Peer sharing with real processes: `solar run --peers` starts one agent per simulated node;
 they read the plan's peer reads from each other's buffers over libfabric RMA (tcp;ofi_rxm on
 loopback). The bytes ranks get are checked (the C++ example trainer verifies every sample; the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Resume (issue 14 item 4): a job started again at an epoch and step — `solar run --start-epoch
 E --start-step S` (or --resume-from a loader's state_dict) — whose agents begin at that step:
 the ranks get exactly the rest of the plan, every byte checked, and the agents neither read nor

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar run --stats-out and solar report with real agents and ranks: the merged per-node
 statistics of a 2-node run, and the picture drawn from them, parsed back."""
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Changed or failing storage under a running job (issue 14 item 5), on the libsolar path
 (agents serving batches, ranks falling back to direct reads): the dataset file rewritten in
 place, truncated, replaced by a rename, deleted, or failing with a real kernel EIO. Every

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Job-transparent mode with real processes: an unmodified h5py + DistributedSampler + DataLoader
 script (slurm_examples/train_h5py_ddp.py) under `solar run --transparent` (real agents, the real
 interposer preloaded into every rank and DataLoader worker) against the same script without

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Job-transparent mode over datasets of many files (issue 35, item 5), with real processes:
 unmodified h5py + DistributedSampler + DataLoader scripts under `solar run --transparent` (real
 agents, the real interposer preloaded into every rank and DataLoader worker) against the same

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An unmodified rank for the transparent mode's probe findings (issue 32): plain os.pread and
 libc stdio through ctypes, no solar import; run under `solar run --transparent` once the agent
 holds the whole dataset. Prints 'ok NAME' or 'WRONG NAME: ...' per check and exits 1 on any

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The dataset-spec parser (protocol/include/solar/dataset_spec.h) against the golden table
 // every copy is tested with (dataset_spec_cases.json).
 #include "solar/dataset_spec.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Passing an fd with a message (protocol/include/solar/fd_passing.h), over a socketpair.
 #include "solar/fd_passing.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One node's summary for people (protocol/include/solar/node_summary.h): the lines `solar run`
 // and `srun --solar-verbose` print and their pieces (also `solar stat`'s), from the stats JSON
 // alone (no agent, no processes).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The statistics files' schema (protocol/include/solar/stats_file.h): a node's record from its
 // agent's stats document, as the agent's --stats-out and srun --solar-stats both write it.
 #include "solar/stats_file.h"

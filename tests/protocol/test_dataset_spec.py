@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python package's dataset-spec parser (python/solar/dataset.py's parse_dataset_spec, and
 split_dataset_spec, the split as written) against the golden table every parser is tested with
 (dataset_spec_cases.json), as tests/protocol/dataset_spec_test.cpp holds protocol's to it.

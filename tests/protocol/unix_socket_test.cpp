@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // connect_unix (protocol/include/solar/unix_socket.h): which step failed, with its errno, and
 // the options every caller relies on.
 #include "solar/unix_socket.h"

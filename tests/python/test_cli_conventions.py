@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Command-line conventions of the solar programs, from the outside: typed numeric options in
 --help, bad numbers named, `solar run -n` counting ranks as srun/mpirun do, `solar run -l`
 labelling lines as `srun -l` does, `solar gen` refusing surprising sizes, and the progress bar

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`solar plan` / `solar plan-dump` from the outside: errors, JSON, determinism, and an
 independent recount of every metric from the dumped rows."""
 import csv

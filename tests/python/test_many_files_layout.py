@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python package's view of a dataset of many HDF5 files (python/solar/dataset.py): which
 files a directory, a glob and an @LIST name and in which order (global sample ids: a file's
 samples follow the previous file's), and the layout of a sample and a label that

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar.torch.Loader over datasets of many HDF5 files, read directly (no agent): every sample's
 bytes and label, in every batch of every epoch of both ranks, are what the content rule
 (storage/include/solar/storage/content.h, tests/storage/make_h5py_dataset.py) says for the

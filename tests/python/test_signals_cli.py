@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`solar` ends on Ctrl-C and SIGTERM as a command-line tool should (issue 14: libfabric's psm
 provider loads libinfinipath, whose constructor installed handlers that ended any program
 linking it with status 1, silently, so `solar run` SIGINTed while planning exited 1).

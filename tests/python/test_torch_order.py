@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Live check against real PyTorch: with `--order torch` and the DistributedSampler
 assignment (policy lru), every rank's batches in every epoch are exactly what
 DataLoader(dataset, batch_size=b, sampler=DistributedSampler(..., seed=s), drop_last=d)

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """The soak: many short multi-node `solar run` jobs under a chaos driver, every sample checked.
 
     scripts/soak --minutes N [--json OUT] [--seed S] [--min-faults F] [--keep]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What is checked after every job (Soak's part): samples against the plan or the reference run
 (lost, duplicated, wrong), the longest stalls, and leaks (processes, run folders, /dev/shm,
 solar-stored's descriptors and threads, the soak's own descriptors, throttle cgroups). Mixed into

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The soak's settings: the programs under test (SOLAR_BIN etc., else ./build), the sizes, limits
 and timeouts of its jobs, the fault kinds, the event that stops it, and its log line."""
 import os

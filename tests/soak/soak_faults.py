@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The chaos driver (Soak's part): while a job runs, a fault every 0.7-3 s, chosen by weight among
 those that fit the job (tests/soak/soak.py's docstring lists them and what each job must still
 do). Mixed into Soak: uses its rng, undo, stored, throttles and injected."""

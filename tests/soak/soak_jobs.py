@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One soak job (its kind, dataset, shape and `solar run` command line, chosen at random) and what is read
 back after it: the ranks' --record and --digests files (the plan's own sequences come from
 testlib.plan_sequences)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Processes, by PID and start time (a recycled PID is never signalled), the counts the leak checks
 compare, the faults that last a while (`Undo`: undone however the soak ends) and the blkio
 cgroups the slow_storage fault moves readers into."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The long-lived solar-stored the fabric jobs read from: started on a free port, restarted on the
 same one after a kill, its descriptors, threads and RSS watched between jobs."""
 import os

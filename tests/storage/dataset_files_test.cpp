@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Datasets of many files (solar/storage/dataset_files.h): listing a directory, a glob and a
 // list, the global sample order, the index file, reads across files, and the refusals (a file
 // that differs, is replaced, rewritten, deleted, or is not HDF5). Real HDF5 files written by

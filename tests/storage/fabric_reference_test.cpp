@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `solar bench io fabric://...`'s raw-fabric reference: it runs on both providers, for a
 // mapped and a staged export, and its JSON has the fields. No timing is asserted (speed lives
 // in the benchmarks, bench/README.md).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FabricSource against real solar-stored processes on loopback, for tcp;ofi_rxm and shm.
 #include <fmt/format.h>
 #include <gtest/gtest.h>

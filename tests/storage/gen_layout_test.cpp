@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar gen's layouts without the command line: the files each makes and their order, the
 // reader's spec, labels of any dtype (content.h's fill_label), and what a failed or forced write
 // leaves. tests/storage/test_gen_layouts.py reads the files back with h5py.

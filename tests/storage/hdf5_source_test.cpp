@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // HDF5 sources over real files: written by solar gen (every layout) and by h5py.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes a dataset with h5py the way users do, with solar gen's content (include/solar/storage/
 content.h, re-implemented in numpy) so solar's readers can check every byte.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Runs under mpirun: every rank opens the dataset through MPI-IO (Hdf5Options::mpio), reads a
 // strided share of the samples as coalesced runs (independent or collective transfers) and
 // checks every byte and label against the generator. Exit 0 only if every rank read right.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The MPI-IO mode with real MPI ranks: a contiguous and a chunked file from `solar gen`, read by
 # 2 ranks with independent and with collective transfers, every sample checked.
 set -euo pipefail

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar-stored itself, from the outside: who may read its memory (keys, tokens), exports
 // withdrawn or refused, staging buffers shared by many clients, its command line.
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar gen's layouts of many files (the SOLAR artifact's CosmoFlow, DeepCAM, DLIO), read back
 with h5py: the file names and their order, shapes, dtypes, attributes, and every sample's bytes
 and label against content.h's rule (its numpy mirror in make_h5py_dataset.py).

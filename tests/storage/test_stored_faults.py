@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar-stored under faults, with real processes (issue 14, findings 5 and 6 of the probe).
 
 - Strangers that connect and announce huge messages cost the server neither memory nor threads

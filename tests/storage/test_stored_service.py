@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """solar-stored as a systemd service (issue 41, item 4), without systemd: the unit's own command
 line (packaging/systemd/solar-stored@.service as configured into the build, its program the
 build's solar-stored, its /etc/solar/stored-%i.conf a configuration in a temporary folder) run

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers for storage tests: a temporary directory that is always removed, running programs,
 // and a solar-stored process that is stopped by PID however the test ends.
 #pragma once

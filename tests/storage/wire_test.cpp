@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar-stored's request decoding (storage/src/wire.h) on what the fuzzer (fuzz.stored_wire)
 // and its review found: runs whose bytes wrap around 64 bits, counts that are not integers.
 #include <gtest/gtest.h>

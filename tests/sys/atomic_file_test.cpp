@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar::sys::write_file_atomically (sys/include/solar/sys/atomic_file.h): the whole file or
 // the one before, never a part; no temporary file left behind, done or failed.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar::sys::meminfo_field (sys/include/solar/sys/meminfo.h): a field of a /proc/meminfo text
 // in bytes, from a given text; and this machine's, read.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar::sys::output_file_problem (sys/include/solar/sys/output_path.h): what is wrong with an
 // output path, as the sentence the front ends print after the option's name.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar::sys::remove_tree (sys/include/solar/sys/remove_tree.h): a folder is removed whole even
 // when another process unlinks one of its entries while it is being removed (an agent removing
 // its own socket as it stops, while `solar run` removes its run folder). Its own executable:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // solar::sys's child processes (sys/include/solar/sys/subprocess.h): exit statuses as a shell
 // gives them, what a child starts with (signals unblocked, the environment it is given), and
 // running one with its output captured and a time limit.

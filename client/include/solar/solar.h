@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* libsolar: what a training rank links to get its batches.
  *
  * A rank opens a loader from the environment that `solar run` (or `srun --solar-*`) sets, then

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A thin C++ layer over solar.h: RAII loader and batch, exceptions instead of return codes.
 #pragma once
 

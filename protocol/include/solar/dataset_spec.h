@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a dataset spec names: `FILE[:/DATASET]` (an HDF5 file and the dataset in it) or
 // `fabric://HOST:PORT/NAME` (an export of solar-stored). Every C++ reader of a spec parses it
 // here: the storage sources (open_source), solar-stored's --export NAME=FILE[:/DATASET]. Two

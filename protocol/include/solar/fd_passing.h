@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Passing one file descriptor with a message over a Unix stream socket (SCM_RIGHTS): the agent
 // sends its buffer's memfd with the hello reply, libsolar receives it. (The interposer, plain C,
 // keeps its own recv_all.)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One node's summary for people at the end of a run, from its agent's stats document (the
 // stats reply `solar run` asks for, the log's last line "stopped: {...}" srun reads): the one
 // formatter `solar run` and `srun --solar-verbose` call, and its lines' pieces, which

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent ⇄ rank control protocol over a Unix stream socket. Versioned, length-prefixed,
 // little-endian, fixed-layout messages. The data itself never crosses the socket: the agent
 // passes its shared-memory buffer (a memfd) once, with SCM_RIGHTS, in the hello reply, and a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The statistics files of a run (fields and units: agent/README.md), written in one schema by
 // every writer: an agent's `--stats-out` (one node), `solar run --stats-out` and
 // `srun --solar-stats` (every node of the run or step). A node's record is built from the

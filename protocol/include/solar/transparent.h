@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The job-transparent mode's shared state between a node agent and the interposer
  * (libsolar_preload.so) in unmodified ranks. Plain C: the interposer links no libstdc++.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Connecting to a node-local Unix stream socket: the agent's control socket, asked by the
 // launcher (is the agent up, its stats), the SPANK plugin (does it answer yet), libsolar (the
 // rank's session) and the agent itself (is another agent serving this path). One function, so

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How a node agent's memory budget becomes a plan: its slots and staging rings, the buffer
 // that fits, and the settings of job-transparent mode and peer sharing.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a plan is computed from, and how those inputs are checked: an umbrella over the headers
 // by subject, so that one include still brings all of it.
 #pragma once

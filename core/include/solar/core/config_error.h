@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The error every check of the user's input throws: it names the flag.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A sized plan's samples as extents of one arena per node: how much room that takes beyond the
 // plan's bytes (fragmentation). The planner holds every node to buffer_bytes of resident
 // samples; an agent keeping them in one memory region also needs a free extent large enough

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The job parameters every front end takes from the user (solar plan, solar run, solar bench
 // loader, srun/sbatch --solar-*; libsolar's SOLAR_START_* too), with one range each, so that a
 // value one of them accepts is accepted by all. The upper bounds are the limits

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shuffled order of one epoch and how it is cut into steps.
 //
 // An epoch's sequence L is what DistributedSampler produces before striding: a permutation of

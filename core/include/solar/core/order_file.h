@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The script's own order (issue 38), given as a file: `solar run --order-file F`,
 // `srun --solar-order-file=F`. A script that computes its whole order up front (the SOLAR
 // artifact's per-epoch shuffle lists, broadcast over MPI and read with

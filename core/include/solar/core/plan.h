@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A computed plan: who reads what, when, and where it comes from.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a plan is computed from (PlanConfig), its orders and policies, and the limits its
 // check enforces.
 #pragma once

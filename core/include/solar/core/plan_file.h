@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The plan file: how a plan travels from the planner (solar plan, solar run, the SPANK plugin)
 // to the node agents.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An independent check of a plan: replays it from its own records (rank batches, fetches,
 // evictions) without any planner code, checks every invariant, and recounts its metrics.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Portable random number generators for shuffled epoch orders.
 //
 // Every generator here is specified bit for bit so that a plan computed on one machine equals

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The user's numbers as text: counts, byte sizes, buffer sizes (bytes or a share of the
 // dataset), and bytes for people.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The deterministic content of a generated dataset: every byte of sample i is a function of
 // (seed, i), so any reader can check what it got. The same function is implemented in
 // tests/storage/make_h5py_dataset.py (numpy) for files written by h5py.

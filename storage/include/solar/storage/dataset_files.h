@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The files a dataset's samples lie in. A dataset spec names one HDF5 file (FILE.h5[:/name]) or
 // many: a directory (every HDF5 file below it, recursively: *.h5, *.hdf5, *.hdf, *.he5), a glob
 // ('train/*/*.hdf5') or @LIST (a text file of paths, one a line), each with `:/name` for the

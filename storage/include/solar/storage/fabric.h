@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One libfabric RDM endpoint with its fabric, domain, address vector and completion queue, and
 // the memory registrations made on it. Honours the provider's mr_mode: FI_MR_VIRT_ADDR (remote
 // addresses are virtual addresses), FI_MR_PROV_KEY, FI_MR_ENDPOINT and FI_MR_LOCAL.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fabric addresses as text: solar-stored's hello reply (wire.h) and the agents' peer cards
 // (agent/src/peer_setup.cpp) carry an endpoint's address (fabric::Endpoint::address) as
 // lower-case hex. No libfabric needed to include it; defined in storage/src/wire.cpp.

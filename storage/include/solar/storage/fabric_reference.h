@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RawFabricReference: the raw-fabric reference of `solar bench io fabric://...`, the fabric
 // under a FabricSource measured without solar's read path, so that solar's reads can be given
 // as a share of it. A benchmark's tool, not a reader's: it lives in its own library

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FabricSource: samples exported by a solar-stored server (fabric://HOST:PORT/NAME), read with
 // one-sided libfabric RMA (fi_read) straight into the caller's memory.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // HDF5Source: samples from an HDF5 dataset whose first dimension indexes samples.
 //
 // Contiguous, unfiltered, little-endian datasets are read without HDF5 on the data path: the

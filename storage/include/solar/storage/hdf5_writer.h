@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writing generated datasets (`solar gen`): one HDF5 file (/data with N samples, /label with one
 // int32 each), or a directory of many files in the layouts of real workloads. Every sample's
 // bytes are content::fill_sample(seed, global id) and its label content::fill_label(seed, global

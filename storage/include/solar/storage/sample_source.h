@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SampleSource: the one interface every storage backend implements. A dataset is N samples of
 // equal shape and dtype (the first dimension of an HDF5 dataset indexes samples), with an
 // optional label per sample. Reads take a list of index runs and fill caller memory.

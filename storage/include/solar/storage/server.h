@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // StorageServer: the body of `solar-stored`. Exports named HDF5 datasets read-only over
 // libfabric. Contiguous datasets are memory-mapped and registered for remote read exactly over
 // their data region, so clients read them with one-sided RMA and no server CPU on the data

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What libraries do to a process's signal dispositions when they are loaded, undone.
 //
 // libfabric is built with its psm provider, which links libpsm_infinipath and libinfinipath.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writing a file so that readers see all of it or none of it (platform code).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The machine's memory as /proc/meminfo says it (platform code).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Whether an output file can be written, checked before a job starts (platform code).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Removing a folder that other processes may be emptying (or filling) at the same time, as
 // root in a folder its user controls (platform code).
 #pragma once

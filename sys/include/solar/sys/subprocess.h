@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Child processes (platform code): fork + exec with the steps every child needs, waiting with a
 // time limit, running one with its output captured, and exit statuses as shells report them.
 // Used by the launcher (agents and ranks), `solar bench loader` (its solar-stored) and srun's
