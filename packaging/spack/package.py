@@ -20,7 +20,7 @@ class Solar(CMakePackage):
     variant("python", default=True, description="the solar Python package (numpy; torch optional)")
     variant("slurm", default=True, description="the SPANK plugin, built against this Slurm")
 
-    depends_on("cmake@3.22:", type="build")
+    depends_on("cmake@3.25:", type="build")  # CMakeLists.txt: cmake_minimum_required
     depends_on("pkgconfig", type="build")
     depends_on("cli11", type="build")
     depends_on("nlohmann-json", type="build")
