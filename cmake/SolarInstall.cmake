@@ -217,8 +217,8 @@ while(solar_packages)
   list(APPEND solar_components ${component})
 endwhile()
 if(TARGET solar_spank)
-  # Absolute: /etc whatever the prefix (cpack installs to /usr).
-  # The plugin's path in the package (cpack installs to /usr).
+  # The snippet names the plugin's path in the package (cpack installs to /usr) and is
+  # installed to an absolute /etc, whatever the prefix.
   if(IS_ABSOLUTE "${SOLAR_SLURM_PLUGIN_DIR}")
     set(SOLAR_DEB_PLUGIN "${SOLAR_SLURM_PLUGIN_DIR}/solar_spank.so")
   else()
