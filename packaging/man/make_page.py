@@ -7,11 +7,13 @@
       DESCRIPTION, ENVIRONMENT, FILES, SEE ALSO); for a program with subcommands (solar),
       a COMMANDS section with every subcommand's own --help.
   make_page.py --version V --page P.8 [--options PROGRAM] [--set KEY=VALUE]... --output P.8.gz
-      a page written by hand; @VERSION@ becomes V, @OPTIONS@ what PROGRAM prints, @KEY@ VALUE.
+      a page written by hand; @VERSION@ becomes V, @KEY@ VALUE, and @OPTIONS@ a paragraph per
+      line PROGRAM prints (FLAG, ARG or "", ENV, USAGE, tab-separated: spank/src/man_options.cpp).
 
 Characters outside ASCII become groff's \\[uXXXX] (a `x` sign printed as `??` before), so the
 page reads the same in any locale."""
 import argparse
+import functools
 import gzip
 import os
 import re
@@ -29,6 +31,20 @@ def ascii_roff(text):
     return "".join(c if ord(c) < 128 else f"\\[u{ord(c):04X}]" for c in text)
 
 
+def options_roff(program):
+    """One .TP paragraph per option line of PROGRAM (FLAG\tARG\tENV\tUSAGE)."""
+    out = []
+    listing = subprocess.run([program], check=True, capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        flag, arg, env, usage = line.split("\t")
+        # A break point (\:) after each '|': long alternatives may wrap.
+        arg = roff_escape_line(arg).removeprefix("\\&").replace("|", "|\\:")
+        out += [".TP", f"\\fB{roff_escape_line(flag)}\\fR" + (f"=\\fI{arg}\\fR" if arg else ""),
+                f"{roff_escape_line(usage)}.", ".br", f"Environment: \\fB{roff_escape_line(env)}\\fR."]
+    return "\n".join(out)
+
+
+@functools.lru_cache(maxsize=None)
 def help_of(program, words):
     p = subprocess.run([program, *words, "--help"], capture_output=True, text=True,
                        env={**os.environ, "COLUMNS": "100", "LANG": "C.UTF-8"}, timeout=60)
@@ -58,8 +74,8 @@ def commands_section(program):
     out = []
 
     def walk(words, depth):
-        for sub in subcommands(help_of(program, words)):
-            text = help_of(program, [*words, sub])
+        for sub in subcommands(help_of(program, tuple(words))):
+            text = help_of(program, (*words, sub))
             out.append(f'.SS "{name} {" ".join([*words, sub])}"')
             out.append(".nf")
             out.extend(roff_escape_line(l) for l in text.rstrip("\n").splitlines())
@@ -98,8 +114,7 @@ def main():
         if "@OPTIONS@" in text:
             if not a.options:
                 sys.exit("make_page.py: the page has @OPTIONS@: give --options PROGRAM")
-            text = text.replace("@OPTIONS@", subprocess.run(
-                [a.options], check=True, capture_output=True, text=True).stdout.rstrip("\n"))
+            text = text.replace("@OPTIONS@", options_roff(a.options))
         left = re.findall(r"@[A-Z_]+@", text)
         if left:
             sys.exit(f"make_page.py: {a.page}: no value for {', '.join(sorted(set(left)))}")

@@ -4,6 +4,7 @@ deb` (ctest fixture package.deb) into one folder, one package per component
 (cmake/SolarInstall.cmake), unpacked into a staging root with dpkg-deb, and used from there
 only — no build tree on any path, no SOLAR_* variables. The same packages on the real test
 cluster: spank/tests/test_cluster.py::test_installed_package_runs_the_example_job."""
+import functools
 import glob
 import gzip
 import os
@@ -39,8 +40,9 @@ def run(*args, env=None, cwd=None, timeout=300):
     return p
 
 
+@functools.lru_cache(maxsize=None)
 def debs():
-    """{package name: .deb path} of the folder."""
+    """{package name: .deb path} of the folder (read once: the tests only read the packages)."""
     found = {}
     for path in sorted(glob.glob(os.path.join(DEB_DIR, "*.deb"))):
         name = run("dpkg-deb", "-f", path, "Package").stdout.strip()

@@ -70,9 +70,8 @@ class Env:
 
 def cmake_text():
     text = []
-    for folder, _, files in os.walk(ROOT):
-        if "/build" in folder or "/.git" in folder:
-            continue
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in (".git", "build")]  # not descended into
         for f in files:
             if f == "CMakeLists.txt" or f.endswith(".cmake"):
                 text.append(open(os.path.join(folder, f)).read())
