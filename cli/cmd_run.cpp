@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -284,12 +285,24 @@ void run_run(const RunOptions& o) {
                                     "PIL, open().read()); add --transparent. Its own loader does "
                                     "not hand each sample's length yet",
                                     o.dataset, planned.layout));
-    // Transparent over filtered chunks: the buffer holds them as stored (--buffer 64%: of the
-    // samples at the longest chunk's size), as the agent does.
-    if (o.transparent)
-      if (const std::uint64_t stored = storage::stored_sample_bytes(*src); stored > 0)
-        planned.sample_bytes = stored;
-    c = plan_for_run(planned, buffer, c, o.peers, !o.transparent && !o.zero_copy);
+    // Transparent over samples as they lie in their files (whole files, filtered chunks): of
+    // differing sizes, the buffer holds each in its own bytes and the plan counts bytes
+    // (--buffer 64%: of their bytes); of one size, slots of it, as for raw samples.
+    const std::vector<std::uint64_t> stored =
+        o.transparent ? storage::stored_sample_sizes(*src) : std::vector<std::uint64_t>{};
+    if (!stored.empty() && std::adjacent_find(stored.begin(), stored.end(),
+                                              std::not_equal_to<>()) != stored.end()) {
+      if (o.peers)
+        throw ConfigError("--peers", "the samples of this dataset are of differing sizes as "
+                                     "stored, which the agents do not share between nodes yet; "
+                                     "drop --peers");
+      std::uint64_t total = 0;
+      for (std::uint64_t v : stored) total += agent_sample_slot_bytes(v);
+      c = config_for_sized_transparent(c, stored, buffer.resolve(total, 1));
+    } else {
+      if (!stored.empty()) planned.sample_bytes = stored.front();
+      c = plan_for_run(planned, buffer, c, o.peers, !o.transparent && !o.zero_copy);
+    }
     if (!o.order_file.empty()) {
       if (o.order_given)
         throw ConfigError("--order-file", "gives the order itself: drop --order");

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "agent_impl.h"
+#include "solar/core/extents.h"
 #include "solar/storage/dataset_files.h"
 #include "solar/sys/meminfo.h"
 #include "solar/unix_socket.h"
@@ -89,11 +90,17 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
     }
   }();
   header_ = pf.header();
-  if (header_.config.sized())
+  const bool sized = header_.config.sized();
+  if (sized && !o.transparent)
     throw AgentError(fmt::format(
-        "the plan {} is of samples of differing sizes, which solar plans but its agent does not "
-        "serve yet (its buffer's slots are of one size); plan samples of one size",
+        "the plan {} is of samples of differing sizes, which the agent serves in the "
+        "transparent mode only (--transparent: an unmodified script reading whole files or "
+        "compressed chunks); batches of one size need a plan of one sample size",
         o.plan));
+  if (sized && !o.peer_dir.empty())
+    throw AgentError(fmt::format("the plan {} is of samples of differing sizes, which agents do "
+                                 "not share between nodes yet; drop --peer-dir",
+                                 o.plan));
   if (o.max_buffer && header_.config.buffer_bytes > o.max_buffer)
     throw AgentError(fmt::format(
         "the plan {} buffers {} per node, above this agent's limit of {} (--max-buffer, the "
@@ -158,7 +165,27 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   const std::uint64_t stored = o.transparent ? storage::stored_sample_bytes(*source_) : 0;
   stored_mode_ = stored > 0;
   const std::uint64_t slot_sample = stored_mode_ ? stored : info.sample_bytes;
-  if (info.samples != header_.config.samples || slot_sample != header_.config.sample_bytes)
+  if (sized) {
+    // Each sample's bytes as stored, as the plan counted them (rounded up to 64).
+    const std::vector<std::uint64_t> sizes = storage::stored_sample_sizes(*source_);
+    const std::vector<std::uint64_t>& planned = *header_.config.sample_sizes;
+    std::size_t differ = 0;
+    while (differ < sizes.size() && differ < planned.size() &&
+           agent_sample_slot_bytes(sizes[differ]) == planned[differ])
+      ++differ;
+    if (sizes.size() != planned.size() || differ != sizes.size())
+      throw AgentError(fmt::format(
+          "{} has {} samples{} but the plan {} was computed for {} samples{}; recompute the "
+          "plan for this dataset",
+          source_->describe(), info.samples,
+          differ < sizes.size() ? fmt::format(", sample {} of {} bytes as stored", differ,
+                                              sizes[differ])
+                                : std::string(),
+          o.plan, header_.config.samples,
+          differ < planned.size() ? fmt::format(", sample {} of {} bytes", differ, planned[differ])
+                                  : std::string()));
+  } else if (info.samples != header_.config.samples ||
+             slot_sample != header_.config.sample_bytes)
     throw AgentError(fmt::format(
         "{} has {} samples of {} bytes{} but the plan {} was computed for {} samples of {} "
         "bytes; recompute the plan for this dataset",
@@ -166,7 +193,8 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
         stored_mode_ ? " as stored (filtered chunks, served as they are)" : "", o.plan,
         header_.config.samples, header_.config.sample_bytes));
   sample_bytes_ = slot_sample;
-  label_bytes_ = info.has_labels ? info.label_bytes : 0;
+  // Sized: the transparent mode serves samples only (a script reads its labels itself).
+  label_bytes_ = info.has_labels && !sized ? info.label_bytes : 0;
   stats_.mark(NodeStats::Stage::source_opened);
 
   // Buffer: the plan's resident set, then the ranks' rings (see buffer_layout.cpp).
@@ -179,6 +207,9 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   bo.peers = !o.peer_dir.empty();
   bo.page_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
   if (o.transparent) count_file_tables(*source_, bo);
+  // Sized: the arena this node's schedule needs as extents (fragmentation, with the best fit
+  // the slot table allocates with; agent/README.md "The buffer").
+  if (sized) bo.arena_bytes = arena_for_node(plan_.schedule, header_.config, T_, ExtentFit::best);
   buf_ = buffer_layout(header_.config, label_bytes_, bo);
   const std::uint64_t bytes = buf_.map_bytes;
   const std::uint64_t avail = sys::mem_available_bytes();
@@ -203,7 +234,14 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
   if (p == MAP_FAILED) throw AgentError(fmt::format("mapping the buffer: {}", std::strerror(errno)));
   base_ = static_cast<std::byte*>(p);
-  table_ = SlotTable(buf_.cache_slots, header_.config.samples);
+  if (sized) {
+    std::vector<std::uint32_t> units(header_.config.samples);
+    for (std::size_t x = 0; x < units.size(); ++x)
+      units[x] = static_cast<std::uint32_t>((*header_.config.sample_sizes)[x] / 64);
+    table_ = SlotTable(buf_.cache_slots, std::move(units));
+  } else {
+    table_ = SlotTable(buf_.cache_slots, header_.config.samples);
+  }
   if (o.transparent) pacer_.setup();
   else if (bo.peers)  // the entries only: other agents look samples up there (peer_sharing.cpp)
     table_.attach_index(reinterpret_cast<std::uint64_t*>(base_ + buf_.entries_offset));
@@ -221,10 +259,20 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
     spdlog::info("node {}: starting at step {} (epoch {}, step {} of it): steps before it are "
                  "not read or served",
                  o.node, start_, start_ / header_.layout.steps, start_ % header_.layout.steps);
-  spdlog::info("node {}: {} steps, buffer {} slots × {} = {} ({} cache, {} ranks × {} batches "
-               "of {} in rings), source {}",
-               o.node, T_, buf_.slots, format_bytes(buf_.slot_bytes), format_bytes(bytes),
-               buf_.cache_slots, R_, buf_.ring_depth, buf_.ring_batch, source_->describe());
+  if (sized)
+    spdlog::info("node {}: {} steps, buffer {} for samples of differing sizes: the plan's {} "
+                 "as extents in {} ({:.3f}x: fragmentation), {} of staging, index {}; source {}",
+                 o.node, T_, format_bytes(bytes), format_bytes(header_.config.buffer_bytes),
+                 format_bytes(bo.arena_bytes),
+                 static_cast<double>(bo.arena_bytes) /
+                     static_cast<double>(std::max<std::uint64_t>(1, header_.config.buffer_bytes)),
+                 format_bytes(sized_staging_bytes(header_.config)),
+                 format_bytes(bytes - buf_.index_offset), source_->describe());
+  else
+    spdlog::info("node {}: {} steps, buffer {} slots × {} = {} ({} cache, {} ranks × {} batches "
+                 "of {} in rings), source {}",
+                 o.node, T_, buf_.slots, format_bytes(buf_.slot_bytes), format_bytes(bytes),
+                 buf_.cache_slots, R_, buf_.ring_depth, buf_.ring_batch, source_->describe());
 }
 
 Agent::Impl::~Impl() {

@@ -25,7 +25,16 @@ BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,
   // it used are free for the plan's evictions as soon as the copy is done.
   b.ring_batch = std::uint64_t{c.batch} + c.imbalance;
   b.inline_copy = b.ring_batch * b.slot_bytes <= kInlineCopyBytes;
-  if (o.zero_copy || o.transparent) {
+  if (c.sized()) {
+    // 64-byte units of one arena: each sample takes its (rounded) bytes, and the staging room
+    // holds steps of the largest samples.
+    b.slot_bytes = 64;
+    b.label_bytes = 0;
+    b.ring_depth = 0;
+    b.inline_copy = false;
+    b.cache_slots =
+        (std::max(o.arena_bytes, c.buffer_bytes) + sized_staging_bytes(c) + 63) / 64;
+  } else if (o.zero_copy || o.transparent) {
     // No rings: ranks read the cache slots; the staging slots hold samples the plan evicted
     // while ranks still use them.
     b.ring_depth = 0;

@@ -86,9 +86,13 @@ struct BufferOptions {
   // Transparent: the dataset's files, and the chunked ones' extents together (one per sample
   // of a chunked file): the index's tables (count_file_tables, transparent_pacer.h).
   std::uint64_t files = 0, extents = 0;
+  // Samples of differing sizes (c.sized(), transparent only): the arena in which the node's
+  // schedule fits as extents (solar::arena_for_node, at least c.buffer_bytes). The slots are
+  // then 64-byte units: that arena and sized_staging_bytes(c) of them, and no labels.
+  std::uint64_t arena_bytes = 0;
 };
 
-// The layout of the buffer for plan config `c` (its samples, sample size, ranks, batch, δ and
+// The layout of the buffer for plan config `c` (sized: see BufferOptions::arena_bytes) (its samples, sample size, ranks, batch, δ and
 // resident set) with `label_bytes` per label. Checks nothing: the caller refuses staging_steps
 // 0 with rings, and a layout too large for memory or for 32-bit slot numbers.
 BufferLayout buffer_layout(const PlanConfig& c, std::uint64_t label_bytes,

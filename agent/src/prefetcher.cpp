@@ -39,6 +39,7 @@ void Prefetcher::join() {
 
 void Prefetcher::slot_freed_locked() {
   if (slots_wanted_ > 0) slot_wait_since_ = Clock::now();  // a stall is no slot for a while
+  // (Sized samples: enough units free together is necessary, not sufficient; the waiter tries.)
   if (a_.table_.free_slots() >= slots_wanted_) slot_freed_.notify_all();
 }
 
@@ -104,16 +105,26 @@ void Prefetcher::prefetch_loop() {
       // The step's slots, all at once: its reads are queued only when it has all of them.
       slots.clear();
       const auto wait_from = Clock::now();
-      if (a_.table_.free_slots() < incoming.size()) {
+      if (!a_.table_.take_room(incoming, slots)) {
         slot_wait_since_ = wait_from;  // peer_sharing.cpp releases a stalled reader's pins after a while
-        slots_wanted_ = incoming.size();
-        slot_freed_.wait(lk, [&] {
-          return a_.stopping_ || !a_.fatal_.empty() || a_.table_.free_slots() >= incoming.size();
-        });
+        slots_wanted_ = a_.table_.units_for(incoming);
+        for (;;) {
+          slot_freed_.wait_for(lk, std::chrono::milliseconds(100), [&] {
+            return a_.stopping_ || !a_.fatal_.empty() || a_.table_.take_room(incoming, slots);
+          });
+          if (a_.stopping_ || !a_.fatal_.empty()) return;
+          if (!slots.empty() || incoming.empty()) break;
+          // Samples of differing sizes: the room is there but in pieces, and no slot will come
+          // free before later steps' evictions (no sample evicted is still in use). Those that
+          // fit are read; the rest are left to the ranks' own reads of the files (the
+          // transparent mode, the only one with such samples, serves what is resident).
+          if (a_.table_.sized() && a_.table_.zombies() == 0) {
+            leave_unplaced_locked(t, incoming, from, slots);
+            break;
+          }
+        }
         slots_wanted_ = 0;
-        if (a_.stopping_ || !a_.fatal_.empty()) return;
       }
-      for (std::size_t i = 0; i < incoming.size(); ++i) slots.push_back(a_.table_.take_free());
       a_.stats_.note_slot_wait(seconds_since(wait_from));
       // A sample being read is pinned like a use: were it evicted before its read lands (its
       // only user may be a rank that has left), its slot must not be handed to another sample
@@ -186,6 +197,30 @@ void Prefetcher::prefetch_loop() {
     }
   } catch (const std::exception& e) {
     a_.fail(e.what());
+  }
+}
+
+void Prefetcher::leave_unplaced_locked(std::uint64_t step, std::vector<std::uint32_t>& incoming,
+                                       std::vector<std::uint32_t>& from,
+                                       std::vector<std::uint32_t>& slots) {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < incoming.size(); ++i) {
+    const std::uint32_t one[] = {incoming[i]};
+    if (!a_.table_.take_room(one, slots)) continue;
+    incoming[kept] = incoming[i];
+    from[kept] = from[i];
+    ++kept;
+  }
+  const std::uint64_t left = incoming.size() - kept;
+  incoming.resize(kept);
+  from.resize(kept);
+  unplaced_ += left;
+  if (!warned_unplaced_) {
+    warned_unplaced_ = true;
+    spdlog::warn("node {}: step {}: {} samples find no free extent large enough in the buffer "
+                 "(its free room is in pieces: {} units free, the largest run {}); the ranks "
+                 "read them from the files (counted in stats as unplaced)",
+                 a_.opt_.node, step, left, a_.table_.free_slots(), a_.table_.largest_free());
   }
 }
 
@@ -302,7 +337,7 @@ void Prefetcher::assemble(std::uint64_t t, std::uint32_t r) {
   a_.control_.post_serve();
 }
 
-void Prefetcher::write_slot(std::uint32_t slot, const std::byte* sample,
+void Prefetcher::write_slot(std::uint32_t slot, const std::byte* sample, std::size_t sample_len,
                             const std::byte* label) {
   auto put = [&](const std::byte* p, std::size_t n, off_t at) {
     for (std::size_t done = 0; done < n;) {
@@ -314,7 +349,7 @@ void Prefetcher::write_slot(std::uint32_t slot, const std::byte* sample,
       at += w;
     }
   };
-  put(sample, a_.sample_bytes_, static_cast<off_t>(a_.buf_.slot_offset(slot)));
+  put(sample, sample_len, static_cast<off_t>(a_.buf_.slot_offset(slot)));
   // A label under a page (usually a few bytes, many to a page) through the mapping, saving a
   // system call; a larger one, like the sample, without a page fault per page.
   constexpr std::uint64_t kPage = 4096;
@@ -382,12 +417,21 @@ void Prefetcher::reader_loop() {
       if (a_.label_bytes_) a_.source_->read_labels(runs, label_staging);
       // Into the slots through the memfd: the kernel fills its pages directly, without a page
       // fault per 4 KiB of a mapping touched for the first time.
+      // (Sized samples: each its own bytes, rounded up to 64 with the stride's zeros, into its
+      // own units; the rest of the stride would be another sample's.)
       std::size_t i = 0;
-      for (const ReadJob& job : batch)
-        for (const std::uint32_t slot : job.slots) {
-          write_slot(slot, staging + i * a_.sample_bytes_, label_staging + i * a_.label_bytes_);
-          ++i;
-        }
+      for (const ReadJob& job : batch) {
+        std::size_t k = 0;
+        for (const auto& run : job.runs)
+          for (std::uint64_t x = run.first; x < run.first + run.count; ++x, ++k, ++i)
+            write_slot(job.slots[k], staging + i * a_.sample_bytes_,
+                       a_.table_.sized()
+                           ? std::min<std::size_t>(
+                                 std::size_t{a_.table_.units_of(static_cast<std::uint32_t>(x))} * 64,
+                                 a_.sample_bytes_)
+                           : a_.sample_bytes_,
+                       label_staging + i * a_.label_bytes_);
+      }
       const double secs = seconds_since(t0);
       std::lock_guard lk(a_.mu_);
       for (const ReadJob& job : batch) {

@@ -66,6 +66,7 @@ class Prefetcher {
   }
   // A peer read that failed: sample `sample` of step `step` read from storage into `slot`.
   void read_from_storage_locked(std::uint64_t step, std::uint32_t sample, std::uint32_t slot);
+  std::uint64_t unplaced_locked() const { return unplaced_; }
 
  private:
   struct ReadJob {
@@ -77,8 +78,14 @@ class Prefetcher {
 
   void prefetch_loop();
   void reader_loop();
-  // The sample's bytes into `slot` (through the memfd), and its label (if any) into the labels.
-  void write_slot(std::uint32_t slot, const std::byte* sample, const std::byte* label);
+  // The sample's `sample_len` bytes into `slot` (through the memfd), and its label (if any)
+  // into the labels.
+  void write_slot(std::uint32_t slot, const std::byte* sample, std::size_t sample_len,
+                  const std::byte* label);
+  // Samples of differing sizes whose free room is in pieces: takes the slots of those of
+  // `incoming` that fit, and drops the others (with their `from`) from the step's reads.
+  void leave_unplaced_locked(std::uint64_t step, std::vector<std::uint32_t>& incoming,
+                             std::vector<std::uint32_t>& from, std::vector<std::uint32_t>& slots);
   void assemble(std::uint64_t t, std::uint32_t r);
   void add_copies_locked(std::uint64_t t, std::uint32_t r, std::vector<std::uint32_t>& dst,
                          std::vector<std::uint32_t>& src) const;
@@ -93,6 +100,8 @@ class Prefetcher {
   std::condition_variable slot_freed_;
   Clock::time_point slot_wait_since_{};  // the prefetch engine waits, no slot freed since then
   std::size_t slots_wanted_ = 0;  // the free slots the prefetch engine waits for (0: it doesn't)
+  std::uint64_t unplaced_ = 0;    // sized: samples left to the ranks for want of an extent
+  bool warned_unplaced_ = false;
   // Small batches copied inline (schedule_assembly_locked): scratch.
   std::vector<std::pair<std::uint64_t, std::uint32_t>> inline_jobs_;  // (step, rank)
   std::vector<std::uint32_t> inline_dst_, inline_src_;

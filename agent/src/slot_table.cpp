@@ -15,6 +15,43 @@ SlotTable::SlotTable(std::uint64_t cache_slots, std::uint64_t samples)
     free_[i] = static_cast<std::uint32_t>(cache_slots - 1 - i);
 }
 
+SlotTable::SlotTable(std::uint64_t units, std::vector<std::uint32_t> sample_units)
+    : units_(std::move(sample_units)), arena_(units), state_(units_.size()),
+      zombie_(units_.size()) {
+  if (units >= kNone) throw std::invalid_argument("SlotTable: too many units");
+  if (units_.empty()) throw std::invalid_argument("SlotTable: no samples");
+  for (std::uint32_t u : units_)
+    if (u == 0) throw std::invalid_argument("SlotTable: a sample of no units");
+}
+
+bool SlotTable::take_room(std::span<const std::uint32_t> samples,
+                          std::vector<std::uint32_t>& slots) {
+  if (!sized()) {
+    if (free_.size() < samples.size()) return false;
+    for (std::size_t i = 0; i < samples.size(); ++i) slots.push_back(take_free());
+    return true;
+  }
+  const std::size_t from = slots.size();
+  for (const std::uint32_t x : samples) {
+    const std::optional<std::uint64_t> at = arena_.take(units_of(x));
+    if (!at) {  // all or none: what this call took goes back
+      for (std::size_t i = from; i < slots.size(); ++i)
+        arena_.give(slots[i], units_of(samples[i - from]));
+      slots.resize(from);
+      return false;
+    }
+    slots.push_back(static_cast<std::uint32_t>(*at));
+  }
+  return true;
+}
+
+std::uint64_t SlotTable::units_for(std::span<const std::uint32_t> samples) const {
+  if (!sized()) return samples.size();
+  std::uint64_t n = 0;
+  for (const std::uint32_t x : samples) n += units_of(x);
+  return n;
+}
+
 void SlotTable::grow(std::uint32_t sample) {
   const std::size_t n = std::max<std::size_t>(std::size_t{sample} + 1, state_.size() * 2);
   state_.resize(n);
@@ -22,6 +59,7 @@ void SlotTable::grow(std::uint32_t sample) {
 }
 
 std::uint32_t SlotTable::take_free() {
+  if (sized()) throw std::logic_error("SlotTable::take_free: samples of differing sizes take_room");
   if (free_.empty()) throw std::logic_error("SlotTable::take_free: no free slot");
   const std::uint32_t slot = free_.back();
   free_.pop_back();
@@ -40,8 +78,10 @@ bool SlotTable::free_slot(std::uint32_t sample) {
   if (!resident(sample)) return false;
   unpublish(sample);  // before the slot can take another sample's bytes
   State& s = state_[sample];
-  free_.push_back(s.slot);
+  if (sized()) arena_.give(s.slot, units_of(sample));
+  else free_.push_back(s.slot);
   s.slot = kNone;
+  if (zombie_[sample]) --zombies_;
   zombie_[sample] = false;
   return true;
 }
@@ -53,8 +93,9 @@ bool SlotTable::drop_use(std::uint32_t sample) {
 }
 
 bool SlotTable::evict(std::uint32_t sample) {
+  if (!resident(sample)) return false;  // never placed (sized: no room for it; see prefetch_loop)
   if (uses(sample) != 0) {
-    at(sample);
+    if (!zombie_[sample]) ++zombies_;
     zombie_[sample] = true;
     return false;
   }
@@ -64,6 +105,7 @@ bool SlotTable::evict(std::uint32_t sample) {
 bool SlotTable::resurrect(std::uint32_t sample) {
   if (!zombie(sample)) return false;
   zombie_[sample] = false;
+  --zombies_;
   return true;
 }
 

@@ -8,8 +8,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <vector>
+
+#include "solar/core/extents.h"
 
 namespace solar::agent {
 
@@ -21,15 +24,32 @@ class SlotTable {
   // dataset, sized up front from `samples` and grown if a larger sample number comes): a
   // lookup is an index, not a hash (the serving path looks up every sample it hands out).
   explicit SlotTable(std::uint64_t cache_slots, std::uint64_t samples = 0);
+  // Samples of differing sizes (the transparent mode over whole files or filtered chunks): the
+  // slots are 64-byte units of one arena, and sample x takes units[x] consecutive ones from
+  // the one its entry names (best fit, freed neighbours merged: solar::ExtentArena). take_room
+  // allocates; free_slots() counts free units.
+  SlotTable(std::uint64_t units, std::vector<std::uint32_t> sample_units);
+  bool sized() const { return !units_.empty(); }
 
   // Transparent mode: the index's entries (one per sample of the dataset), written by
   // publish() and free_slot(). Without them, publish() and unpublish() do nothing.
   void attach_index(std::uint64_t* entries) { entries_ = entries; }
   bool indexed() const { return entries_ != nullptr; }
 
-  std::size_t free_slots() const { return free_.size(); }
-  // A free slot, taken off the free list; there must be one (free_slots() > 0).
+  std::size_t free_slots() const { return sized() ? arena_.free_units() : free_.size(); }
+  // A free slot, taken off the free list; there must be one (free_slots() > 0). Samples of one
+  // size only.
   std::uint32_t take_free();
+  // The slots of `samples` (their first, sized), all of them or none: appends them to `slots`
+  // in that order and returns true, or returns false with nothing taken.
+  bool take_room(std::span<const std::uint32_t> samples, std::vector<std::uint32_t>& slots);
+  // The units `samples` need together (their count, for samples of one size).
+  std::uint64_t units_for(std::span<const std::uint32_t> samples) const;
+  std::uint32_t units_of(std::uint32_t sample) const { return sized() ? units_.at(sample) : 1; }
+  // Samples evicted by the plan and still in use: their slots come free as ranks release them.
+  std::uint64_t zombies() const { return zombies_; }
+  // The largest run of free units (sized), for messages.
+  std::uint64_t largest_free() const { return sized() ? arena_.largest_free() : free_slots() ? 1 : 0; }
 
   // `sample` is being read into `slot`: it is resident there, and its read pins it like a use
   // until the read lands (drop_use; see prefetch_loop for why).
@@ -84,6 +104,9 @@ class SlotTable {
   }
   void grow(std::uint32_t sample);
   std::vector<std::uint32_t> free_;
+  std::vector<std::uint32_t> units_;  // sized: by sample
+  ExtentArena arena_;                 // sized: the free units
+  std::uint64_t zombies_ = 0;
   std::vector<State> state_;  // by sample
   std::vector<bool> zombie_;  // by sample: evicted by the plan, still in use
   std::uint64_t* entries_ = nullptr;

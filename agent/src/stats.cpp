@@ -121,6 +121,7 @@ nlohmann::json Agent::Impl::stats_document() {
          {"cache_slots", buf_.cache_slots},
          {"free_slots", table_.free_slots()},
          {"error", fatal_},
+         {"unplaced_samples", prefetch_.unplaced_locked()},
          {"transparent", stats_.transparent_json(pacer_.paced_steps_locked())},
          {"peers", peers_.json()},
          {"ranks", ranks}};

@@ -310,6 +310,43 @@ PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t 
   return c;
 }
 
+std::uint64_t sized_staging_bytes(const PlanConfig& c) {
+  const std::uint64_t most =
+      c.sized() ? *std::max_element(c.sample_sizes->begin(), c.sample_sizes->end()) : c.sample_bytes;
+  return std::uint64_t{kAgentStagingSteps} * c.ranks_per_node * (c.batch + c.imbalance) * most;
+}
+
+PlanConfig config_for_sized_transparent(PlanConfig c, const std::vector<std::uint64_t>& sizes,
+                                        std::uint64_t budget_bytes) {
+  if (sizes.empty()) throw ConfigError("--dataset", "the dataset has no samples");
+  std::vector<std::uint64_t> units(sizes.size());
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) total += units[i] = agent_sample_slot_bytes(sizes[i]);
+  c.samples = sizes.size();
+  c.sample_sizes = std::make_shared<const std::vector<std::uint64_t>>(std::move(units));
+  c.sample_bytes = std::max<std::uint64_t>(1, total / c.samples);
+  c.policy = Policy::none;
+  c.buffer_bytes = total;  // for the checks of everything but the buffer
+  c.validate();
+  const std::uint64_t most = *std::max_element(c.sample_sizes->begin(), c.sample_sizes->end());
+  const std::uint64_t staging = sized_staging_bytes(c);
+  // The resident set holds at least one step of the node's ranks at the largest sample.
+  const std::uint64_t least =
+      staging + std::uint64_t{c.ranks_per_node} * (c.batch + c.imbalance) * most;
+  if (budget_bytes < least)
+    throw ConfigError("--buffer", fmt::format("{} per node is too small for these samples of up "
+                                              "to {} (as stored, rounded up to 64 bytes): the "
+                                              "agent needs at least {} ({} steps of {} ranks × "
+                                              "{} samples at the largest)",
+                                              format_bytes(budget_bytes), format_bytes(most),
+                                              format_bytes(least), kAgentStagingSteps + 1,
+                                              c.ranks_per_node, c.batch + c.imbalance));
+  c.buffer_bytes = budget_bytes - staging;
+  c.policy = Policy::solar;
+  c.validate();
+  return c;
+}
+
 const std::vector<Scenario>& scenarios() {
   static const std::vector<Scenario> v{
       {"seed", 800, 3, 1, 4, 16, 512, "the SOLAR artifact's setup: 800 samples, buffer 512"},

@@ -299,12 +299,13 @@ static int xhello(struct solar_xhello_ok *ok) {
 }
 
 /* One file's extents: sorted by offset, not overlapping, inside the file, each of 1 to
- * slot_bytes bytes, its own samples. */
+ * most bytes (the longest a sample's bytes in the buffer may be: a slot, or the longest sample
+ * when samples of differing sizes take 64-byte units each), its own samples. */
 static int extents_sane(const struct solar_xextent *e, uint64_t count, uint64_t first,
-                        uint64_t slot_bytes, uint64_t size) {
+                        uint64_t most, uint64_t size) {
   for (uint64_t i = 0; i < count; ++i) {
     if (e[i].sample < first || e[i].sample - first >= count || e[i].offset > size ||
-        e[i].length == 0 || e[i].length > slot_bytes || size - e[i].offset < e[i].length)
+        e[i].length == 0 || e[i].length > most || size - e[i].offset < e[i].length)
       return 0;
     if (i > 0 && (e[i].offset < e[i - 1].offset ||
                   e[i].offset - e[i - 1].offset < e[i - 1].length))
@@ -316,7 +317,7 @@ static int extents_sane(const struct solar_xextent *e, uint64_t count, uint64_t 
 /* The file table: sorted by (dev, ino); each file's samples inside [0, n) and its bytes inside
  * the file, contiguous or by its own extents inside the extent table. */
 static int files_sane(const struct solar_xfile *f, uint64_t nfiles, const struct solar_xextent *e,
-                      uint64_t n_ext, uint64_t n, uint64_t s, uint64_t slot_bytes) {
+                      uint64_t n_ext, uint64_t n, uint64_t s, uint64_t most) {
   for (uint64_t i = 0; i < nfiles; ++i, ++f) {
     if (i > 0 && (f->dev < f[-1].dev || (f->dev == f[-1].dev && f->ino < f[-1].ino))) return 0;
     if (f->count > n || f->first > n - f->count) return 0;
@@ -325,7 +326,7 @@ static int files_sane(const struct solar_xfile *f, uint64_t nfiles, const struct
         return 0;
     } else if (f->extents != f->count || f->extents_first > n_ext ||
                n_ext - f->extents_first < f->extents ||
-               !extents_sane(e + f->extents_first, f->extents, f->first, slot_bytes, f->size)) {
+               !extents_sane(e + f->extents_first, f->extents, f->first, most, f->size)) {
       return 0;
     }
   }
@@ -378,8 +379,11 @@ static int attach_now(const struct stat *file) {
   const uint64_t n = ix->samples, s = ix->sample_bytes, eo = ix->entries_offset,
                  co = ix->consumed_offset, nf = ix->files, fo = ix->files_offset,
                  ne = ix->extents, xo = ix->extents_offset;
+  /* The most bytes a sample's copy may take from its slot: slot_bytes, or S when samples of
+   * differing sizes take 64-byte units each (slot_bytes 64, S their longest). */
+  const uint64_t most = ix->slot_bytes > s ? ix->slot_bytes : s;
   const char *why = NULL;
-  if (ix->magic != SOLAR_XINDEX_MAGIC || n == 0 || s == 0 || ix->slot_bytes < s ||
+  if (ix->magic != SOLAR_XINDEX_MAGIC || n == 0 || s == 0 || ix->slot_bytes == 0 || most > len ||
       n > UINT64_MAX / 8 / s || eo % 8 != 0 || eo > len || (len - eo) / 8 < n || co % 4 != 0 ||
       co > len || (len - co) / 4 < n || s > len || nf == 0 || nf > FILES_MAX || fo % 8 != 0 ||
       fo > len || (len - fo) / sizeof(struct solar_xfile) < nf || ne > n ||
@@ -387,7 +391,7 @@ static int attach_now(const struct stat *file) {
     why = "solar: the node agent's index is malformed; reading the dataset directly";
   } else if (!(files = copy_table(base, fo, nf, sizeof *files)) ||
              !(ext = copy_table(base, xo, ne, sizeof *ext)) ||
-             !files_sane(files, nf, ext, ne, n, s, ix->slot_bytes)) {
+             !files_sane(files, nf, ext, ne, n, s, most)) {
     why = "solar: the node agent's file table is malformed; reading the dataset directly";
   } else {
     X.files = files;
@@ -416,7 +420,7 @@ static int attach_now(const struct stat *file) {
       X.stats = (struct solar_xstats *)&((struct solar_xindex *)(base + at))->stats;
       X.s = s;
       X.slot_bytes = ix->slot_bytes;
-      X.slots = (len - s) / ix->slot_bytes + 1; /* slots whose S bytes lie inside the mapping */
+      X.slots = (len - most) / ix->slot_bytes + 1; /* slots whose `most` bytes lie inside it */
       X.n = n;
       X.ext = ext;
       X.withdrawn = (const _Atomic uint64_t *)&shared->withdrawn;

@@ -312,6 +312,17 @@ std::uint64_t stored_sample_bytes(const SampleSource& source) {
   return any ? most : 0;
 }
 
+std::vector<std::uint64_t> stored_sample_sizes(const SampleSource& source) {
+  std::vector<std::uint64_t> sizes;
+  if (stored_sample_bytes(source) == 0) return sizes;
+  const std::uint64_t S = source.info().sample_bytes;
+  sizes.resize(source.info().samples, S);
+  for (const DatasetFile& f : source.file_set()->files())
+    if (f.stored())
+      for (std::uint64_t k = 0; k < f.count; ++k) sizes.at(f.first + k) = f.stored_lengths.at(k);
+  return sizes;
+}
+
 bool names_many_files(std::string_view spec) {
   const protocol::DatasetSpec d = protocol::parse_dataset_spec(spec);
   if (d.kind != protocol::DatasetSpec::Kind::file) return false;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "solar/core/plan_config.h"
 
@@ -51,4 +52,20 @@ inline constexpr std::uint32_t kPeerHandoverSteps = 1;
 PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t sample_bytes,
                              std::uint64_t label_bytes, std::uint64_t budget_bytes,
                              bool peers = false, bool rings = true);
+
+// The transparent mode over samples of differing sizes as they lie in their files (whole files,
+// filtered chunks): the agent's buffer is one arena of 64-byte units in which each sample takes
+// its bytes rounded up to 64 (agent_sample_slot_bytes), and the plan counts those bytes.
+// `sizes`: each sample's bytes (storage::stored_sample_sizes); `budget_bytes` per node holds the
+// plan's resident set (buffer_bytes) and kAgentStagingSteps steps of the node's ranks at the
+// largest sample (samples evicted while a rank still reads them). The agent adds to it what its
+// node's schedule needs beyond buffer_bytes as extents (arena_for_node, solar/core/extents.h).
+// Sets samples, sample_sizes, sample_bytes (their mean) and buffer_bytes; policy solar, then
+// follow_the_script as for any transparent plan. Throws ConfigError("--buffer") naming the
+// largest sample and the least budget when the budget is too small.
+PlanConfig config_for_sized_transparent(PlanConfig c, const std::vector<std::uint64_t>& sizes,
+                                        std::uint64_t budget_bytes);
+// Bytes of staging room of config `c` (sized): kAgentStagingSteps steps of its node's ranks at
+// the largest sample.
+std::uint64_t sized_staging_bytes(const PlanConfig& c);
 }  // namespace solar
