@@ -210,6 +210,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   // Sized: the arena this node's schedule needs as extents (fragmentation, with the best fit
   // the slot table allocates with; agent/README.md "The buffer").
   if (sized) bo.arena_bytes = arena_for_node(plan_.schedule, header_.config, T_, ExtentFit::best);
+  arena_bytes_ = bo.arena_bytes;
   buf_ = buffer_layout(header_.config, label_bytes_, bo);
   const std::uint64_t bytes = buf_.map_bytes;
   const std::uint64_t avail = sys::mem_available_bytes();

@@ -121,7 +121,14 @@ nlohmann::json Agent::Impl::stats_document() {
          {"cache_slots", buf_.cache_slots},
          {"free_slots", table_.free_slots()},
          {"error", fatal_},
-         {"unplaced_samples", prefetch_.unplaced_locked()},
+         // The buffer: the memfd, the plan's resident set, and for samples of differing sizes
+         // the arena it needs as extents and the samples left to the ranks for want of one.
+         {"buffer",
+          {{"bytes", buf_.map_bytes},
+           {"plan_bytes", header_.config.buffer_bytes},
+           {"sized", header_.config.sized()},
+           {"arena_bytes", arena_bytes_},
+           {"unplaced_samples", prefetch_.unplaced_locked()}}},
          {"transparent", stats_.transparent_json(pacer_.paced_steps_locked())},
          {"peers", peers_.json()},
          {"ranks", ranks}};

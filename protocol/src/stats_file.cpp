@@ -41,6 +41,7 @@ nlohmann::json node_stats_record(const nlohmann::json& doc) {
           {"sample_bytes", field("sample_bytes")},
           {"start_step", field("start_step")},
           {"unplanned_fetched_samples", field("unplanned_fetched_samples")},
+          {"buffer", field("buffer")},
           {"error", field("error")},
           {"epochs", field("per_epoch")},
           {"head_start", field("head_start")},

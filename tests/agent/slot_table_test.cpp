@@ -305,5 +305,47 @@ TEST(SlotTableIndex, WithoutAnIndexPublishingDoesNothing) {
   EXPECT_TRUE(t.evict(1));
 }
 
+// Samples of differing sizes: 64-byte units of one arena, each sample its own run of them.
+TEST(SlotTableSized, TakesConsecutiveUnitsPerSampleAllOrNone) {
+  SlotTable t(10, {3, 4, 2, 5, 1});
+  ASSERT_TRUE(t.sized());
+  EXPECT_EQ(t.free_slots(), 10U);
+  std::vector<std::uint32_t> slots;
+  const std::uint32_t first[] = {0, 1, 2};
+  ASSERT_TRUE(t.take_room(first, slots));
+  EXPECT_EQ(slots, (std::vector<std::uint32_t>{0, 3, 7}));  // 3, 4 and 2 units back to back
+  EXPECT_EQ(t.units_for(first), 9U);
+  for (std::size_t i = 0; i < 3; ++i) {
+    t.place(first[i], slots[i]);
+    t.drop_use(first[i]);
+  }
+  EXPECT_EQ(t.free_slots(), 1U);
+  // Sample 3 needs 5 units: none taken, not even sample 4's one that would fit.
+  const std::uint32_t more[] = {4, 3};
+  std::vector<std::uint32_t> none;
+  EXPECT_FALSE(t.take_room(more, none));
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(t.free_slots(), 1U);
+  // Freeing samples 0 and 2 leaves 3 + 2 + 1 units free, no run of 5: still nothing.
+  EXPECT_TRUE(t.evict(0));
+  EXPECT_TRUE(t.evict(2));
+  EXPECT_EQ(t.free_slots(), 6U);
+  EXPECT_EQ(t.largest_free(), 3U);
+  EXPECT_FALSE(t.take_room(more, none));
+  // Sample 1 (units 3..6) goes: 0..9 is one run again.
+  t.add_use(1);
+  EXPECT_FALSE(t.evict(1));  // in use: a zombie
+  EXPECT_EQ(t.zombies(), 1U);
+  EXPECT_TRUE(t.drop_use(1));
+  EXPECT_EQ(t.zombies(), 0U);
+  EXPECT_EQ(t.largest_free(), 10U);
+  ASSERT_TRUE(t.take_room(more, none));
+  EXPECT_EQ(none, (std::vector<std::uint32_t>{0, 1}));  // best fit from the start
+  EXPECT_THROW(t.take_free(), std::logic_error);  // one-size calls are refused
+  // Evicting a sample that never got room does nothing (the agent left it to the ranks).
+  EXPECT_FALSE(t.evict(2));
+  EXPECT_FALSE(t.zombie(2));
+}
+
 }  // namespace
 }  // namespace solar::agent

@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "random_config.h"
+#include "solar/core/agent_budget.h"
 #include "solar/core/extents.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
@@ -201,6 +203,61 @@ TEST(SizedPlan, ExtentsFitAnArenaAFewPercentAboveTheBuffer) {
   const Plan p = make_plan(c);
   EXPECT_LE(arena_for_extents(p, ExtentFit::best), c.buffer_bytes);
   EXPECT_LE(arena_for_extents(p, ExtentFit::first), c.buffer_bytes);
+}
+
+// The allocator the replay and the agent's buffer share: best fit, freed neighbours merged.
+TEST(ExtentArena, TakesBestFitAndMergesFreedNeighbours) {
+  ExtentArena a(100);
+  EXPECT_EQ(a.take(30), std::optional<std::uint64_t>(0));
+  EXPECT_EQ(a.take(20), std::optional<std::uint64_t>(30));
+  EXPECT_EQ(a.take(10), std::optional<std::uint64_t>(50));
+  EXPECT_EQ(a.free_units(), 40U);
+  a.give(30, 20);  // a hole of 20 between two taken extents, and 40 at the end
+  EXPECT_EQ(a.free_extents(), 2U);
+  EXPECT_EQ(a.take(15), std::optional<std::uint64_t>(30));  // the smallest that fits
+  EXPECT_EQ(a.take(41), std::nullopt);                      // 45 free, but in pieces
+  EXPECT_EQ(a.largest_free(), 40U);
+  a.give(0, 30);
+  a.give(30, 15);  // merges with [0, 30) and [45, 50)
+  EXPECT_EQ(a.free_extents(), 2U);
+  EXPECT_EQ(a.largest_free(), 50U);
+  a.give(50, 10);  // everything merges back into one
+  EXPECT_EQ(a.free_extents(), 1U);
+  EXPECT_EQ(a.take(100), std::optional<std::uint64_t>(0));
+  EXPECT_EQ(a.free_units(), 0U);
+}
+
+// solar run --transparent over samples of differing sizes as stored: the budget holds the
+// plan's bytes and two steps of the largest sample; too small a budget names the largest
+// sample and the least budget.
+TEST(SizedPlan, TheTransparentModesConfigCountsBytesRoundedTo64) {
+  PlanConfig c;
+  c.nodes = 1;
+  c.ranks_per_node = 2;
+  c.batch = 2;
+  c.epochs = 2;
+  std::vector<std::uint64_t> sizes(40);
+  for (std::size_t i = 0; i < sizes.size(); ++i) sizes[i] = 1000 + 37 * i;  // 1000 .. 2443
+  std::uint64_t total = 0;
+  for (std::uint64_t v : sizes) total += (v + 63) / 64 * 64;
+  const PlanConfig t = config_for_sized_transparent(c, sizes, total / 2);
+  ASSERT_TRUE(t.sized());
+  EXPECT_EQ((*t.sample_sizes)[0], 1024U);
+  EXPECT_EQ((*t.sample_sizes)[39], 2496U);
+  EXPECT_EQ(t.samples, 40U);
+  EXPECT_EQ(sized_staging_bytes(t), 2U * 2 * 2 * 2496);
+  EXPECT_EQ(t.buffer_bytes, total / 2 - sized_staging_bytes(t));
+  const Plan p = make_plan(t);  // a valid plan by bytes
+  EXPECT_GE(p.metrics.remote_fetches, 40U);
+  try {
+    config_for_sized_transparent(c, sizes, 20000);
+    FAIL() << "accepted a budget below three steps of the largest sample";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--buffer"), std::string::npos) << m;
+    EXPECT_NE(m.find(format_bytes(2496)), std::string::npos) << m;        // the largest
+    EXPECT_NE(m.find(format_bytes(3 * 4 * 2496)), std::string::npos) << m;  // the least
+  }
 }
 
 TEST(SizedPlan, ABufferSmallerThanTheLargestSampleIsRefusedNamingBothSizes) {

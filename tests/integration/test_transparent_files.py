@@ -227,3 +227,52 @@ def test_npz_sizes_spread_and_the_batch_mode_refused(tmp_path, datasets):
     assert info["whole_files"] is True and info["samples"] == 96, info
     assert info["stored_sample_bytes"] == info["sample_bytes"] == sizes[-1], info
     assert "whole-file samples" in info["layout"], info
+
+
+@pytest.mark.parametrize("kind,workers", [("npz", 0), ("npz", 2)])
+def test_samples_of_differing_sizes_held_by_their_bytes(tmp_path, script, datasets, kind,
+                                                        workers):
+    """Issue 36, item 1: whole files of +-50% around their mean in a buffer of
+    64% of their bytes, 2 nodes x 2 ranks, 3 epochs: the plan counts bytes (no slot of the
+    largest sample each), every sample is held in its own bytes rounded up to 64 in one arena
+    per agent, sized from the node's schedule as extents; digests identical to the plain
+    script's, reads served, nothing left unplaced."""
+    stats = tmp_path / "stats.json"
+    solar = plain_and_solar(tmp_path, script, datasets[kind], kind, "--buffer", "64%",
+                            "--stats-out", stats, workers=workers, epochs=3)
+    hits, _ = served(solar.stderr)
+    assert hits > 0, solar.stderr
+    with open(stats) as f:
+        doc = json.load(f)
+    plan = doc["plan"]
+    # The byte bound, recounted here: every epoch reads all bytes, at most both buffers' bytes
+    # can already be there.
+    data = datasets[kind]
+    sizes = [(os.path.getsize(p) + 63) // 64 * 64 for p in sorted(data.glob("*.npz"))]
+    for node in doc["nodes"]:
+        b = node["buffer"]
+        assert b["sized"] is True and b["unplaced_samples"] == 0, b
+        # The arena holds the plan's bytes (fragmentation: a little more, never less), and
+        # the buffer holds it.
+        assert b["plan_bytes"] <= b["arena_bytes"] <= 1.25 * b["plan_bytes"], b
+        assert b["bytes"] > b["arena_bytes"], b
+    B, M, E = sum(sizes), 2, 3
+    cap = doc["nodes"][0]["buffer"]["plan_bytes"]
+    assert plan["lower_bound_bytes"] == B + (E - 1) * max(0, B - M * cap), plan
+    assert plan["lower_bound_bytes"] <= plan["remote_bytes"], plan
+
+
+def test_a_buffer_too_small_for_the_largest_samples_is_refused_naming_both(tmp_path, datasets):
+    """Samples of differing sizes: a --buffer below three steps of the node's ranks at the
+    largest sample is refused before anything starts, naming the largest sample and the least
+    buffer."""
+    data = datasets["npz"]
+    largest = max(os.path.getsize(p) for p in data.glob("*.npz"))
+    p = run(SOLAR, "run", "-n", "2", "--dataset", f"{data}/*.npz", "--buffer", "64K",
+            "--transparent", "--epochs", "1", "--batch", "4", "--", PY, "-c", "pass",
+            check=False)
+    assert p.returncode == 2, p.stderr
+    assert "--buffer" in p.stderr and "64.0 KiB per node is too small" in p.stderr, p.stderr
+    rounded = (largest + 63) // 64 * 64
+    assert f"up to {rounded / 1024:.1f} KiB" in p.stderr, (rounded, p.stderr)
+    assert f"at least {3 * 2 * 4 * rounded / 2**20:.2f} MiB" in p.stderr, p.stderr
