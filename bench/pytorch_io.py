@@ -37,6 +37,12 @@ Data-loading time = time a rank waits for its batches; per epoch, the slowest ra
 every __getitem__ opens and closes one file (`with h5py.File(path) as f: x = f['split'][:];
 y = f['unitPar'][:]`); solar.torch.Loader reads DIR/:/split with labels /unitPar. Cold
 storage then drops every file's pages at each epoch start.
+
+--layout npz reads MLPerf Storage's UNet3D layout in small: a folder of one .npz a sample
+(np.savez: float32 `x` of --npz-mean bytes +-50%, uniformly spread, int32 `y`), read with
+np.load in every __getitem__; solar serves them as whole-file samples ('DIR/*.npz') in the
+transparent mode only, its buffer holding each file in its own bytes, and the limit is by
+bytes: the bytes the plain script reads / the bytes the plan fetches (its stats file).
 """
 import argparse
 import json
@@ -76,11 +82,25 @@ HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 def data_files(path):
     """The HDF5 files of a dataset path: the file itself, or a directory's files below it in
     sorted path order, which is solar's global sample order (and the order of the artifact's
-    sorted file list)."""
+    sorted file list); a folder of .npz files: those, sorted."""
     if not os.path.isdir(path):
         return [path]
+    npz = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".npz"))
+    if npz:
+        return npz
     return sorted(os.path.join(d, n) for d, _, names in os.walk(path) for n in names
                   if n.endswith(HDF5_SUFFIXES))
+
+
+def write_npz(path, samples, mean_bytes, seed):
+    """--layout npz: one .npz a sample, float32 `x` of mean_bytes +-50% (uniform), int32 `y`."""
+    os.makedirs(path)
+    rng = np.random.default_rng(seed)
+    for i in range(samples):
+        n = int(rng.integers(mean_bytes // 8, mean_bytes * 3 // 8 + 1))
+        np.savez(os.path.join(path, f"case_{i:05d}.npz"),
+                 x=rng.standard_normal(n, dtype=np.float32), y=np.array([i], dtype=np.int32))
+    return path
 
 
 def drop_cache(path):
@@ -231,6 +251,9 @@ def add_common_args(ap):
 def make_dataset(tool, a, tmp, name="data.h5", samples=None, seed=0):
     if a.dataset and name == "data.h5":
         return a.dataset
+    if getattr(a, "layout", None) == "npz":
+        return write_npz(os.path.join(tmp, name.removesuffix(".h5")), samples or a.samples,
+                         a.npz_mean, seed)
     many = getattr(a, "layout", None) == "per-sample-files"
     path = os.path.join(tmp, name.removesuffix(".h5") if many else name)
     subprocess.run([tool, "gen", path, "--samples", str(samples or a.samples), "--preset",
@@ -281,9 +304,26 @@ class H5Files:
         return torch.from_numpy(x), torch.from_numpy(y)
 
 
+class NpzFiles:
+    """MLPerf Storage's UNet3D Dataset in small: one .npz a sample, np.load in __getitem__."""
+
+    def __init__(self, root):
+        self.paths = data_files(root)
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        import torch
+        with np.load(self.paths[i]) as z:
+            x, y = z["x"], z["y"]
+        return torch.from_numpy(x).sum(), torch.from_numpy(y)  # sizes differ: no stacking
+
+
 def baseline_loader(path, a, rank, world):
     import torch.utils.data as tud
-    ds = H5Files(path) if os.path.isdir(path) else H5Samples(path)
+    npz = os.path.isdir(path) and data_files(path)[0].endswith(".npz")
+    ds = NpzFiles(path) if npz else H5Files(path) if os.path.isdir(path) else H5Samples(path)
     sampler = tud.DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True,
                                      seed=a.seed)
     loader = tud.DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers)
@@ -305,6 +345,8 @@ def dataset_path(a=None):
         spec = a.data
     else:
         spec = os.environ["SOLAR_DATASET"]
+    if spec.endswith("/*.npz"):  # --layout npz: the folder of the glob
+        return spec[:-len("/*.npz")]
     head, sep, tail = spec.rpartition(":")
     return head if sep and tail.startswith("/") else spec
 
@@ -349,6 +391,9 @@ def rank_main(a):
 # --- driver --------------------------------------------------------------------------------------
 def sample_bytes_of(path):
     import h5py
+    if os.path.isdir(path) and data_files(path)[0].endswith(".npz"):  # their mean
+        files = data_files(path)
+        return sum(os.path.getsize(f) for f in files) // len(files)
     if os.path.isdir(path):  # one file a sample: its whole array
         with h5py.File(data_files(path)[0], "r") as f:
             d = f[ARTIFACT_ARRAY]
@@ -380,7 +425,9 @@ def main():
                     help="also write every figure (per-epoch times, limits, bytes each mode "
                          "read from the disk under --throttle) here, for bench/sweep and "
                          "solar report")
-    ap.add_argument("--layout", choices=["file", "per-sample-files"], default="file",
+    ap.add_argument("--npz-mean", type=int, default=256 << 10,
+                    help="--layout npz: the files' mean array bytes (+-50%%) [262144]")
+    ap.add_argument("--layout", choices=["file", "per-sample-files", "npz"], default="file",
                     help="the dataset: one HDF5 file of --samples samples, or the SOLAR "
                          "artifact's folder of one file per sample (solar gen --layout "
                          "per-sample-files: /split, /unitPar; the rank script opens and closes "
@@ -395,11 +442,15 @@ def main():
     if not set(modes) <= {"baseline", "transparent", "solar", "floor"}:
         sys.exit(f"pytorch_io: --modes {a.modes}: choose from baseline, transparent, solar, "
                  f"floor")
-    many = a.layout == "per-sample-files"
+    many = a.layout in ("per-sample-files", "npz")
+    npz = a.layout == "npz"
+    if npz and (set(modes) & {"solar"}):
+        sys.exit("pytorch_io: --layout npz: whole-file samples are served in the transparent "
+                 "mode only; --modes baseline,transparent[,floor]")
     if many and a.dataset and not os.path.isdir(a.dataset):
         sys.exit(f"pytorch_io: --layout per-sample-files --dataset {a.dataset}: give the folder "
                  f"of per-sample files (solar gen OUT --layout per-sample-files)")
-    a.labels = "/" + ARTIFACT_LABELS if many else None
+    a.labels = "/" + ARTIFACT_LABELS if many and not npz else None
     tool, lib = find_build(a.build)
     tmp = tempfile.mkdtemp(prefix="solar-bench-", dir=os.environ.get("SOLAR_BENCH_DIR"))
     global THROTTLE
@@ -409,13 +460,15 @@ def main():
             os.environ.setdefault("SOLAR_INDEX_CACHE", os.path.join(tmp, "index-cache"))
         # What solar reads: the folder's every file, each one sample of /split (the trailing
         # slash is how the transparent mode's interposer tells a folder from a file).
-        spec = os.path.join(path, "") + ":/" + ARTIFACT_ARRAY if many else path
+        spec = (os.path.join(path, "*.npz") if npz else
+                os.path.join(path, "") + ":/" + ARTIFACT_ARRAY if many else path)
         THROTTLE = make_throttle(a.throttle, path)
         files = data_files(path)
         nbytes = sum(os.path.getsize(f) for f in files)
         sb = sample_bytes_of(path)
         print(f"dataset {path}: {a.samples} samples" +
-              (f" in {len(files)} files (one a sample, /split, labels /unitPar)" if many else "") +
+              (f" in {len(files)} .npz files (one a sample, np.load)" if npz else
+               f" in {len(files)} files (one a sample, /split, labels /unitPar)" if many else "") +
               f", {nbytes / 2**20:.0f} MiB; {a.nodes}x{a.ranks} "
               f"ranks, batch {a.batch}, {a.epochs} epochs, solar buffer {a.buffer} per node, "
               f"cold storage every epoch" +
@@ -490,6 +543,9 @@ def main():
                           extra=["--transparent"] +
                           ([] if a.launcher == "srun" else ["--stats-out", stats]))
                 plans["transparent"] = planned(log)
+                if npz and os.path.exists(stats):  # samples of differing sizes: by bytes
+                    pl = json.load(open(stats))["plan"]
+                    plans["transparent-bytes"] = (pl["remote_bytes"], a.epochs * nbytes)
                 runs[("transparent", w)].append(gather(out, a.ranks * a.nodes)["load"])
                 print(f"transparent num_workers={w}: total {sum(runs[('transparent', w)][-1]):.4f} s "
                       f"{fmt_list(runs[('transparent', w)][-1])}")
@@ -579,7 +635,16 @@ def main():
                      **walls(key)}
             if m == "transparent":
                 entry["served_per_node_runs"] = spread[key]
-            if plans.get(m):
+            if m == "transparent" and plans.get("transparent-bytes"):
+                fetched, plain = plans["transparent-bytes"]
+                limit = plain / max(fetched, 1)
+                line += (f"; limit {limit:.2f}x (plain bytes / planned bytes: "
+                         f"{plain / 2**20:.1f} vs {fetched / 2**20:.1f} MiB), achieved "
+                         f"{speed / limit:.2f} of it")
+                entry.update(planned_bytes=fetched, plain_bytes=plain, limit=limit,
+                             of_limit=speed / limit,
+                             of_limit_runs=[r / limit for r in ratios])
+            elif plans.get(m):
                 fetches, accesses = plans[m]
                 limit = accesses / max(fetches, 1)
                 line += (f"; limit {limit:.2f}x (plain bytes / planned bytes: {accesses} vs "
@@ -589,14 +654,18 @@ def main():
                              limit=limit, of_limit=speed / limit)
             if entry["disk_bytes"] is not None:
                 line += (f"; read {entry['disk_bytes'] / 2**20:.1f} MiB from the disk (cgroup "
-                         f"count)" + (f" for {fetches * sb / 2**20:.1f} MiB planned"
-                                      if plans.get(m) else ""))
+                         f"count)" + (f" for {entry['planned_bytes'] / 2**20:.1f} MiB planned"
+                                      if entry.get("planned_bytes") else ""))
             result["modes"][m] = entry
             print(line)
             if len(ratios) > 1:
                 print(f"  {m} / baseline, each of {len(ratios)} rotations: "
                       + ", ".join(f"{x:.2f}" for x in ratios)
                       + f"; median {entry['median_ratio']:.2f}x, worst {entry['worst_ratio']:.2f}x")
+            if len(entry.get("of_limit_runs", [])) > 1:
+                ol = entry["of_limit_runs"]
+                print(f"  {m} / its byte limit, each rotation: " + ", ".join(f"{x:.2f}" for x in ol)
+                      + f"; median {sorted(ol)[len(ol) // 2]:.2f}, worst {min(ol):.2f}")
             if m == "transparent" and any(spread[key]):
                 least = [min(n["served"] for n in s) for s in spread[key] if s]
                 full = sum(x >= 0.98 for x in least)
@@ -604,8 +673,8 @@ def main():
                       + ", ".join(f"{100 * x:.1f}%" for x in least)
                       + f"; every node served >= 98% of its reads in {full} of {len(least)} runs")
                 entry["least_served_runs"] = least
-            if entry["disk_runs_bytes"] and plans.get(m):
-                over = [d / max(fetches * sb, 1) for d in entry["disk_runs_bytes"]]
+            if entry["disk_runs_bytes"] and entry.get("planned_bytes"):
+                over = [d / max(entry["planned_bytes"], 1) for d in entry["disk_runs_bytes"]]
                 print(f"  disk bytes / planned bytes, each run: "
                       + ", ".join(f"{x:.2f}" for x in over) + f"; worst {max(over):.2f}")
                 entry["disk_over_planned_runs"] = over

@@ -3,10 +3,13 @@
 // cmd_bench_io.cpp) and solar dataset-info, registered on the app.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cmd_storage.h"
 #include "commands.h"
@@ -30,7 +33,8 @@ void add_storage_commands(CLI::App& app) {
       "dataset-info",
       "Print a dataset's shape and identity as one JSON line: samples, sample_bytes, "
       "stored_sample_bytes (filtered chunks of one sample: the longest as stored, what the "
-      "transparent mode buffers; else 0), label_bytes (0: no labels), whole_files (every file one "
+      "transparent mode buffers; else 0), stored_sizes (only when those differ: each sample's "
+      "bytes as stored, by global id), label_bytes (0: no labels), whole_files (every file one "
       "sample: the transparent mode only), shape, dtype, layout, "
       "identity. Exit code 2 with one line "
       "naming the problem when it cannot be read. Used by the Slurm plugin.");
@@ -60,19 +64,25 @@ void add_storage_commands(CLI::App& app) {
       }
       const auto& i = src->info();
       const auto* files = src->file_set();
-      fmt::print("{}\n", nlohmann::json{{"samples", i.samples},
-                                         {"files", files ? files->files().size() : 0},
-                                         {"sample_bytes", i.sample_bytes},
-                                         // the transparent mode's slot over filtered chunks
-                                         {"stored_sample_bytes",
-                                          storage::stored_sample_bytes(*src)},
-                                         {"label_bytes", i.has_labels ? i.label_bytes : 0},
-                                         {"whole_files", i.whole_files},
-                                         {"shape", i.shape_string()},
-                                         {"dtype", std::string(storage::to_string(i.dtype))},
-                                         {"layout", i.layout},
-                                         {"identity", src->identity()}}
-                                  .dump());
+      // Samples of differing sizes as stored (whole files, filtered chunks): each one's, for
+      // the transparent mode's plan by bytes (solar run does the same, cmd_run.cpp).
+      std::vector<std::uint64_t> sizes = storage::stored_sample_sizes(*src);
+      if (std::adjacent_find(sizes.begin(), sizes.end(), std::not_equal_to<>()) == sizes.end())
+        sizes.clear();
+      nlohmann::json doc{{"samples", i.samples},
+                         {"files", files ? files->files().size() : 0},
+                         {"sample_bytes", i.sample_bytes},
+                         // the transparent mode's slot over filtered chunks
+                         {"stored_sample_bytes",
+                          storage::stored_sample_bytes(*src)},
+                         {"label_bytes", i.has_labels ? i.label_bytes : 0},
+                         {"whole_files", i.whole_files},
+                         {"shape", i.shape_string()},
+                         {"dtype", std::string(storage::to_string(i.dtype))},
+                         {"layout", i.layout},
+                         {"identity", src->identity()}};
+      if (!sizes.empty()) doc["stored_sizes"] = sizes;
+      fmt::print("{}\n", doc.dump());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
       exit_code() = kExitUsage;

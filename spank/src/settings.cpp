@@ -285,8 +285,27 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
       }
     }
     // Peer sharing: on one node there is no one to share with (off).
-    c = config_for_agents(c, info.samples, sample_bytes, label, budget,
-                          o.is_peers() && nodes > 1, !pc.zero_copy && !o.is_transparent());
+    if (o.is_transparent() && !info.stored_sizes.empty()) {
+      // Samples of differing sizes as stored: the plan counts their bytes (solar run does the
+      // same): --solar-buffer 64% is of those bytes, the site's limit applies to it.
+      if (o.is_peers() && nodes > 1)
+        throw ConfigError("--solar-peers", "the samples of this dataset are of differing sizes "
+                                           "as stored, which the agents do not share between "
+                                           "nodes yet; drop --solar-peers");
+      std::uint64_t total = 0;
+      for (std::uint64_t v : info.stored_sizes) total += agent_sample_slot_bytes(v);
+      std::uint64_t bytes = o.buffer_spec().resolve(total, 1);
+      if (const auto limit = buffer_cap(pc, node_memory); limit && bytes > *limit) {
+        if (notes)
+          *notes = fmt::format("--solar-buffer {} is above the site's limit; using {} per node",
+                               format_bytes(bytes), format_bytes(*limit));
+        bytes = *limit;
+      }
+      c = config_for_sized_transparent(c, info.stored_sizes, bytes);
+    } else {
+      c = config_for_agents(c, info.samples, sample_bytes, label, budget,
+                            o.is_peers() && nodes > 1, !pc.zero_copy && !o.is_transparent());
+    }
     if (const auto& file = o.value[JobOptions::order_file]) {
       if (o.value[JobOptions::order])
         throw ConfigError("--solar-order-file", "gives the order itself: drop --solar-order");
@@ -322,6 +341,18 @@ DatasetShape DatasetShape::parse(const std::string& line) {
     if (j.contains("stored_sample_bytes")) d.stored_sample_bytes = count(j, "stored_sample_bytes");
     d.label_bytes = count(j, "label_bytes");
     if (j.contains("whole_files")) d.whole_files = j.at("whole_files").get<bool>();
+    if (j.contains("stored_sizes")) {
+      const nlohmann::json& v = j.at("stored_sizes");
+      if (!v.is_array() || v.size() != d.samples)
+        throw unreadable(fmt::format("stored_sizes is not an array of {} sizes", d.samples));
+      d.stored_sizes.reserve(v.size());
+      for (const nlohmann::json& x : v) {
+        if (!x.is_number_unsigned() || x.get<std::uint64_t>() == 0 ||
+            x.get<std::uint64_t>() > (std::uint64_t{1} << 40))
+          throw unreadable(fmt::format("a stored size is {}", x.dump()));
+        d.stored_sizes.push_back(x.get<std::uint64_t>());
+      }
+    }
     d.identity = j.at("identity").get<std::string>();
     return d;
   } catch (const nlohmann::json::exception& e) {

@@ -207,6 +207,41 @@ TEST(StepPlan, TransparentOverGzipChunksCountsTheirStoredBytes) {
   EXPECT_EQ(parsed.stored_sample_bytes, 1203u);
 }
 
+// Samples of differing sizes as stored (whole files, gzip chunks): dataset-info lists each
+// one's bytes, and the transparent plan counts them, as `solar run --transparent` does.
+TEST(StepPlan, TransparentOverSamplesOfDifferingSizesPlansByBytes) {
+  const PluginConfig pc;
+  DatasetShape d = tiny();  // 256 samples
+  d.stored_sample_bytes = 3000;
+  for (std::uint64_t i = 0; i < d.samples; ++i) d.stored_sizes.push_back(1000 + 8 * i % 2000);
+  std::uint64_t total = 0;
+  for (std::uint64_t v : d.stored_sizes) total += (v + 63) / 64 * 64;
+  JobOptions o = basic();  // --solar-buffer 50%
+  o.set(JobOptions::transparent, "");
+  const PlanConfig t = plan_config_for_step(o, pc, d, 1, 2, 1ULL << 30);
+  ASSERT_TRUE(t.sized());
+  EXPECT_EQ(t.policy, Policy::sampler);
+  EXPECT_EQ(t.buffer_bytes, total / 2 - sized_staging_bytes(t));
+  // Not shared between nodes yet: refused by name.
+  o.set(JobOptions::peers, "");
+  try {
+    plan_config_for_step(o, pc, d, 2, 2, 1ULL << 30);
+    FAIL() << "accepted --solar-peers over samples of differing sizes";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-peers");
+  }
+  const auto parsed = DatasetShape::parse(
+      R"({"samples":3,"sample_bytes":90,"stored_sample_bytes":90,"label_bytes":0,)"
+      R"("whole_files":true,"stored_sizes":[10,90,40],"identity":"i"})");
+  EXPECT_EQ(parsed.stored_sizes, (std::vector<std::uint64_t>{10, 90, 40}));
+  for (const char* bad : {R"("stored_sizes":[10,90])", R"("stored_sizes":[10,0,4])",
+                          R"("stored_sizes":[10,-1,4])", R"("stored_sizes":"x")"})
+    EXPECT_THROW(DatasetShape::parse(std::string(R"({"samples":3,"sample_bytes":90,)") + bad +
+                                     R"(,"label_bytes":0,"identity":"i"})"),
+                 ConfigError)
+        << bad;
+}
+
 TEST(StepPlan, ErrorsNameTheSrunOption) {
   const PluginConfig pc;
   JobOptions o = basic();
