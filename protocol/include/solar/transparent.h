@@ -32,8 +32,11 @@
  * shuffle, lzf, served as they are stored, the reading program decoding them): its `extents`
  * entries of the global extent table (`extents` solar_xextent at `extents_offset`), from
  * extents_first, sorted by offset within the file, .sample the global id, .length its bytes in
- * the file (S for raw chunks, the stored size for filtered ones, at most slot_bytes):
- * [offset, offset + length). A sample's slot holds those bytes.
+ * the file (S for raw chunks, the stored size for filtered ones, at most
+ * max(slot_bytes, sample_bytes)): [offset, offset + length). A sample's slot holds those
+ * bytes. Samples of differing sizes (whole files, compressed chunks of differing stored sizes)
+ * take consecutive slots of 64 bytes each (slot_bytes 64, sample_bytes their longest): the
+ * entry names the first.
  * Sample ids are global: entries and counters below are indexed by them. Two entries may name
  * the same (dev, ino) (a list naming a file twice): their bytes are the same; the interposer
  * serves the first.
@@ -115,7 +118,8 @@ struct solar_xindex {
   uint64_t magic;           /* SOLAR_XINDEX_MAGIC */
   uint64_t samples;         /* N, over all files */
   uint64_t sample_bytes;    /* S */
-  uint64_t slot_bytes;      /* distance between slots in the buffer */
+  uint64_t slot_bytes;      /* distance between slots in the buffer (64 for samples of
+                               differing sizes, each taking consecutive slots) */
   uint64_t files;           /* F >= 1 */
   uint64_t files_offset;    /* from the start of the buffer: F solar_xfile sorted by (dev, ino) */
   uint64_t extents;         /* the chunked files' extents together (0: every file contiguous) */
