@@ -30,6 +30,8 @@
 #include "solar/storage/content.h"
 #include "solar/storage/fabric_source.h"
 #include "solar/storage/hdf5_writer.h"
+#include "solar/storage/npz.h"
+#include "solar/sys/remove_tree.h"
 #include "solar/storage/sample_source.h"
 #include "storage_reads.h"
 
@@ -45,6 +47,7 @@ struct GenOptions {
   std::optional<std::string> preset, shape, dtype, storage_layout;
   std::string layout = "contiguous";
   std::optional<std::uint64_t> files, samples_per_file, universes_per_dir;
+  std::optional<double> size_spread;  // --layout npz: sizes spread ±P% around the mean
   std::uint64_t seed = 0;
   bool force = false;
   bool yes = false;
@@ -117,7 +120,7 @@ void parse_layouts(const GenOptions& o, storage::GenSpec& spec) {
   else if (o.layout == "dlio") spec.files = FilesLayout::dlio;
   else
     throw ConfigError("--layout", fmt::format("'{}' is not contiguous, chunked, gzip (one file) "
-                                              "or per-sample-files, deepcam, dlio (a directory)",
+                                              "or per-sample-files, deepcam, dlio, npz (a directory)",
                                               o.layout));
   spec.layout = stored.value_or(storage::Layout::contiguous);
   if (o.storage_layout) {
@@ -160,7 +163,128 @@ std::string reader_arguments(const storage::GenSpec& spec) {
                      storage::gen_arrays(spec).labels);
 }
 
+// --layout npz: MLPerf Storage's UNet3D layout (one .npz a sample, np.savez's format) with
+// samples of spread sizes: OUT/case_NNNNN.npz holding x (uint8, its own length: the mean
+// --preset/--shape/--dtype bytes ±--size-spread%, uniform, drawn from the seed), y (int64, its
+// label) and solar (uint64 [seed, global id]); x's bytes are content::fill_sample(seed, id), y
+// content::fill_label. Written in a folder beside OUT, moved into place at the end.
+void run_gen_npz(const GenOptions& o) {
+  std::uint64_t mean = 0, samples = 0;
+  double spread = o.size_spread.value_or(50);
+  try {
+    if (o.files || o.samples_per_file || o.universes_per_dir || o.storage_layout)
+      throw ConfigError(o.files ? "--files" : o.samples_per_file ? "--samples-per-file"
+                        : o.universes_per_dir ? "--universes-per-dir" : "--storage-layout",
+                        "--layout npz writes one .npz file a sample; drop it");
+    if (!o.samples || *o.samples == 0 || *o.samples > kMaxFiles)
+      throw ConfigError("--samples", fmt::format("required: the number of files, 1..{}", kMaxFiles));
+    samples = *o.samples;
+    const std::string preset = o.preset.value_or("small");
+    const Preset* p = nullptr;
+    for (const auto& x : presets())
+      if (preset == x.name) p = &x;
+    if (!p)
+      throw ConfigError("--preset", fmt::format("'{}' is not cosmoflow, small, tiny, deepcam or "
+                                                "dlio", preset));
+    const auto dtype = storage::parse_dtype(o.dtype.value_or(p->dtype));
+    if (!dtype) throw ConfigError("--dtype", fmt::format("'{}' is not a dtype", *o.dtype));
+    mean = storage::dtype_size(*dtype);
+    for (std::uint64_t d : o.shape ? parse_shape(*o.shape) : p->shape) mean *= d;
+    if (mean > (1ULL << 31))
+      throw ConfigError("--shape", "a .npz sample must be under 2 GiB (this writer has no zip64)");
+    if (spread < 0 || spread >= 100)
+      throw ConfigError("--size-spread", fmt::format("{}% is not in 0..99", spread));
+    std::error_code ec;
+    if (std::filesystem::exists(std::filesystem::symlink_status(o.out, ec)) && !o.force)
+      throw ConfigError("OUT", fmt::format("{} already exists; pass --force to replace it", o.out));
+  } catch (const ConfigError& e) {
+    exit_code() = usage("gen", e.what());
+    return;
+  }
+  namespace fs = std::filesystem;
+  const auto lo = static_cast<std::uint64_t>(static_cast<double>(mean) * (1 - spread / 100));
+  const auto hi = static_cast<std::uint64_t>(static_cast<double>(mean) * (1 + spread / 100));
+  std::vector<std::uint64_t> sizes(samples);
+  Xoshiro256 g(o.seed ^ 0x6e707a5f73697a65ULL);  // "npz_size"
+  std::uint64_t total = 0;
+  for (auto& v : sizes) total += v = std::max<std::uint64_t>(1, lo + g.bounded(hi - lo + 1));
+  std::error_code ec;
+  const fs::path dir = fs::absolute(o.out, ec).lexically_normal().parent_path();
+  if (const fs::space_info space = fs::space(dir, ec); !ec && total + (1ULL << 20) > space.available) {
+    exit_code() = usage("gen", fmt::format("--samples: {} would take {}, more than the {} free on "
+                                           "{}; nothing written",
+                                           o.out, format_bytes(total),
+                                           format_bytes(space.available), dir.string()));
+    return;
+  }
+  if (total > kGenConfirmBytes && !o.yes) {
+    exit_code() = usage("gen", fmt::format("--samples: {} would take {}, more than {}; pass --yes "
+                                           "to write it",
+                                           o.out, format_bytes(total),
+                                           format_bytes(kGenConfirmBytes)));
+    return;
+  }
+  const int width = std::max<int>(5, static_cast<int>(std::to_string(samples - 1).size()));
+  const fs::path out = fs::path(o.out).lexically_normal();
+  const fs::path tmp = out.string() + fmt::format(".partial-{}", ::getpid());
+  const auto t0 = Clock::now();
+  try {
+    if (!fs::create_directory(tmp, ec))
+      throw StorageError(fmt::format("creating {}: {}", tmp.string(),
+                                     ec ? ec.message() : "it exists"));
+    ProgressBar bar("writing " + o.out, o.progress);
+    std::vector<storage::NpyArray> arrays(3);
+    arrays[0] = {"x", "|u1", {0}, {}};
+    arrays[1] = {"y", "<i8", {1}, std::vector<std::byte>(8)};
+    arrays[2] = {"solar", "<u8", {2}, std::vector<std::byte>(16)};
+    for (std::uint64_t id = 0; id < samples; ++id) {
+      arrays[0].shape = {sizes[id]};
+      arrays[0].data.resize(sizes[id]);
+      storage::content::fill_sample(o.seed, id, arrays[0].data.data(), sizes[id]);
+      storage::content::fill_label(o.seed, id, storage::DType::int64, arrays[1].data.data(), 8);
+      const std::uint64_t meta[2] = {o.seed, id};  // little-endian, as x86 and aarch64 store it
+      std::memcpy(arrays[2].data.data(), meta, sizeof meta);
+      storage::write_npz((tmp / fmt::format("case_{:0{}}.npz", id, width)).string(), arrays);
+      bar(id + 1, samples);
+    }
+    if (fs::exists(fs::symlink_status(out, ec))) {  // --force: only a folder of .npz files
+      bool npz_only = fs::is_directory(fs::symlink_status(out, ec));
+      if (npz_only)
+        for (const auto& e : fs::directory_iterator(out, ec))
+          npz_only = npz_only && e.path().extension() == ".npz";
+      if (!npz_only)
+        throw StorageError(fmt::format("--force replaces a folder of .npz files only; {} is not "
+                                       "one (left as it is)",
+                                       out.string()));
+      sys::remove_tree(out);
+    }
+    fs::rename(tmp, out);
+  } catch (const std::exception& e) {
+    sys::remove_tree(tmp);
+    std::fprintf(stderr, "solar gen: %s\n", e.what());
+    exit_code() = kExitFailure;
+    return;
+  }
+  const double secs = since(t0);
+  fmt::print("wrote {}: {} .npz files (case_{:0{}}.npz ..), one sample each: x uint8 of {} to {} "
+             "bytes (mean {}, ±{}%), y int64, {} in all, seed {}; {:.1f} s ({:.2f} GB/s)\n",
+             o.out, samples, 0, width, lo, hi, total / samples, spread, format_bytes(total),
+             o.seed, secs, gbps(total, secs));
+  fmt::print("read it with: --dataset '{}/*.npz' --transparent (np.load in the script); check it "
+             "with: solar verify '{}/*.npz'\n",
+             o.out, o.out);
+}
+
 void run_gen(const GenOptions& o) {
+  if (o.layout == "npz") {
+    run_gen_npz(o);
+    return;
+  }
+  if (o.size_spread) {
+    exit_code() = usage("gen", "--size-spread: only --layout npz writes samples of differing "
+                               "sizes; drop it or use --layout npz");
+    return;
+  }
   storage::GenSpec spec;
   std::vector<storage::GenFile> files;
   try {
@@ -313,6 +437,9 @@ void add_gen_command(CLI::App& app) {
       "  dlio  DLIO / MLPerf Storage: --files N, OUT/img_0_of_N.hdf5 .. with /records (rows of\n"
       "      samples, preset dlio: 256x256 uint8) and /labels (int64 each); --samples over the\n"
       "      files (or --samples-per-file K), the last file shorter when they do not divide\n"
+      "  npz  MLPerf Storage's UNet3D: OUT/case_00000.npz .., one sample a file (np.savez's\n"
+      "      format): x uint8 of its own size, the preset's bytes (small) +-`--size-spread`%\n"
+      "      (50), y int64 its label; whole-file samples, served in the transparent mode\n"
       "The arrays of a directory's files are stored as --storage-layout says. It prints the\n"
       "--dataset and --labels to read it with. Every file is written to a temporary and renamed,\n"
       "a directory as a whole beside OUT and moved into place at the end: a dataset at OUT is\n"
@@ -339,8 +466,8 @@ void add_gen_command(CLI::App& app) {
       ->type_name("DTYPE");
   gen->add_option("--layout", g->layout,
                   "One file: contiguous (raw, fastest), chunked (one sample per chunk), gzip "
-                  "(chunked + deflate level 1); a directory: per-sample-files, deepcam, dlio "
-                  "(above) [contiguous]")
+                  "(chunked + deflate level 1); a directory: per-sample-files, deepcam, dlio, "
+                  "npz (above) [contiguous]")
       ->type_name("LAYOUT");
   gen->add_option("--storage-layout", g->storage_layout,
                   "How the arrays of a directory's files are stored: contiguous, chunked, gzip "
@@ -353,6 +480,9 @@ void add_gen_command(CLI::App& app) {
   gen->add_option("--universes-per-dir", g->universes_per_dir,
                   "per-sample-files: universes (64 samples each) a subfolder [64]")
       ->type_name(kUint);
+  gen->add_option("--size-spread", g->size_spread,
+                  "npz: each file's x of the mean bytes +-P%, uniform over that range [50]")
+      ->type_name("P");
   gen->add_option("--seed", g->seed, "Content seed [0]")->type_name(kUint);
   gen->add_flag("--force", g->force,
                 "Replace OUT if it exists (a directory only when it holds HDF5 files alone)");
