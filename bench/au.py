@@ -171,23 +171,12 @@ def rank_main(a):
 
 
 # --- driver --------------------------------------------------------------------------------------
-def write_npz(out, samples, mean_bytes, seed):
-    """UNet3D-like: one .npz a sample (float32 `x` of 0.5x..1.5x the mean, int32 `y`)."""
-    os.makedirs(out)
-    rng = np.random.default_rng(seed)
-    for i in range(samples):
-        n = int(rng.integers(mean_bytes // 8, mean_bytes * 3 // 8 + 1))
-        np.savez(os.path.join(out, f"case_{i:05d}.npz"),
-                 x=rng.standard_normal(n, dtype=np.float32), y=np.array([i], dtype=np.int32))
-    return out
-
-
 def make_dataset(tool, a, tmp):
     """(what solar reads, the files' folder or file, bytes a sample on average)."""
     if a.dataset:
         path = a.dataset
     elif a.layout == "npz":
-        path = write_npz(os.path.join(tmp, "unet3d"), a.samples, a.sample_size, a.seed)
+        path = io.write_npz(os.path.join(tmp, "unet3d"), a.samples, a.sample_size, a.seed)
     elif a.layout == "file":
         path = os.path.join(tmp, "resnet50.h5")
         io.subprocess.run([tool, "gen", path, "--samples", str(a.samples), "--shape",

@@ -93,7 +93,8 @@ def data_files(path):
 
 
 def write_npz(path, samples, mean_bytes, seed):
-    """--layout npz: one .npz a sample, float32 `x` of mean_bytes +-50% (uniform), int32 `y`."""
+    """--layout npz (and au.py's UNet3D-like workload): one .npz a sample, float32 `x` of
+    mean_bytes +-50% (uniform), int32 `y`."""
     os.makedirs(path)
     rng = np.random.default_rng(seed)
     for i in range(samples):
