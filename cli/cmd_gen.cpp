@@ -190,10 +190,12 @@ void run_gen_npz(const GenOptions& o) {
     if (!dtype) throw ConfigError("--dtype", fmt::format("'{}' is not a dtype", *o.dtype));
     mean = storage::dtype_size(*dtype);
     for (std::uint64_t d : o.shape ? parse_shape(*o.shape) : p->shape) mean *= d;
-    if (mean > (1ULL << 31))
-      throw ConfigError("--shape", "a .npz sample must be under 2 GiB (this writer has no zip64)");
     if (spread < 0 || spread >= 100)
       throw ConfigError("--size-spread", fmt::format("{}% is not in 0..99", spread));
+    if (static_cast<double>(mean) * (1 + spread / 100) >= static_cast<double>(1ULL << 31))
+      throw ConfigError("--shape", fmt::format("the largest .npz sample ({} +{}%) must be under "
+                                               "2 GiB (this writer has no zip64)",
+                                               format_bytes(mean), spread));
     std::error_code ec;
     if (std::filesystem::exists(std::filesystem::symlink_status(o.out, ec)) && !o.force)
       throw ConfigError("OUT", fmt::format("{} already exists; pass --force to replace it", o.out));

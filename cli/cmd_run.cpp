@@ -290,17 +290,15 @@ void run_run(const RunOptions& o) {
     // (--buffer 64%: of their bytes); of one size, slots of it, as for raw samples.
     const std::vector<std::uint64_t> stored =
         o.transparent ? storage::stored_sample_sizes(*src) : std::vector<std::uint64_t>{};
-    if (!stored.empty() && std::adjacent_find(stored.begin(), stored.end(),
-                                              std::not_equal_to<>()) != stored.end()) {
-      if (o.peers)
-        throw ConfigError("--peers", "the samples of this dataset are of differing sizes as "
-                                     "stored, which the agents do not share between nodes yet; "
-                                     "drop --peers");
+    // (With --peers, slots of the largest: the agents share samples of one slot size only.)
+    if (!stored.empty() && !o.peers &&
+        std::adjacent_find(stored.begin(), stored.end(), std::not_equal_to<>()) !=
+            stored.end()) {
       std::uint64_t total = 0;
       for (std::uint64_t v : stored) total += agent_sample_slot_bytes(v);
       c = config_for_sized_transparent(c, stored, buffer.resolve(total, 1));
     } else {
-      if (!stored.empty()) planned.sample_bytes = stored.front();
+      if (!stored.empty()) planned.sample_bytes = *std::max_element(stored.begin(), stored.end());
       c = plan_for_run(planned, buffer, c, o.peers, !o.transparent && !o.zero_copy);
     }
     if (!o.order_file.empty()) {

@@ -173,6 +173,11 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
     while (differ < sizes.size() && differ < planned.size() &&
            agent_sample_slot_bytes(sizes[differ]) == planned[differ])
       ++differ;
+    if (sizes.empty())
+      throw AgentError(fmt::format("the plan {} is of samples of differing sizes as stored, but "
+                                   "{} holds samples of one size; recompute the plan for this "
+                                   "dataset",
+                                   o.plan, source_->describe()));
     if (sizes.size() != planned.size() || differ != sizes.size())
       throw AgentError(fmt::format(
           "{} has {} samples{} but the plan {} was computed for {} samples{}; recompute the "

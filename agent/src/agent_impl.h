@@ -149,8 +149,8 @@ class Agent::Impl {
   std::uint32_t R_ = 0;
   std::uint64_t T_ = 0;
   std::uint64_t sample_bytes_ = 0, label_bytes_ = 0;  // what a slot holds of a sample
-  bool stored_mode_ = false;
-  std::uint64_t arena_bytes_ = 0;  // sized plans: the resident set's arena (fragmentation)  // slots hold samples as stored in their files (read_stored)
+  bool stored_mode_ = false;  // slots hold samples as stored in their files (read_stored)
+  std::uint64_t arena_bytes_ = 0;  // sized plans: the resident set's arena (fragmentation)
   BufferLayout buf_;  // slots, rings, and where the transparent index goes
   int memfd_ = -1;
   std::byte* base_ = nullptr;

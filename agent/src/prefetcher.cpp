@@ -39,8 +39,10 @@ void Prefetcher::join() {
 
 void Prefetcher::slot_freed_locked() {
   if (slots_wanted_ > 0) slot_wait_since_ = Clock::now();  // a stall is no slot for a while
-  // (Sized samples: enough units free together is necessary, not sufficient; the waiter tries.)
-  if (a_.table_.free_slots() >= slots_wanted_) slot_freed_.notify_all();
+  // (Sized samples: enough units free together is necessary, not sufficient; the waiter tries.
+  // It also gives up waiting once no evicted sample is in use: prefetch_loop.)
+  if (a_.table_.free_slots() >= slots_wanted_ || (a_.table_.sized() && a_.table_.zombies() == 0))
+    slot_freed_.notify_all();
 }
 
 void Prefetcher::read_from_storage_locked(std::uint64_t step, std::uint32_t sample,
@@ -58,7 +60,7 @@ void Prefetcher::read_from_storage_locked(std::uint64_t step, std::uint32_t samp
 // of reader threads executes them, several steps in flight. A step becomes servable once its
 // reads and all earlier steps' are done.
 void Prefetcher::prefetch_loop() {
-  std::vector<std::uint32_t> incoming, slots, reading;
+  std::vector<std::uint32_t> incoming, slots, reading, unplaced;
   std::vector<std::uint32_t> from;  // per incoming sample: the peer node, or kStorage
   constexpr std::uint32_t kStorage = ~std::uint32_t{0};
   try {
@@ -104,26 +106,23 @@ void Prefetcher::prefetch_loop() {
       }
       // The step's slots, all at once: its reads are queued only when it has all of them.
       slots.clear();
+      unplaced.clear();
       const auto wait_from = Clock::now();
       if (!a_.table_.take_room(incoming, slots)) {
         slot_wait_since_ = wait_from;  // peer_sharing.cpp releases a stalled reader's pins after a while
         slots_wanted_ = a_.table_.units_for(incoming);
-        for (;;) {
-          slot_freed_.wait_for(lk, std::chrono::milliseconds(100), [&] {
-            return a_.stopping_ || !a_.fatal_.empty() || a_.table_.take_room(incoming, slots);
-          });
-          if (a_.stopping_ || !a_.fatal_.empty()) return;
-          if (!slots.empty() || incoming.empty()) break;
-          // Samples of differing sizes: the room is there but in pieces, and no slot will come
-          // free before later steps' evictions (no sample evicted is still in use). Those that
-          // fit are read; the rest are left to the ranks' own reads of the files (the
-          // transparent mode, the only one with such samples, serves what is resident).
-          if (a_.table_.sized() && a_.table_.zombies() == 0) {
-            leave_unplaced_locked(t, incoming, from, slots);
-            break;
-          }
-        }
+        // Samples of differing sizes: when no sample evicted is still in use, no slot comes
+        // free before later steps' evictions, and room in pieces stays so. Then those that fit
+        // are read, and the rest are left to the ranks' own reads of the files (the transparent
+        // mode, the only one with such samples, serves what is resident).
+        auto stuck = [&] { return a_.table_.sized() && a_.table_.zombies() == 0; };
+        slot_freed_.wait(lk, [&] {
+          return a_.stopping_ || !a_.fatal_.empty() || a_.table_.take_room(incoming, slots) ||
+                 stuck();
+        });
         slots_wanted_ = 0;
+        if (a_.stopping_ || !a_.fatal_.empty()) return;
+        if (slots.empty() && !incoming.empty()) leave_unplaced_locked(t, incoming, from, slots, unplaced);
       }
       a_.stats_.note_slot_wait(seconds_since(wait_from));
       // A sample being read is pinned like a use: were it evicted before its read lands (its
@@ -151,7 +150,11 @@ void Prefetcher::prefetch_loop() {
           const std::uint32_t x = a & kSampleMask;
           a_.table_.add_use(x);
           if (a & kHitBit) a_.stats_.note_plan_hit();  // the plan's
-          a = std::binary_search(reading.begin(), reading.end(), x) ? x : (x | kHitBit);
+          // (A sample left unplaced is no hit either: the rank reads it from its file.)
+          a = std::binary_search(reading.begin(), reading.end(), x) ||
+                      std::find(unplaced.begin(), unplaced.end(), x) != unplaced.end()
+                  ? x
+                  : (x | kHitBit);
         }
       }
       a_.admitted_ = t + 1;
@@ -202,11 +205,15 @@ void Prefetcher::prefetch_loop() {
 
 void Prefetcher::leave_unplaced_locked(std::uint64_t step, std::vector<std::uint32_t>& incoming,
                                        std::vector<std::uint32_t>& from,
-                                       std::vector<std::uint32_t>& slots) {
+                                       std::vector<std::uint32_t>& slots,
+                                       std::vector<std::uint32_t>& unplaced) {
   std::size_t kept = 0;
   for (std::size_t i = 0; i < incoming.size(); ++i) {
     const std::uint32_t one[] = {incoming[i]};
-    if (!a_.table_.take_room(one, slots)) continue;
+    if (!a_.table_.take_room(one, slots)) {
+      unplaced.push_back(incoming[i]);
+      continue;
+    }
     incoming[kept] = incoming[i];
     from[kept] = from[i];
     ++kept;

@@ -83,9 +83,10 @@ class Prefetcher {
   void write_slot(std::uint32_t slot, const std::byte* sample, std::size_t sample_len,
                   const std::byte* label);
   // Samples of differing sizes whose free room is in pieces: takes the slots of those of
-  // `incoming` that fit, and drops the others (with their `from`) from the step's reads.
+  // `incoming` that fit, and moves the others (dropping their `from`) to `unplaced`.
   void leave_unplaced_locked(std::uint64_t step, std::vector<std::uint32_t>& incoming,
-                             std::vector<std::uint32_t>& from, std::vector<std::uint32_t>& slots);
+                             std::vector<std::uint32_t>& from, std::vector<std::uint32_t>& slots,
+                             std::vector<std::uint32_t>& unplaced);
   void assemble(std::uint64_t t, std::uint32_t r);
   void add_copies_locked(std::uint64_t t, std::uint32_t r, std::vector<std::uint32_t>& dst,
                          std::vector<std::uint32_t>& src) const;

@@ -145,7 +145,7 @@ static struct {                           /* the attachment, written before xsta
   const _Atomic uint64_t *withdrawn;      /* the agent saw the file change: serve nothing */
   const _Atomic uint64_t *lease_until;    /* the agent's watch vouches for the files until then */
   uint64_t n, nfiles;
-  uint64_t s, slot_bytes, slots;
+  uint64_t s, slot_bytes, len; /* len: the mapping's bytes (each copy is checked inside it) */
 } X;
 
 static void stat_add(uint64_t *field, uint64_t v) {
@@ -299,8 +299,8 @@ static int xhello(struct solar_xhello_ok *ok) {
 }
 
 /* One file's extents: sorted by offset, not overlapping, inside the file, each of 1 to
- * most bytes (the longest a sample's bytes in the buffer may be: a slot, or the longest sample
- * when samples of differing sizes take 64-byte units each), its own samples. */
+ * most bytes (the mapping's length: every copy from a slot is checked against the mapping's
+ * end, copy_resident), its own samples. */
 static int extents_sane(const struct solar_xextent *e, uint64_t count, uint64_t first,
                         uint64_t most, uint64_t size) {
   for (uint64_t i = 0; i < count; ++i) {
@@ -379,11 +379,12 @@ static int attach_now(const struct stat *file) {
   const uint64_t n = ix->samples, s = ix->sample_bytes, eo = ix->entries_offset,
                  co = ix->consumed_offset, nf = ix->files, fo = ix->files_offset,
                  ne = ix->extents, xo = ix->extents_offset;
-  /* The most bytes a sample's copy may take from its slot: slot_bytes, or S when samples of
-   * differing sizes take 64-byte units each (slot_bytes 64, S their longest). */
-  const uint64_t most = ix->slot_bytes > s ? ix->slot_bytes : s;
+  /* A sample's bytes start at its slot and run for its extent's length: a slot's bytes, or
+   * several 64-byte units for samples of differing sizes. Extents are checked to lie inside
+   * the mapping here, and every copy against the mapping's end (copy_resident). */
+  const uint64_t most = len;
   const char *why = NULL;
-  if (ix->magic != SOLAR_XINDEX_MAGIC || n == 0 || s == 0 || ix->slot_bytes == 0 || most > len ||
+  if (ix->magic != SOLAR_XINDEX_MAGIC || n == 0 || s == 0 || ix->slot_bytes == 0 || s > len ||
       n > UINT64_MAX / 8 / s || eo % 8 != 0 || eo > len || (len - eo) / 8 < n || co % 4 != 0 ||
       co > len || (len - co) / 4 < n || s > len || nf == 0 || nf > FILES_MAX || fo % 8 != 0 ||
       fo > len || (len - fo) / sizeof(struct solar_xfile) < nf || ne > n ||
@@ -420,7 +421,7 @@ static int attach_now(const struct stat *file) {
       X.stats = (struct solar_xstats *)&((struct solar_xindex *)(base + at))->stats;
       X.s = s;
       X.slot_bytes = ix->slot_bytes;
-      X.slots = (len - most) / ix->slot_bytes + 1; /* slots whose `most` bytes lie inside it */
+      X.len = len;
       X.n = n;
       X.ext = ext;
       X.withdrawn = (const _Atomic uint64_t *)&shared->withdrawn;
@@ -685,7 +686,8 @@ static size_t copy_resident(const struct solar_xfile *f, unsigned char *dst, siz
     uint64_t e1 = atomic_load_explicit(&X.entries[k], memory_order_acquire);
     if ((e1 & 0xffffffffu) == 0 && e1 != 0) e1 = wait_in_flight(k, e1, &deadline);
     const uint64_t slot = e1 & 0xffffffffu; /* slot + 1; 0: not resident */
-    if (slot == 0 || slot > X.slots) break;
+    /* Its extent's bytes from its slot lie inside the mapping (extent <= len: files_sane). */
+    if (slot == 0 || slot - 1 > (X.len - extent) / X.slot_bytes) break;
     copy_out(dst + done, X.base + (slot - 1) * X.slot_bytes + in, len);
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&X.entries[k], memory_order_relaxed) != e1) {

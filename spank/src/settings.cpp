@@ -285,16 +285,14 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
       }
     }
     // Peer sharing: on one node there is no one to share with (off).
-    if (o.is_transparent() && !info.stored_sizes.empty()) {
-      // Samples of differing sizes as stored: the plan counts their bytes (solar run does the
-      // same): --solar-buffer 64% is of those bytes, the site's limit applies to it.
-      if (o.is_peers() && nodes > 1)
-        throw ConfigError("--solar-peers", "the samples of this dataset are of differing sizes "
-                                           "as stored, which the agents do not share between "
-                                           "nodes yet; drop --solar-peers");
+    // Samples of differing sizes as stored: the plan counts their bytes (solar run does the
+    // same): --solar-buffer 64% is of those bytes, the site's limit applies to it. With peers,
+    // slots of the largest (agents share samples of one slot size only).
+    if (o.is_transparent() && !info.stored_sizes.empty() && !(o.is_peers() && nodes > 1)) {
       std::uint64_t total = 0;
       for (std::uint64_t v : info.stored_sizes) total += agent_sample_slot_bytes(v);
       std::uint64_t bytes = o.buffer_spec().resolve(total, 1);
+      if (notes) notes->clear();  // the note above was of the slots of the largest
       if (const auto limit = buffer_cap(pc, node_memory); limit && bytes > *limit) {
         if (notes)
           *notes = fmt::format("--solar-buffer {} is above the site's limit; using {} per node",

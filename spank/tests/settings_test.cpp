@@ -222,14 +222,11 @@ TEST(StepPlan, TransparentOverSamplesOfDifferingSizesPlansByBytes) {
   ASSERT_TRUE(t.sized());
   EXPECT_EQ(t.policy, Policy::sampler);
   EXPECT_EQ(t.buffer_bytes, total / 2 - sized_staging_bytes(t));
-  // Not shared between nodes yet: refused by name.
+  // Shared between nodes: slots of the largest, as before (agents share one slot size only).
   o.set(JobOptions::peers, "");
-  try {
-    plan_config_for_step(o, pc, d, 2, 2, 1ULL << 30);
-    FAIL() << "accepted --solar-peers over samples of differing sizes";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.flag(), "--solar-peers");
-  }
+  const PlanConfig p = plan_config_for_step(o, pc, d, 2, 2, 1ULL << 30);
+  EXPECT_FALSE(p.sized());
+  EXPECT_EQ(p.sample_bytes, 3000u);
   const auto parsed = DatasetShape::parse(
       R"({"samples":3,"sample_bytes":90,"stored_sample_bytes":90,"label_bytes":0,)"
       R"("whole_files":true,"stored_sizes":[10,90,40],"identity":"i"})");

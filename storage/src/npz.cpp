@@ -56,9 +56,10 @@ NpyArray parse_npy(const std::string& path, const std::string& name, const std::
   };
   if (npy.size() < 10 || npy.compare(0, 6, "\x93NUMPY") != 0) throw bad("not a .npy array");
   const int major = static_cast<unsigned char>(npy[6]);
-  const std::size_t hl = major == 1 ? get(npy, 8, 2) : get(npy, 8, 4);
   const std::size_t start = major == 1 ? 10 : 12;
-  if (major < 1 || major > 3 || npy.size() < start + hl) throw bad("a .npy header cut short");
+  if (major < 1 || major > 3 || npy.size() < start) throw bad("a .npy header cut short");
+  const std::size_t hl = major == 1 ? get(npy, 8, 2) : get(npy, 8, 4);
+  if (npy.size() < start + hl) throw bad("a .npy header cut short");
   const std::string h = npy.substr(start, hl);
   auto field = [&](const std::string& key, char open, char close) {
     const std::size_t k = h.find("'" + key + "'");
@@ -75,7 +76,11 @@ NpyArray parse_npy(const std::string& path, const std::string& name, const std::
   for (std::size_t p = 0; p < dims.size();) {
     const std::size_t q = std::min(dims.find(',', p), dims.size());
     const std::string d = dims.substr(p, q - p);
-    if (d.find_first_not_of(' ') != std::string::npos) out.shape.push_back(std::stoull(d));
+    if (const std::size_t digit = d.find_first_not_of(' '); digit != std::string::npos) {
+      if (d.find_first_not_of("0123456789 ") != std::string::npos || d.size() - digit > 19)
+        throw bad(fmt::format("its .npy shape is ({})", dims));
+      out.shape.push_back(std::stoull(d));
+    }
     p = q + 1;
   }
   const char* data = npy.data() + start + hl;

@@ -32,9 +32,8 @@
  * shuffle, lzf, served as they are stored, the reading program decoding them): its `extents`
  * entries of the global extent table (`extents` solar_xextent at `extents_offset`), from
  * extents_first, sorted by offset within the file, .sample the global id, .length its bytes in
- * the file (S for raw chunks, the stored size for filtered ones, at most
- * max(slot_bytes, sample_bytes)): [offset, offset + length). A sample's slot holds those
- * bytes. Samples of differing sizes (whole files, compressed chunks of differing stored sizes)
+ * the file (S for raw chunks, the stored size for filtered ones): [offset, offset + length).
+ * A sample's slot holds those bytes (a reader checks that they lie inside the mapping). Samples of differing sizes (whole files, compressed chunks of differing stored sizes)
  * take consecutive slots of 64 bytes each (slot_bytes 64, sample_bytes their longest): the
  * entry names the first.
  * Sample ids are global: entries and counters below are indexed by them. Two entries may name
