@@ -76,6 +76,21 @@ const std::vector<Preset>& presets() {
       {"dlio", {256, 256}, "uint8"}};              // 64 KiB, DLIO's record_length 65536
   return p;
 }
+// The preset named `name`; ConfigError("--preset") for any other.
+const Preset& find_preset(const std::string& name) {
+  for (const auto& x : presets())
+    if (name == x.name) return x;
+  throw ConfigError("--preset",
+                    fmt::format("'{}' is not cosmoflow, small, tiny, deepcam or dlio", name));
+}
+
+// OUT must not exist unless --force replaces it.
+void check_out(const GenOptions& o) {
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::symlink_status(o.out, ec)) && !o.force)
+    throw ConfigError("OUT", fmt::format("{} already exists; pass --force to replace it", o.out));
+}
+
 // The preset a layout takes when none is given: the workload's own sample.
 const char* default_preset(storage::FilesLayout l) {
   switch (l) {
@@ -179,13 +194,7 @@ void run_gen_npz(const GenOptions& o) {
     if (!o.samples || *o.samples == 0 || *o.samples > kMaxFiles)
       throw ConfigError("--samples", fmt::format("required: the number of files, 1..{}", kMaxFiles));
     samples = *o.samples;
-    const std::string preset = o.preset.value_or("small");
-    const Preset* p = nullptr;
-    for (const auto& x : presets())
-      if (preset == x.name) p = &x;
-    if (!p)
-      throw ConfigError("--preset", fmt::format("'{}' is not cosmoflow, small, tiny, deepcam or "
-                                                "dlio", preset));
+    const Preset* p = &find_preset(o.preset.value_or("small"));
     const auto dtype = storage::parse_dtype(o.dtype.value_or(p->dtype));
     if (!dtype) throw ConfigError("--dtype", fmt::format("'{}' is not a dtype", *o.dtype));
     mean = storage::dtype_size(*dtype);
@@ -196,9 +205,7 @@ void run_gen_npz(const GenOptions& o) {
       throw ConfigError("--shape", fmt::format("the largest .npz sample ({} +{}%) must be under "
                                                "2 GiB (this writer has no zip64)",
                                                format_bytes(mean), spread));
-    std::error_code ec;
-    if (std::filesystem::exists(std::filesystem::symlink_status(o.out, ec)) && !o.force)
-      throw ConfigError("OUT", fmt::format("{} already exists; pass --force to replace it", o.out));
+    check_out(o);
   } catch (const ConfigError& e) {
     exit_code() = usage("gen", e.what());
     return;
@@ -301,14 +308,7 @@ void run_gen(const GenOptions& o) {
       spec.samples = *o.samples;
     if (spec.samples == 0 || spec.samples > kMaxSamples)
       throw ConfigError("--samples", fmt::format("must be in 1..{}", kMaxSamples));
-    const std::string preset = o.preset.value_or(default_preset(spec.files));
-    const Preset* p = nullptr;
-    for (const auto& x : presets())
-      if (preset == x.name) p = &x;
-    if (!p)
-      throw ConfigError("--preset", fmt::format("'{}' is not cosmoflow, small, tiny, deepcam or "
-                                                "dlio",
-                                                preset));
+    const Preset* p = &find_preset(o.preset.value_or(default_preset(spec.files)));
     spec.shape = o.shape ? parse_shape(*o.shape) : p->shape;
     const std::string dt = o.dtype.value_or(p->dtype);
     auto dtype = storage::parse_dtype(dt);
@@ -331,9 +331,7 @@ void run_gen(const GenOptions& o) {
                                                  "{}; write fewer samples, or several samples a "
                                                  "file with --layout dlio",
                                                  o.layout, files.size(), kMaxFiles));
-    std::error_code ec;
-    if (std::filesystem::exists(std::filesystem::symlink_status(o.out, ec)) && !o.force)
-      throw ConfigError("OUT", fmt::format("{} already exists; pass --force to replace it", o.out));
+    check_out(o);
   } catch (const ConfigError& e) {
     exit_code() = usage("gen", e.what());
     return;

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -288,17 +287,15 @@ void run_run(const RunOptions& o) {
     // Transparent over samples as they lie in their files (whole files, filtered chunks): of
     // differing sizes, the buffer holds each in its own bytes and the plan counts bytes
     // (--buffer 64%: of their bytes); of one size, slots of it, as for raw samples.
-    const std::vector<std::uint64_t> stored =
-        o.transparent ? storage::stored_sample_sizes(*src) : std::vector<std::uint64_t>{};
     // (With --peers, slots of the largest: the agents share samples of one slot size only.)
-    if (!stored.empty() && !o.peers &&
-        std::adjacent_find(stored.begin(), stored.end(), std::not_equal_to<>()) !=
-            stored.end()) {
-      std::uint64_t total = 0;
-      for (std::uint64_t v : stored) total += agent_sample_slot_bytes(v);
-      c = config_for_sized_transparent(c, stored, buffer.resolve(total, 1));
+    const std::vector<std::uint64_t> sized =
+        o.transparent && !o.peers ? storage::stored_sample_sizes(*src) : std::vector<std::uint64_t>{};
+    if (!sized.empty()) {
+      c = config_for_sized_transparent(c, sized, buffer.resolve(sized_buffer_bytes(sized), 1));
     } else {
-      if (!stored.empty()) planned.sample_bytes = *std::max_element(stored.begin(), stored.end());
+      if (o.transparent)
+        if (const std::uint64_t stored = storage::stored_sample_bytes(*src); stored > 0)
+          planned.sample_bytes = stored;
       c = plan_for_run(planned, buffer, c, o.peers, !o.transparent && !o.zero_copy);
     }
     if (!o.order_file.empty()) {

@@ -3,9 +3,7 @@
 // cmd_bench_io.cpp) and solar dataset-info, registered on the app.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -66,9 +64,7 @@ void add_storage_commands(CLI::App& app) {
       const auto* files = src->file_set();
       // Samples of differing sizes as stored (whole files, filtered chunks): each one's, for
       // the transparent mode's plan by bytes (solar run does the same, cmd_run.cpp).
-      std::vector<std::uint64_t> sizes = storage::stored_sample_sizes(*src);
-      if (std::adjacent_find(sizes.begin(), sizes.end(), std::not_equal_to<>()) == sizes.end())
-        sizes.clear();
+      const std::vector<std::uint64_t> sizes = storage::stored_sample_sizes(*src);
       nlohmann::json doc{{"samples", i.samples},
                          {"files", files ? files->files().size() : 0},
                          {"sample_bytes", i.sample_bytes},

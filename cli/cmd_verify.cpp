@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // solar verify: read a source and check every byte against the generator.
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,6 +51,14 @@ struct VerifyOptions {
   bool json = false;
   SourceFlags flags;
 };
+
+// The first ten ids of `v` for a message ("3, 5, 6" or "1, 2, ..., 10, ...").
+std::string first_ids(const std::vector<std::uint64_t>& v) {
+  std::string out;
+  for (std::size_t i = 0; i < std::min<std::size_t>(v.size(), 10); ++i)
+    out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + (v.size() > 10 ? ", ..." : "");
+}
 
 // Whole-file samples written by `solar gen --layout npz`: each file's x against the
 // generator (its seed and global id in its `solar` array, or --seed), its y against the label.
@@ -114,11 +121,9 @@ void verify_npz(const storage::SampleSource& src, const VerifyOptions& o) {
     if (!bad.empty())
       fmt::print("MISMATCH: {} sample(s) differ from the generator (or lie at another place in "
                  "the dataset): {}\n",
-                 bad.size(), fmt::join(bad.begin(), bad.begin() + std::min<std::size_t>(10, bad.size()), ", "));
+                 bad.size(), first_ids(bad));
     if (!bad_labels.empty())
-      fmt::print("MISMATCH: {} label(s) differ: {}\n", bad_labels.size(),
-                 fmt::join(bad_labels.begin(),
-                           bad_labels.begin() + std::min<std::size_t>(10, bad_labels.size()), ", "));
+      fmt::print("MISMATCH: {} label(s) differ: {}\n", bad_labels.size(), first_ids(bad_labels));
     if (all_ok) fmt::print("all match\n");
   }
   exit_code() = all_ok ? kExitOk : kExitFailure;
@@ -257,16 +262,11 @@ void run_verify(const VerifyOptions& o) {
                offset ? fmt::format(", ids from {} (solar_first)", offset) : "");
     fmt::print("read {:.2f} GB/s, overall {:.2f} GB/s ({:.2f} s)\n", gbps(bytes, read_s),
                gbps(bytes, s), s);
-    auto list = [](const std::vector<std::uint64_t>& v) {
-      std::string out;
-      for (std::size_t i = 0; i < std::min<std::size_t>(v.size(), 10); ++i)
-        out += (i ? ", " : "") + std::to_string(v[i]);
-      return out + (v.size() > 10 ? ", ..." : "");
-    };
     if (!bad.empty())
-      fmt::print("MISMATCH: {} sample(s) differ from the generator: {}\n", bad.size(), list(bad));
+      fmt::print("MISMATCH: {} sample(s) differ from the generator: {}\n", bad.size(),
+                 first_ids(bad));
     if (!bad_labels.empty())
-      fmt::print("MISMATCH: {} label(s) differ: {}\n", bad_labels.size(), list(bad_labels));
+      fmt::print("MISMATCH: {} label(s) differ: {}\n", bad_labels.size(), first_ids(bad_labels));
     if (all_ok) fmt::print("all match\n");
   }
   exit_code() = all_ok ? kExitOk : kExitFailure;

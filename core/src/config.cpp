@@ -316,12 +316,18 @@ std::uint64_t sized_staging_bytes(const PlanConfig& c) {
   return std::uint64_t{kAgentStagingSteps} * c.ranks_per_node * (c.batch + c.imbalance) * most;
 }
 
+std::uint64_t sized_buffer_bytes(const std::vector<std::uint64_t>& sizes) {
+  std::uint64_t total = 0;
+  for (std::uint64_t v : sizes) total += agent_sample_slot_bytes(v);
+  return total;
+}
+
 PlanConfig config_for_sized_transparent(PlanConfig c, const std::vector<std::uint64_t>& sizes,
                                         std::uint64_t budget_bytes) {
   if (sizes.empty()) throw ConfigError("--dataset", "the dataset has no samples");
   std::vector<std::uint64_t> units(sizes.size());
-  std::uint64_t total = 0;
-  for (std::size_t i = 0; i < sizes.size(); ++i) total += units[i] = agent_sample_slot_bytes(sizes[i]);
+  std::transform(sizes.begin(), sizes.end(), units.begin(), agent_sample_slot_bytes);
+  const std::uint64_t total = sized_buffer_bytes(sizes);
   c.samples = sizes.size();
   c.sample_sizes = std::make_shared<const std::vector<std::uint64_t>>(std::move(units));
   c.sample_bytes = std::max<std::uint64_t>(1, total / c.samples);

@@ -381,8 +381,8 @@ static int attach_now(const struct stat *file) {
                  ne = ix->extents, xo = ix->extents_offset;
   /* A sample's bytes start at its slot and run for its extent's length: a slot's bytes, or
    * several 64-byte units for samples of differing sizes. Extents are checked to lie inside
-   * the mapping here, and every copy against the mapping's end (copy_resident). */
-  const uint64_t most = len;
+   * the mapping here (files_sane's bound: len), and every copy against the mapping's end
+   * (copy_resident). */
   const char *why = NULL;
   if (ix->magic != SOLAR_XINDEX_MAGIC || n == 0 || s == 0 || ix->slot_bytes == 0 || s > len ||
       n > UINT64_MAX / 8 / s || eo % 8 != 0 || eo > len || (len - eo) / 8 < n || co % 4 != 0 ||
@@ -392,7 +392,7 @@ static int attach_now(const struct stat *file) {
     why = "solar: the node agent's index is malformed; reading the dataset directly";
   } else if (!(files = copy_table(base, fo, nf, sizeof *files)) ||
              !(ext = copy_table(base, xo, ne, sizeof *ext)) ||
-             !files_sane(files, nf, ext, ne, n, s, most)) {
+             !files_sane(files, nf, ext, ne, n, s, len)) {
     why = "solar: the node agent's file table is malformed; reading the dataset directly";
   } else {
     X.files = files;

@@ -289,9 +289,7 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
     // same): --solar-buffer 64% is of those bytes, the site's limit applies to it. With peers,
     // slots of the largest (agents share samples of one slot size only).
     if (o.is_transparent() && !info.stored_sizes.empty() && !(o.is_peers() && nodes > 1)) {
-      std::uint64_t total = 0;
-      for (std::uint64_t v : info.stored_sizes) total += agent_sample_slot_bytes(v);
-      std::uint64_t bytes = o.buffer_spec().resolve(total, 1);
+      std::uint64_t bytes = o.buffer_spec().resolve(sized_buffer_bytes(info.stored_sizes), 1);
       if (notes) notes->clear();  // the note above was of the slots of the largest
       if (const auto limit = buffer_cap(pc, node_memory); limit && bytes > *limit) {
         if (notes)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -320,6 +321,8 @@ std::vector<std::uint64_t> stored_sample_sizes(const SampleSource& source) {
   for (const DatasetFile& f : source.file_set()->files())
     if (f.stored())
       for (std::uint64_t k = 0; k < f.count; ++k) sizes.at(f.first + k) = f.stored_lengths.at(k);
+  if (std::adjacent_find(sizes.begin(), sizes.end(), std::not_equal_to<>()) == sizes.end())
+    sizes.clear();  // one size
   return sizes;
 }
 

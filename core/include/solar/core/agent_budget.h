@@ -65,6 +65,8 @@ PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t 
 // largest sample and the least budget when the budget is too small.
 PlanConfig config_for_sized_transparent(PlanConfig c, const std::vector<std::uint64_t>& sizes,
                                         std::uint64_t budget_bytes);
+// The bytes `sizes` take in such a buffer (each rounded up to 64): what --buffer 64% is of.
+std::uint64_t sized_buffer_bytes(const std::vector<std::uint64_t>& sizes);
 // Bytes of staging room of config `c` (sized): kAgentStagingSteps steps of its node's ranks at
 // the largest sample.
 std::uint64_t sized_staging_bytes(const PlanConfig& c);

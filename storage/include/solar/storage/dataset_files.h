@@ -143,7 +143,8 @@ bool names_many_files(std::string_view spec);
 std::uint64_t stored_sample_bytes(const SampleSource& source);
 // The same per sample: each sample's bytes as they lie in its file, by global id (a filtered
 // chunk's stored length, a whole file's size, S for a raw sample); empty when
-// stored_sample_bytes is 0. What a buffer of byte-sized samples holds in the transparent mode.
+// stored_sample_bytes is 0 or every sample has that one size (slots of it serve them). What a
+// buffer of byte-sized samples holds in the transparent mode.
 std::vector<std::uint64_t> stored_sample_sizes(const SampleSource& source);
 
 // Writes `index` to `path` atomically (text: a header, then one line per file). Throws
