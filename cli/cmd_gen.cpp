@@ -45,6 +45,7 @@ struct GenOptions {
   std::string out;
   std::optional<std::uint64_t> samples;
   std::optional<std::string> preset, shape, dtype, storage_layout;
+  std::optional<std::string> content;  // random, sparse (compressible)
   std::string layout = "contiguous";
   std::optional<std::uint64_t> files, samples_per_file, universes_per_dir;
   std::optional<double> size_spread;  // --layout npz: sizes spread ±P% around the mean
@@ -178,6 +179,20 @@ std::string reader_arguments(const storage::GenSpec& spec) {
                      storage::gen_arrays(spec).labels);
 }
 
+// The bytes of the file `path` or of every file below the directory `path`.
+std::uint64_t bytes_on_disk(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    const std::uint64_t n = fs::file_size(path, ec);
+    return ec ? 0 : n;
+  }
+  std::uint64_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(path, ec))
+    if (e.is_regular_file(ec)) total += e.file_size(ec);
+  return total;
+}
+
 // --layout npz: MLPerf Storage's UNet3D layout (one .npz a sample, np.savez's format) with
 // samples of spread sizes: OUT/case_NNNNN.npz holding x (uint8, its own length: the mean
 // --preset/--shape/--dtype bytes ±--size-spread%, uniform, drawn from the seed), y (int64, its
@@ -191,6 +206,10 @@ void run_gen_npz(const GenOptions& o) {
       throw ConfigError(o.files ? "--files" : o.samples_per_file ? "--samples-per-file"
                         : o.universes_per_dir ? "--universes-per-dir" : "--storage-layout",
                         "--layout npz writes one .npz file a sample; drop it");
+    if (o.content && *o.content != "random")
+      throw ConfigError("--content", "--layout npz writes random bytes (np.savez stores them "
+                                     "uncompressed, so compressible content changes nothing); "
+                                     "drop it");
     if (!o.samples || *o.samples == 0 || *o.samples > kMaxFiles)
       throw ConfigError("--samples", fmt::format("required: the number of files, 1..{}", kMaxFiles));
     samples = *o.samples;
@@ -318,6 +337,12 @@ void run_gen(const GenOptions& o) {
                                                dt));
     spec.dtype = *dtype;
     spec.seed = o.seed;
+    if (o.content) {
+      const auto c = storage::content::parse_content(*o.content);
+      if (!c)
+        throw ConfigError("--content", fmt::format("'{}' is not random or sparse", *o.content));
+      spec.content = *c;
+    }
     spec.force = o.force;
     try {
       files = storage::gen_files(spec);
@@ -392,16 +417,20 @@ void run_gen(const GenOptions& o) {
   const std::string shape = fmt::format("{}", fmt::join(spec.shape, "x"));
   const storage::GenArrays arrays = storage::gen_arrays(spec);
   const std::string label_shape = fmt::format("{}", fmt::join(arrays.label_shape, "x"));
+  const std::string content_note = spec.content == storage::Content::sparse
+                                       ? fmt::format(", content sparse ({} on disk)",
+                                                     format_bytes(bytes_on_disk(o.out)))
+                                       : "";
   if (spec.files == storage::FilesLayout::single) {
-    fmt::print("wrote {}: /data {} samples of {} {} ({} each, {} in all), layout {}, seed {}; "
+    fmt::print("wrote {}: /data {} samples of {} {} ({} each, {} in all), layout {}, seed {}{}; "
                "/label int32; {:.1f} s ({:.2f} GB/s)\n",
                o.out, spec.samples, shape, storage::to_string(spec.dtype), format_bytes(sb),
-               format_bytes(sb * spec.samples), storage::to_string(spec.layout), spec.seed, s,
-               gbps(sb * spec.samples, s));
+               format_bytes(sb * spec.samples), storage::to_string(spec.layout), spec.seed,
+               content_note, s, gbps(sb * spec.samples, s));
   } else {
     const auto& first = files.front();
     fmt::print("wrote {}: {} files ({} to {}), {} {} samples of {} {} ({} each, {} in all{}), "
-               "{} {}{} a sample, arrays {}, seed {}; {:.1f} s ({:.2f} GB/s)\n",
+               "{} {}{} a sample, arrays {}, seed {}{}; {:.1f} s ({:.2f} GB/s)\n",
                o.out, files.size(), first.path, files.back().path, arrays.data, spec.samples,
                shape, storage::to_string(spec.dtype), format_bytes(sb),
                format_bytes(sb * spec.samples),
@@ -413,7 +442,7 @@ void run_gen(const GenOptions& o) {
                    : "",
                arrays.labels, storage::to_string(arrays.label_dtype),
                label_shape.empty() ? "" : " " + label_shape, storage::to_string(spec.layout),
-               spec.seed, s, gbps(sb * spec.samples, s));
+               spec.seed, content_note, s, gbps(sb * spec.samples, s));
   }
   fmt::print("read it with: {}\n", reader_arguments(spec));
 }
@@ -483,6 +512,11 @@ void add_gen_command(CLI::App& app) {
   gen->add_option("--size-spread", g->size_spread,
                   "npz: each file's x of the mean bytes +-P%, uniform over that range [50]")
       ->type_name("P");
+  gen->add_option("--content", g->content,
+                  "random (incompressible) or sparse: three bytes in four zero, the rest 1..4, "
+                  "which --layout/--storage-layout gzip (deflate level 1) keeps at 29%, like "
+                  "CosmoFlow's counts; checked as random is [random]")
+      ->type_name("CONTENT");
   gen->add_option("--seed", g->seed, "Content seed [0]")->type_name(kUint);
   gen->add_flag("--force", g->force,
                 "Replace OUT if it exists (a directory only when it holds HDF5 files alone)");

@@ -221,7 +221,8 @@ void run_verify(const VerifyOptions& o) {
       std::atomic<std::size_t> next{0};
       auto work = [&] {
         for (std::size_t i; (i = next.fetch_add(1)) < n;)
-          ok[i] = storage::content::check_sample(seed, ids[i], buf.data() + i * sb, sb);
+          ok[i] = storage::content::check_sample(seed, ids[i], buf.data() + i * sb, sb,
+                                                info.content);
       };
       std::thread helper(work);
       work();

@@ -236,6 +236,7 @@ int main(int argc, char** argv) {
     const std::uint32_t epochs = loader ? loader->epochs() : direct->epochs();
     const std::uint64_t label_bytes = loader ? loader->label_bytes() : direct->label_bytes();
     std::uint64_t seed = 0;
+    solar::storage::Content content = solar::storage::Content::random;
     solar::storage::DType label_dtype = solar::storage::DType::int32;
     if (verify) {
       // The content seed is stored with the dataset (solar gen writes it).
@@ -247,6 +248,7 @@ int main(int argc, char** argv) {
         throw solar::Error(fmt::format("--verify: {} was not written by solar gen (no seed)",
                                        src->describe()));
       seed = *src->info().seed;
+      content = src->info().content;
       label_dtype = src->info().label_dtype;
     }
     auto per_rank = [&](std::string path) {
@@ -299,7 +301,7 @@ int main(int argc, char** argv) {
         const std::uint64_t idx = index(i);
         if (rec) rec << ' ' << idx;
         if (!verify) continue;
-        bool ok = solar::storage::content::check_sample(seed, idx, data(i), bytes);
+        bool ok = solar::storage::content::check_sample(seed, idx, data(i), bytes, content);
         if (ok && label_bytes)  // of any dtype and size: content.h's fill_label
           ok = solar::storage::content::check_label(
               seed, idx, label_dtype, static_cast<const std::byte*>(label(i)), label_bytes);

@@ -23,24 +23,59 @@ std::uint64_t base(std::uint64_t seed, std::uint64_t index) {
 
 // Little-endian words; this code targets little-endian hosts only (x86-64, aarch64).
 static_assert(std::endian::native == std::endian::little);
+
+// Sparse content: each byte r of the random word becomes r < 192 ? 0 : 1 + (r & 3).
+std::uint64_t sparse(std::uint64_t w) {
+  std::uint64_t out = 0;
+  for (int j = 0; j < 8; ++j) {
+    const std::uint64_t r = (w >> (8 * j)) & 0xFF;
+    out |= (r < 192 ? 0 : 1 + (r & 3)) << (8 * j);
+  }
+  return out;
+}
+
+// Word k of sample `b`'s content.
+std::uint64_t word(std::uint64_t b, std::uint64_t k, Content c) {
+  const std::uint64_t w = mix(b + (k + 1) * kGolden);
+  return c == Content::sparse ? sparse(w) : w;
+}
 }  // namespace
 
-void fill_sample(std::uint64_t seed, std::uint64_t index, std::byte* dst, std::uint64_t bytes) {
+std::string_view generator(Content c) {
+  return c == Content::sparse ? kGeneratorSparse : kGenerator;
+}
+
+std::optional<Content> parse_generator(std::string_view name) {
+  if (name == kGenerator) return Content::random;
+  if (name == kGeneratorSparse) return Content::sparse;
+  return std::nullopt;
+}
+
+std::string_view to_string(Content c) { return c == Content::sparse ? "sparse" : "random"; }
+
+std::optional<Content> parse_content(std::string_view name) {
+  if (name == "random") return Content::random;
+  if (name == "sparse") return Content::sparse;
+  return std::nullopt;
+}
+
+void fill_sample(std::uint64_t seed, std::uint64_t index, std::byte* dst, std::uint64_t bytes,
+                 Content c) {
   const std::uint64_t b = base(seed, index);
   const std::uint64_t words = bytes / 8;
   auto* out = reinterpret_cast<unsigned char*>(dst);
   for (std::uint64_t k = 0; k < words; ++k) {
-    const std::uint64_t w = mix(b + (k + 1) * kGolden);
+    const std::uint64_t w = word(b, k, c);
     std::memcpy(out + 8 * k, &w, 8);
   }
   if (bytes % 8) {
-    const std::uint64_t w = mix(b + (words + 1) * kGolden);
+    const std::uint64_t w = word(b, words, c);
     std::memcpy(out + 8 * words, &w, bytes % 8);
   }
 }
 
 bool check_sample(std::uint64_t seed, std::uint64_t index, const std::byte* src,
-                  std::uint64_t bytes) {
+                  std::uint64_t bytes, Content c) {
   const std::uint64_t b = base(seed, index);
   const std::uint64_t words = bytes / 8;
   const auto* in = reinterpret_cast<const unsigned char*>(src);
@@ -48,11 +83,11 @@ bool check_sample(std::uint64_t seed, std::uint64_t index, const std::byte* src,
   for (std::uint64_t k = 0; k < words; ++k) {
     std::uint64_t w;
     std::memcpy(&w, in + 8 * k, 8);
-    diff |= w ^ mix(b + (k + 1) * kGolden);
+    diff |= w ^ word(b, k, c);
     if ((k & 4095) == 4095 && diff) return false;
   }
   if (bytes % 8) {
-    const std::uint64_t w = mix(b + (words + 1) * kGolden);
+    const std::uint64_t w = word(b, words, c);
     if (std::memcmp(in + 8 * words, &w, bytes % 8) != 0) return false;
   }
   return diff == 0;

@@ -385,7 +385,7 @@ DatasetIndex scan_dataset(std::string_view spec, const std::string& label_datase
         DatasetFile f = *it->second;
         f.set_stat(st);
         seeded = seeded && previous->info.seed && previous->info.seed == seed &&
-                 it->second->first == x.info.samples;
+                 previous->info.content == x.info.content && it->second->first == x.info.samples;
         f.first = x.info.samples;
         x.info.samples += f.count;
         x.files.push_back(std::move(f));
@@ -428,7 +428,8 @@ DatasetIndex scan_dataset(std::string_view spec, const std::string& label_datase
         h->read_labels({&all, 1}, f.labels.data());
       }
     }
-    seeded = seeded && info.seed == seed && info.generated_first == f.first;
+    seeded = seeded && info.seed == seed && info.content == x.info.content &&
+             info.generated_first == f.first;
     x.info.samples += info.samples;
     x.files.push_back(std::move(f));
   }
@@ -494,7 +495,11 @@ void write_index(const DatasetIndex& x, const std::string& path) {
       x.label_dataset.empty() ? "-" : x.label_dataset,
       x.info.samples, x.info.shape_string(), to_string(x.info.dtype), x.info.has_labels ? 1 : 0,
       to_string(x.info.label_dtype), x.info.label_bytes,
-      x.info.seed ? std::to_string(*x.info.seed) : "-", x.info.layout, x.identity,
+      // the seed, "sparse:SEED" for sparse content (content.h), "-" for none
+      !x.info.seed                            ? std::string("-")
+      : x.info.content == Content::sparse ? "sparse:" + std::to_string(*x.info.seed)
+                                              : std::to_string(*x.info.seed),
+      x.info.layout, x.identity,
       x.files.size());
   out.reserve(out.size() + x.files.size() * 96);
   for (const auto& f : x.files) {
@@ -561,6 +566,10 @@ DatasetIndex read_index(const std::string& path, std::string_view spec,
       x.info.sample_shape.push_back(to_u64(std::string_view(shape).substr(b, e - b), path));
       x.info.sample_bytes *= x.info.sample_shape.back();
       b = e + 1;
+    }
+    if (seed.starts_with("sparse:")) {
+      x.info.content = Content::sparse;
+      seed.erase(0, 7);
     }
     if (seed != "-") x.info.seed = to_u64(seed, path);
     x.info.layout = layout_rest.empty() ? "" : layout_rest.substr(1);

@@ -213,7 +213,8 @@ std::unique_ptr<Hdf5Source> Hdf5Source::open(const std::string& path, const std:
 #endif
 
   if (auto gen = h5::string_attribute(im->dset.get(), "solar_generator");
-      gen && *gen == content::kGenerator) {
+      gen && content::parse_generator(*gen)) {
+    info.content = *content::parse_generator(*gen);
     info.seed = h5::u64_attribute(im->dset.get(), "solar_seed");
     info.generated_first = h5::u64_attribute(im->dset.get(), "solar_first");
   }

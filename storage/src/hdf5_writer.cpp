@@ -164,16 +164,17 @@ std::uint64_t sample_bytes(const GenSpec& s) {
 // A file's HDF5 metadata, data aligned to 4 KiB: superblock, object headers, attributes.
 constexpr std::uint64_t kFileOverhead = 8 << 10;
 
-void write_attributes(hid_t dset, std::uint64_t seed, std::uint64_t first,
+void write_attributes(hid_t dset, std::uint64_t seed, std::uint64_t first, Content c,
                       const std::string& where) {
+  const std::string_view gen = content::generator(c);
   h5::Handle scalar(H5Screate(H5S_SCALAR), H5Sclose);
   h5::Handle str(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(str.get(), content::kGenerator.size());
+  H5Tset_size(str.get(), gen.size());
   h5::Handle a(h5::check(H5Acreate2(dset, "solar_generator", str.get(), scalar.get(), H5P_DEFAULT,
                                     H5P_DEFAULT),
                          where + ": cannot write attribute"),
                H5Aclose);
-  h5::check(H5Awrite(a.get(), str.get(), content::kGenerator.data()), where);
+  h5::check(H5Awrite(a.get(), str.get(), gen.data()), where);
   for (const auto& [name, value] :
        {std::pair{"solar_seed", seed}, std::pair{"solar_first", first}}) {
     h5::Handle b(h5::check(H5Acreate2(dset, name, H5T_STD_U64LE, scalar.get(), H5P_DEFAULT,
@@ -258,7 +259,7 @@ void FileWriter::write(const std::string& tmp, const std::string& name, std::uin
                                        space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
                             fmt::format("{}: cannot create {}", tmp, arrays.data)),
                   H5Dclose);
-  write_attributes(dset.get(), s.seed, first, where);
+  write_attributes(dset.get(), s.seed, first, s.content, where);
 
   const std::uint64_t block = std::max<std::uint64_t>(1, (64ULL << 20) / sb);
   buf.resize(std::min(block, count) * sb);
@@ -266,7 +267,7 @@ void FileWriter::write(const std::string& tmp, const std::string& name, std::uin
   for (std::uint64_t k = 0; k < count; k += block) {
     const std::uint64_t n = std::min(block, count - k);
     pool.run(n, [&](std::size_t i) {
-      content::fill_sample(s.seed, first + k + i, buf.data() + i * sb, sb);
+      content::fill_sample(s.seed, first + k + i, buf.data() + i * sb, sb, s.content);
     });
     if (arrays.rows) {
       start[0] = k;

@@ -209,6 +209,7 @@ nlohmann::json to_json(const DatasetInfo& i) {
                       {"label_bytes", i.label_bytes},
                       {"layout", i.layout}};
   if (i.seed) j["seed"] = *i.seed;
+  if (i.seed && i.content == Content::sparse) j["content"] = "sparse";
   return j;
 }
 
@@ -231,6 +232,11 @@ DatasetInfo info_from_json(const nlohmann::json& j) {
     i.label_bytes = count_field(j.at("label_bytes"), kInfo);
     i.layout = j.at("layout").get<std::string>();
     if (j.contains("seed")) i.seed = count_field(j["seed"], kInfo);
+    if (j.contains("content")) {
+      if (!j["content"].is_string() || j["content"] != "sparse")
+        throw StorageError("protocol error: bad dataset description (content is not \"sparse\")");
+      i.content = Content::sparse;
+    }
   } catch (const nlohmann::json::exception& e) {
     throw StorageError(fmt::format("protocol error: bad dataset description ({})", e.what()));
   }

@@ -156,6 +156,13 @@ TEST(DatasetFiles, TheIndexFileIsReadInsteadOfAScanAndMustBeForTheSameSpec) {
   EXPECT_EQ(y.files[1].first, 4U);
   EXPECT_EQ(y.files[0].labels, x.files[0].labels);
   EXPECT_EQ(y.files[1].data_offset, x.files[1].data_offset);
+  // The seed and its content kind survive the index.
+  x.info.seed = 11;
+  x.info.content = Content::sparse;
+  write_index(x, path);
+  y = read_index(path, spec, "/label");
+  EXPECT_EQ(y.info.seed, std::optional<std::uint64_t>{11});
+  EXPECT_EQ(y.info.content, Content::sparse);
   // Another spec, other labels, a damaged file: each refused with what to do.
   EXPECT_NE(error_of([&] { read_index(path, dir.file("d") + ":/data", "/label"); })
                 .find("was made for"),

@@ -58,6 +58,28 @@ TEST(Content, RoundTripAndDetectsOneFlippedByte) {
   EXPECT_EQ(content::label(3, 42), content::label(3, 42));
 }
 
+TEST(Content, SparseIsTheRandomContentMappedBytewiseAndIsCheckedAsItself) {
+  std::vector<std::byte> r(1001), s(1001);
+  content::fill_sample(3, 42, r.data(), r.size());
+  content::fill_sample(3, 42, s.data(), s.size(), Content::sparse);
+  std::size_t zeros = 0;
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    const auto v = std::to_integer<unsigned>(r[i]);
+    ASSERT_EQ(std::to_integer<unsigned>(s[i]), v < 192 ? 0U : 1 + (v & 3)) << i;
+    zeros += s[i] == std::byte{0};
+  }
+  EXPECT_GT(zeros, 650U);
+  EXPECT_LT(zeros, 850U);
+  EXPECT_TRUE(content::check_sample(3, 42, s.data(), s.size(), Content::sparse));
+  EXPECT_FALSE(content::check_sample(3, 42, s.data(), s.size()));
+  EXPECT_FALSE(content::check_sample(3, 42, r.data(), r.size(), Content::sparse));
+  s[1000] ^= std::byte{8};
+  EXPECT_FALSE(content::check_sample(3, 42, s.data(), s.size(), Content::sparse));
+  EXPECT_EQ(content::generator(Content::sparse), "solar-splitmix64-sparse-v1");
+  EXPECT_EQ(content::parse_generator("solar-splitmix64-v1"), Content::random);
+  EXPECT_EQ(content::parse_generator("solar-splitmix64-v2"), std::nullopt);
+}
+
 TEST(Coalesce, SortsDeduplicatesAndMergesRuns) {
   EXPECT_EQ(coalesce({5, 1, 2, 3, 9, 2, 10}),
             (std::vector<SampleRun>{{1, 3}, {5, 1}, {9, 2}}));

@@ -29,12 +29,16 @@ def _base(seed, index):
     return mix(key + np.uint64(index) * G)
 
 
-def sample_bytes(seed, index, nbytes):
-    """(bytes, int32 label) of sample `index`."""
+def sample_bytes(seed, index, nbytes, content="random"):
+    """(bytes, int32 label) of sample `index`; content "sparse": each byte r of the random
+    content becomes r < 192 ? 0 : 1 + (r & 3)."""
     base = _base(seed, index)
     words = (nbytes + 7) // 8
     k = np.arange(1, words + 1, dtype=np.uint64)
     w = mix(base + k * G).astype("<u8")
+    if content == "sparse":
+        r = w.view(np.uint8)
+        w = np.where(r < 192, 0, 1 + (r & 3)).astype(np.uint8)
     return w.tobytes()[:nbytes], int(np.int32(mix(base) >> np.uint64(33)))
 
 

@@ -81,6 +81,16 @@ TEST(Wire, DatasetDescriptionsWithBadCountsAreProtocolErrors) {
   nlohmann::json bad = info;
   bad["shape"] = {4, -1.5};
   EXPECT_THROW(wire::info_from_json(bad), StorageError);
+  // A seed's content kind goes with it; anything but "sparse" is refused.
+  DatasetInfo sparse = wire::info_from_json(info);
+  sparse.seed = 7;
+  sparse.content = Content::sparse;
+  const nlohmann::json j = wire::to_json(sparse);
+  EXPECT_EQ(j.at("content"), "sparse");
+  EXPECT_EQ(wire::info_from_json(j).content, Content::sparse);
+  bad = j;
+  bad["content"] = "zeros";
+  EXPECT_THROW(wire::info_from_json(bad), StorageError);
 }
 
 // The client's side: FabricSource reads the server's keys, addresses and throttle with these;

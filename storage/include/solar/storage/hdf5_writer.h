@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Writing generated datasets (`solar gen`): one HDF5 file (/data with N samples, /label with one
 // int32 each), or a directory of many files in the layouts of real workloads. Every sample's
-// bytes are content::fill_sample(seed, global id) and its label content::fill_label(seed, global
+// bytes are content::fill_sample(seed, global id, content) and its label content::fill_label(seed, global
 // id), the global id counting the files in sorted path order, then the samples within each, so
 // any reader can check what it got. Every data array carries the attributes solar_generator,
 // solar_seed and solar_first (the global id of its file's first sample).
@@ -44,6 +44,7 @@ struct GenSpec {
   DType dtype = DType::int16;
   Layout layout = Layout::contiguous;  // chunked and gzip: one sample per chunk
   std::uint64_t seed = 0;
+  Content content = Content::random;   // sparse: compressible (content.h), for --layout gzip
   bool force = false;                  // replace an existing file or generated directory
   FilesLayout files = FilesLayout::single;
   std::uint64_t file_count = 0;         // dlio: files (0: from samples_per_file)

@@ -42,6 +42,10 @@ struct SampleRun {
 std::vector<SampleRun> coalesce(std::vector<std::uint64_t> ids);
 std::uint64_t total_samples(std::span<const SampleRun> runs);
 
+// The content `solar gen` writes (content.h): random bytes, or sparse ones that compress as
+// a CosmoFlow-like volume does (mostly empty voxels).
+enum class Content : std::uint8_t { random, sparse };
+
 struct DatasetInfo {
   std::uint64_t samples = 0;                // N
   std::vector<std::uint64_t> sample_shape;  // shape of one sample (dataset shape without dim 0)
@@ -51,6 +55,7 @@ struct DatasetInfo {
   DType label_dtype = DType::int32;
   std::uint64_t label_bytes = 0;            // bytes of one sample's label
   std::optional<std::uint64_t> seed;        // content seed when written by `solar gen`
+  Content content = Content::random;        // and which of its contents (content.h)
   // Written by `solar gen` as one file of many: the global id of this file's first sample
   // (attribute solar_first); a dataset of many files keeps `seed` only when every file's is
   // its place in the dataset.
