@@ -23,6 +23,7 @@
 #include "solar/core/order_file.h"
 #include "solar/core/plan_file.h"
 #include "solar/core/planner.h"
+#include "solar/core/replay.h"
 #include "solar/core/rng.h"
 #include "solar/stats_file.h"
 
@@ -35,6 +36,7 @@ struct PlanOptions {
   // value is named as such instead of being wrapped or saturated.
   std::optional<std::string> samples, sample_bytes, epochs, nodes, ranks_per_node, batch,
       imbalance, buffer, size_spread;
+  std::optional<std::string> local_buffer;  // the local-disk tier per node
   std::string sample_sizes;  // a file of one size per sample
   std::string seed = "0";
   std::string order = "solar";
@@ -179,6 +181,9 @@ PlanConfig build_config(const PlanOptions& o) {
   }
   c.drop_last = o.drop_last;
   c.peer_fetch = o.peer_fetch;
+  if (o.local_buffer)
+    c.local_bytes = BufferSpec::parse(*o.local_buffer, "--local-buffer").resolve(c.samples,
+                                                                                  c.sample_bytes);
   return c;
 }
 
@@ -190,6 +195,8 @@ struct Result {
   // Sized plans: the smallest arena holding each node's samples as best-fit extents
   // (core/extents.h), 0 otherwise.
   std::uint64_t extent_arena = 0;
+  // With a local tier: the tiers' metrics, recounted by the replay (replay_tiers).
+  TierMetrics tiers;
 };
 
 nlohmann::json config_json(const PlanConfig& c) {
@@ -206,6 +213,8 @@ nlohmann::json config_json(const PlanConfig& c) {
           {"buffer_bytes", c.buffer_bytes},
           {"buffer_samples", c.buffer_samples()},
           {"peer_fetch", c.peer_fetch},
+          {"local_bytes", c.local_bytes},
+          {"local_samples", c.local_samples()},
           {"sized", c.sized()},
           {"dataset_bytes", c.dataset_bytes()}};
 }
@@ -225,7 +234,14 @@ void print_table(const PlanConfig& c, const std::string& scenario,
              c.buffer_samples(), c.sized() ? " of the average size" : "", to_string(c.order),
              c.seed);
   const std::uint64_t lb = lower_bound_fetches(c);
-  fmt::print("lower bound: {} remote fetches (N + (E-1)·max(0, N - M·C))\n", lb);
+  if (c.tiered())
+    fmt::print("local tier: {} per node ({} samples) below the buffer\n"
+               "lower bound: {} remote fetches (N + (E-1)·max(0, N - M·(C_mem + C_disk)), "
+               "C_mem + C_disk = {})\n",
+               format_bytes(c.local_bytes), c.local_samples(), lb,
+               c.buffer_samples() + c.local_samples());
+  else
+    fmt::print("lower bound: {} remote fetches (N + (E-1)·max(0, N - M·C))\n", lb);
   if (c.sized())
     fmt::print("lower bound: {} remote bytes (B + (E-1)·max(0, B - M·buffer), B the bytes an "
                "epoch reads)\n",
@@ -261,6 +277,20 @@ void print_table(const PlanConfig& c, const std::string& scenario,
                    format_bytes(r.extent_arena),
                    double(r.extent_arena) / double(c.buffer_bytes));
   }
+  if (c.tiered()) {
+    // Where the accesses were served: memory, the local disk, storage; the local reads against
+    // their bound (Belady's MIN on each node's memory), recounted by the replay.
+    fmt::print("\n{:<12} {:>12} {:>12} {:>12} {:>9} {:>12} {:>10}\n", "policy", "memory hits",
+               "local reads", "their bound", "vs bound", "local writes", "drops");
+    for (const auto& r : results) {
+      const TierMetrics& t = r.tiers;
+      fmt::print("{:<12} {:>12} {:>12} {:>12} {:>8.3f}× {:>12} {:>10}\n", to_string(r.policy),
+                 t.memory_hits, t.local_reads, t.local_reads_bound, t.local_reads_ratio(),
+                 t.local_writes, t.drops);
+    }
+    fmt::print("(every plan replayed: its fetches, evictions and moves between the tiers "
+               "recounted, equal)\n");
+  }
   if (c.peer_fetch) {
     // Peer reads cost interconnect time, not storage: shown beside the storage fetches.
     fmt::print("\n{:<12} {:>12} {:>9} {:>12} {:>11}\n", "policy", "storage", "vs lower",
@@ -274,12 +304,14 @@ void print_table(const PlanConfig& c, const std::string& scenario,
   }
   if (results.size() == 1) {
     const Metrics& m = results[0].metrics;
-    fmt::print("\n{:>8} {:>12} {:>12} {:>12} {:>8}\n", "epoch", "accesses", "hits", "remote",
-               "peer");
+    const bool tiered = c.tiered();
+    fmt::print("\n{:>8} {:>12} {:>12} {:>12} {:>8}{}\n", "epoch", "accesses", "hits", "remote",
+               "peer", tiered ? fmt::format(" {:>12}", "local reads") : "");
     for (std::size_t p = 0; p < m.per_epoch.size(); ++p) {
       const auto& e = m.per_epoch[p];
-      fmt::print("{:>8} {:>12} {:>12} {:>12} {:>8}\n", p, e.accesses, e.hits, e.remote_fetches,
-                 e.peer_fetches);
+      fmt::print("{:>8} {:>12} {:>12} {:>12} {:>8}{}\n", p, e.accesses, e.hits, e.remote_fetches,
+                 e.peer_fetches,
+                 tiered ? fmt::format(" {:>12}", results[0].tiers.local_reads_per_epoch[p]) : "");
     }
   }
 }
@@ -291,7 +323,8 @@ void run_plan(const PlanOptions& o) {
     base = build_config(o);
     if (o.compare || o.policy == "all") {
       for (Policy p : all_policies())  // nopfs and solar-paper plan samples of one size only
-        if (!base.sized() || (p != Policy::nopfs && p != Policy::solar_paper))
+        if ((!base.sized() || (p != Policy::nopfs && p != Policy::solar_paper)) &&
+            !(base.tiered() && p == Policy::none))  // none keeps no buffer to tier
           policies.push_back(p);
       if (base.sized())
         std::fprintf(stderr, "solar plan: nopfs and solar-paper plan samples of one size; they "
@@ -306,6 +339,9 @@ void run_plan(const PlanOptions& o) {
     }
     if (!o.out.empty() && policies.size() != 1)
       throw ConfigError("--out", "writes one plan; choose a single --policy");
+    if (!o.out.empty() && base.tiered())
+      throw ConfigError("--out", "a plan with a local tier has no plan file yet (the agents do "
+                                 "not serve the local tier); drop --out or --local-buffer");
     for (Policy p : policies) {
       PlanConfig c = base;
       c.policy = p;
@@ -328,6 +364,18 @@ void run_plan(const PlanOptions& o) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!o.out.empty()) write_plan_file(plan, o.out);
     results.push_back({p, plan.metrics, s, peak_rss_bytes()});
+    if (c.tiered()) {
+      // The replay recounts the plan and its tiers; a difference is a planner bug.
+      try {
+        results.back().tiers = replay_plan(plan).tiers;
+      } catch (const PlanInvalid& e) {
+        std::fprintf(stderr, "solar plan: the %s plan does not replay (a bug; please report "
+                             "it): %s\n",
+                     std::string(to_string(p)).c_str(), e.what());
+        exit_code() = kExitFailure;
+        return;
+      }
+    }
     if (c.sized() && p != Policy::none)
       results.back().extent_arena = arena_for_extents(plan, ExtentFit::best);
   }
@@ -344,6 +392,14 @@ void run_plan(const PlanOptions& o) {
         j["extent_arena_over_buffer"] = double(r.extent_arena) / double(base.buffer_bytes);
       }
       j["peak_rss_bytes"] = r.peak_rss;
+      if (base.tiered())
+        j["local_tier"] = {{"memory_hits", r.tiers.memory_hits},
+                           {"local_reads", r.tiers.local_reads},
+                           {"local_reads_bound", r.tiers.local_reads_bound},
+                           {"local_reads_over_bound", r.tiers.local_reads_ratio()},
+                           {"local_writes", r.tiers.local_writes},
+                           {"drops", r.tiers.drops},
+                           {"local_reads_per_epoch", r.tiers.local_reads_per_epoch}};
       out["results"].push_back(j);
     }
     if (!o.out.empty()) out["out"] = o.out;
@@ -443,6 +499,13 @@ void add_plan_commands(CLI::App& app) {
   plan->add_option("--buffer", o->buffer,
                    "Buffer per node: bytes with K/M/G/T suffix, or a percentage of the dataset "
                    "(e.g. 22.5%)")
+      ->type_name(kBuffer);
+  plan->add_option("--local-buffer", o->local_buffer,
+                   "A local-disk tier per node below --buffer (bytes with K/M/G/T, or a\n"
+                   "percentage of the dataset): the plan keeps --buffer + this resident per\n"
+                   "node and places it in memory and on the local disk; reports the local\n"
+                   "reads against their bound. Samples of one size, no --peer-fetch; no\n"
+                   "--out yet (the agents do not serve a local tier)")
       ->type_name(kBuffer);
   plan->add_option("--size-spread", o->size_spread,
                    "Samples of differing sizes, spread evenly over --sample-bytes ± this\n"

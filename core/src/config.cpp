@@ -94,6 +94,26 @@ void PlanConfig::validate() const {
                       fmt::format("the order holds {} sample ids; {} epochs × {} samples need {}",
                                   order_list->size(), epochs, samples,
                                   std::uint64_t{epochs} * samples));
+  if (local_bytes > 0) {
+    if (sized())
+      throw ConfigError("--local-buffer", "samples of differing sizes are not planned on a local "
+                                          "tier yet; drop --local-buffer or plan samples of one "
+                                          "size");
+    if (peer_fetch)
+      throw ConfigError("--local-buffer", "peers reading from a node's local tier are not "
+                                          "planned yet; drop --peer-fetch or --local-buffer");
+    if (policy == Policy::none)
+      throw ConfigError("--local-buffer", "policy none keeps no buffer to put a tier below; "
+                                          "choose another --policy");
+    if (local_bytes > kMaxDatasetBytes)
+      throw ConfigError("--local-buffer", fmt::format("{} per node; allowed is at most {}",
+                                                      format_bytes(local_bytes),
+                                                      format_bytes(kMaxDatasetBytes)));
+    if (local_samples() == 0)
+      throw ConfigError("--local-buffer",
+                        fmt::format("{} per node is smaller than one sample ({})",
+                                    format_bytes(local_bytes), format_bytes(sample_bytes)));
+  }
   if (sized()) {
     validate_sizes();
     return;

@@ -56,7 +56,7 @@ std::uint64_t lower_bound_fetches(const PlanConfig& c) {
   const std::uint64_t u = distinct_per_epoch(c, layout);
   // The bound is the same for every policy: it is what the configured buffers allow. With sized
   // samples a buffer holds at most as many as its bytes take of the smallest ones.
-  std::uint64_t per_buffer = c.buffer_samples();
+  std::uint64_t per_buffer = c.buffer_samples() + c.local_samples();  // both tiers
   if (c.sized()) {
     std::vector<std::uint64_t> s = *c.sample_sizes;
     std::sort(s.begin(), s.end());

@@ -120,6 +120,10 @@ std::vector<std::uint8_t> encode_node(const Plan& p, std::uint32_t node) {
 }  // namespace
 
 std::vector<std::uint8_t> encode_plan(const Plan& p) {
+  if (p.config.tiered())
+    throw PlanFileError("a plan with a local tier (--local-buffer) has no plan file yet: the "
+                        "agents do not serve the local tier; plan without --local-buffer to "
+                        "write one");
   Writer w;
   encode_header_body(p, w);
   const std::size_t dir_at = w.out.size();

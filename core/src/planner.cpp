@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "solar/core/planner.h"
+#include "solar/core/tiers.h"
 
 #include <algorithm>
 #include <numeric>
@@ -169,8 +170,8 @@ Plan PlanRecorder::finish() {
 
 }  // namespace detail
 
-Plan make_plan(const PlanConfig& config, const ProgressFn& progress) {
-  config.validate();
+namespace {
+Plan plan_by_policy(const PlanConfig& config, const ProgressFn& progress) {
   switch (config.policy) {
     case Policy::none: return detail::plan_none(config, progress);
     case Policy::lru: return detail::plan_lru(config, progress);
@@ -180,6 +181,21 @@ Plan make_plan(const PlanConfig& config, const ProgressFn& progress) {
     case Policy::sampler: return detail::plan_sampler(config, progress);
   }
   throw ConfigError("--policy", "unknown policy");
+}
+}  // namespace
+
+Plan make_plan(const PlanConfig& config, const ProgressFn& progress) {
+  config.validate();
+  if (!config.tiered()) return plan_by_policy(config, progress);
+  // A local tier: the policy plans the resident set as one buffer of both tiers' samples, then
+  // the set is placed in memory and on the local disk (tiers.h).
+  PlanConfig resident = config;
+  resident.buffer_bytes = (config.buffer_samples() + config.local_samples()) * config.sample_bytes;
+  resident.local_bytes = 0;
+  Plan plan = plan_by_policy(resident, progress);
+  plan.config = config;
+  place_in_tiers(plan);
+  return plan;
 }
 
 }  // namespace solar

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "solar/core/replay.h"
 
+#include "solar/core/tiers.h"
+
 #include <algorithm>
 #include <fmt/format.h>
 #include <unordered_map>
@@ -154,7 +156,79 @@ ReplayReport replay_plan(const Plan& plan) {
                      plan.metrics.remote_runs, m.lower_bound_fetches,
                      plan.metrics.lower_bound_fetches, m.lower_bound_bytes,
                      plan.metrics.lower_bound_bytes));
+  if (c.tiered()) rep.tiers = replay_tiers(plan);
+  else if (!plan.tiers.empty())
+    fail("the plan has moves between tiers but no local tier");
   return rep;
+}
+
+TierMetrics replay_tiers(const Plan& plan) {
+  const PlanConfig& c = plan.config;
+  const std::uint64_t T = plan.total_steps(), R = c.ranks_per_node, steps = plan.layout.steps;
+  const std::uint64_t mem_cap = c.buffer_samples(), disk_cap = c.local_samples();
+  auto fail = [](const std::string& what) { throw PlanInvalid(what); };
+  if (plan.tiers.size() != c.nodes) fail("tiers: wrong number of node records");
+  TierMetrics tm;
+  tm.local_reads_per_epoch.assign(c.epochs, 0);
+  for (std::uint64_t n = 0; n < c.nodes; ++n) {
+    const NodeTiers& nt = plan.tiers[n];
+    for (const auto* o : {&nt.write_offsets, &nt.drop_offsets, &nt.read_offsets})
+      if (o->size() != T + 1 || o->front() != 0 || !std::is_sorted(o->begin(), o->end()))
+        fail(fmt::format("tiers: node {}: offsets of the wrong size or order", n));
+    if (nt.write_offsets.back() != nt.writes.size() || nt.drop_offsets.back() != nt.drops.size() ||
+        nt.read_offsets.back() != nt.reads.size())
+      fail(fmt::format("tiers: node {}: offsets do not end at their lists' ends", n));
+    // Every resident sample is in memory, on the local disk, or dropped (held by neither: never
+    // read again while resident).
+    std::unordered_set<std::uint32_t> mem, disk, dropped;
+    for (std::uint64_t t = 0; t < T; ++t) {
+      for (std::uint32_t x : plan.nodes[n].evicts_at(t))
+        if (!mem.erase(x) && !disk.erase(x) && !dropped.erase(x))
+          fail(fmt::format("tiers: step {} node {}: evicts sample {} held by no tier", t, n, x));
+      for (std::uint64_t k = 0; k < R; ++k)
+        for (std::uint32_t a : plan.rank_batch(t, n * R + k))
+          tm.memory_hits += mem.contains(a & kSampleMask);
+      auto move = [&](std::span<const std::uint32_t> xs, auto& from, auto* to, const char* what) {
+        for (std::uint32_t x : xs) {
+          if (!from.erase(x))
+            fail(fmt::format("tiers: step {} node {}: {} sample {}, which is not there", t, n,
+                             what, x));
+          if (to) to->insert(x);
+        }
+      };
+      move(nt.writes_at(t), mem, &disk, "writes to the local disk");
+      move(nt.drops_at(t), mem, &dropped, "drops from memory");
+      move(nt.reads_at(t), disk, &mem, "reads from the local disk");
+      tm.local_reads_per_epoch[t / steps] += nt.reads_at(t).size();
+      for (const FetchRun& f : plan.nodes[n].fetches_at(t))
+        for (std::uint32_t x = f.first; x < f.first + f.count; ++x) mem.insert(x);
+      for (const PeerFetch& p : plan.nodes[n].peers_at(t)) mem.insert(p.sample);
+      for (std::uint64_t k = 0; k < R; ++k)
+        for (std::uint32_t a : plan.rank_batch(t, n * R + k))
+          if (!mem.contains(a & kSampleMask))
+            fail(fmt::format("tiers: step {} rank {}: sample {} is not in node {}'s memory", t,
+                             n * R + k, a & kSampleMask, n));
+      if (mem.size() > mem_cap || disk.size() > disk_cap)
+        fail(fmt::format("tiers: step {} node {}: memory holds {} samples (of {}), the local "
+                         "disk {} (of {})",
+                         t, n, mem.size(), mem_cap, disk.size(), disk_cap));
+    }
+    tm.local_reads += nt.reads.size();
+    tm.local_writes += nt.writes.size();
+    tm.drops += nt.drops.size();
+  }
+  tm.local_reads_bound = local_reads_bound(plan);
+  if (tm.local_reads < tm.local_reads_bound)
+    fail(fmt::format("tiers: {} local reads, below their bound of {}", tm.local_reads,
+                     tm.local_reads_bound));
+  if (!(tm == plan.tier_metrics))
+    fail(fmt::format("tiers: recounted local reads {} vs {}, writes {} vs {}, drops {} vs {}, "
+                     "memory hits {} vs {}, bound {} vs {}",
+                     tm.local_reads, plan.tier_metrics.local_reads, tm.local_writes,
+                     plan.tier_metrics.local_writes, tm.drops, plan.tier_metrics.drops,
+                     tm.memory_hits, plan.tier_metrics.memory_hits, tm.local_reads_bound,
+                     plan.tier_metrics.local_reads_bound));
+  return tm;
 }
 
 }  // namespace solar

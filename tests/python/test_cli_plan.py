@@ -212,3 +212,44 @@ def test_sized_plans_are_repeatable_and_refused_by_the_agent(solar, tmp_path):
                         "--socket", str(tmp_path / "s.sock")],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "differing sizes" in p.stderr, p.stderr
+
+
+def test_local_tier_plans_meet_both_bounds_and_are_replayed(solar):
+    """--local-buffer: s1 with 7.5% of N in memory and 15% on local disk per node."""
+    args = ["plan", "--scenario", "s1", "--imbalance", "1", "--buffer", "7.5%", "--local-buffer",
+            "15%"]
+    doc = json.loads(solar(*args, "--compare", "--json").stdout)
+    c = doc["config"]
+    assert c["local_samples"] == 1228 and c["buffer_samples"] == 614, c
+    got = {r["policy"]: r for r in doc["results"]}
+    assert set(got) == {"lru", "solar-paper", "nopfs", "solar", "sampler"}  # none: no buffer
+    n, e, m = 8192, 10, 4
+    for r in got.values():
+        assert r["lower_bound_fetches"] == n + (e - 1) * (n - m * (614 + 1228))
+        t = r["local_tier"]
+        assert t["local_reads"] >= t["local_reads_bound"]
+        assert t["memory_hits"] + t["local_reads"] + r["remote_fetches"] == r["accesses"], r
+        assert sum(t["local_reads_per_epoch"]) == t["local_reads"]
+    assert got["solar"]["ratio_to_lower_bound"] <= 1.02
+    assert got["solar"]["local_tier"]["local_reads_over_bound"] <= 1.01
+    assert all(x > 0 for x in got["solar"]["local_tier"]["local_reads_per_epoch"][1:])
+    text = solar(*args, "--policy", "solar").stdout
+    assert "local tier: 19.2 GiB per node (1228 samples)" in text, text
+    assert "local reads" in text and "recounted, equal" in text, text
+
+
+@pytest.mark.parametrize("extra,says", [
+    (["--local-buffer", "lots"], "--local-buffer"),
+    (["--local-buffer", "1K"], "smaller than one sample"),
+    (["--local-buffer", "10%", "--peer-fetch"], "--peer-fetch"),
+    (["--local-buffer", "10%", "--policy", "none"], "policy none"),
+    (["--local-buffer", "10%", "--size-spread", "20"], "differing sizes"),
+    (["--local-buffer", "10%", "--out", "x.plan"], "no plan file yet"),
+])
+def test_local_tier_refusals_name_what_is_wrong(solar, tmp_path, extra, says):
+    extra = [str(tmp_path / a) if a == "x.plan" else a for a in extra]
+    p = solar("plan", "--scenario", "seed", *extra, check=False)
+    assert p.returncode == 2, p.stdout + p.stderr
+    line = p.stderr.strip()
+    assert len(line.splitlines()) == 1 and says in line, line
+    assert list(tmp_path.iterdir()) == []

@@ -43,7 +43,8 @@ void epoch_sequence(const PlanConfig& c, const EpochLayout& layout, std::uint32_
 std::uint64_t distinct_per_epoch(const PlanConfig& c, const EpochLayout& layout);
 
 // The hard lower bound on remote fetches of any schedule: U + (E-1)·max(0, U - M·C). With
-// sized samples C is the most samples a buffer's bytes hold (of the smallest ones).
+// sized samples C is the most samples a buffer's bytes hold (of the smallest ones); with a local
+// tier C = C_mem + C_disk (both tiers hold what no epoch needs to fetch again).
 std::uint64_t lower_bound_fetches(const PlanConfig& c);
 
 // The hard lower bound on remote bytes: B + (E-1)·max(0, B - M·buffer_bytes), B the bytes every

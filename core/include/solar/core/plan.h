@@ -82,6 +82,50 @@ struct Metrics {
   bool operator==(const Metrics&) const = default;
 };
 
+// With a local tier (PlanConfig::local_bytes): one node's moves between its memory and its local
+// disk. Before step t, after the node's evictions (of the resident set, from whichever tier holds
+// the sample) and before its fetches, the node writes writes_at(t) from memory to the local disk,
+// drops drops_at(t) from memory (samples it will not read again while it holds them: no write),
+// and reads reads_at(t) from the local disk into memory; its fetches then land in memory. After
+// that every sample its ranks use in step t is in memory, memory holds at most buffer_samples()
+// and the local disk at most local_samples(). (A swap needs no room of its own in either tier:
+// the agent stages it.) Offsets are total_steps + 1 long, into the three lists.
+struct NodeTiers {
+  std::vector<std::uint64_t> write_offsets, drop_offsets, read_offsets;
+  std::vector<std::uint32_t> writes, drops, reads;
+
+  static std::span<const std::uint32_t> at(const std::vector<std::uint64_t>& o,
+                                           const std::vector<std::uint32_t>& v, std::uint64_t t) {
+    return {v.data() + o[t], o[t + 1] - o[t]};
+  }
+  std::span<const std::uint32_t> writes_at(std::uint64_t t) const {
+    return at(write_offsets, writes, t);
+  }
+  std::span<const std::uint32_t> drops_at(std::uint64_t t) const {
+    return at(drop_offsets, drops, t);
+  }
+  std::span<const std::uint32_t> reads_at(std::uint64_t t) const {
+    return at(read_offsets, reads, t);
+  }
+};
+
+// What the tiers did, over all nodes. An access is served from memory when its sample was in
+// memory before the step's moves and fetches (memory_hits), else by a local read, a fetch from
+// storage or a peer. local_reads_bound: at least this many local reads are needed by any
+// placement of this plan's resident sets in the tiers (tiers.h: Belady's MIN on each node's
+// memory misses, less the node's fetches).
+struct TierMetrics {
+  std::uint64_t memory_hits = 0;  // accesses
+  std::uint64_t local_reads = 0, local_writes = 0, drops = 0;  // samples moved
+  std::uint64_t local_reads_bound = 0;
+  std::vector<std::uint64_t> local_reads_per_epoch;  // by epoch position
+  double local_reads_ratio() const {
+    return local_reads_bound ? double(local_reads) / double(local_reads_bound)
+                             : (local_reads ? 0.0 : 1.0);
+  }
+  bool operator==(const TierMetrics&) const = default;
+};
+
 struct Plan {
   PlanConfig config;
   EpochLayout layout;
@@ -91,6 +135,10 @@ struct Plan {
   std::vector<std::uint32_t> accesses;  // sample id | kHitBit
   std::vector<NodeSchedule> nodes;
   Metrics metrics;
+  // With a local tier only (config.tiered()): each node's moves between memory and local disk,
+  // and what they come to. Not in the plan file yet (write_plan_file refuses such plans).
+  std::vector<NodeTiers> tiers;
+  TierMetrics tier_metrics;
   // What the plan's dataset was when it was computed (storage's SampleSource::identity(): the
   // file's inode, size and mtime, or a storage server's export). Every reader checks it before
   // reading, so a replaced or rewritten file is refused instead of mixed into training.

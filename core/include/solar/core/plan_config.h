@@ -59,7 +59,12 @@ struct PlanConfig {
   // list: its accesses are in the file; what needs the sequences again (a new plan, the
   // replay) needs the order file again. Shared, so that copies of a config are cheap.
   std::shared_ptr<const std::vector<std::uint32_t>> order_list;
-  std::uint64_t buffer_bytes = 0;  // per node
+  std::uint64_t buffer_bytes = 0;  // per node: memory
+  // Per node: a local-disk tier below the memory buffer (0: none). The plan then keeps a resident
+  // set of buffer + local bytes per node (its evictions and fetches are of that set), and
+  // Plan::tiers says which of it is in memory at every step: what the ranks use always is, the
+  // rest moves between memory and the local disk (tiers.h). Samples of one size only.
+  std::uint64_t local_bytes = 0;
   std::uint32_t imbalance = 0;     // δ: each rank gets between b-δ and b+δ samples per step
   bool peer_fetch = false;         // allow a node to take a sample from a peer node's buffer
   Policy policy = Policy::solar;
@@ -68,6 +73,9 @@ struct PlanConfig {
   std::uint64_t global_batch() const { return world() * batch; }
   // C: whole samples that fit one node's buffer (sized samples: of the mean size).
   std::uint64_t buffer_samples() const { return sample_bytes ? buffer_bytes / sample_bytes : 0; }
+  // Whole samples the local tier holds (0: none).
+  std::uint64_t local_samples() const { return sample_bytes ? local_bytes / sample_bytes : 0; }
+  bool tiered() const { return local_bytes > 0; }
   bool sized() const { return sample_sizes && !sample_sizes->empty(); }
   std::uint64_t size_of(std::uint64_t x) const {
     return sized() ? (*sample_sizes)[x] : sample_bytes;
@@ -85,14 +93,15 @@ struct PlanConfig {
   void validate_sizes() const;
 };
 
-// The buffer capacity per node the plan's policy works with: the configured buffer, or for
-// `none` (no buffer) one step of the node's ranks passing through. In samples, or in bytes for
-// sized samples (where `none` is not limited: a step passes through whatever its size). The
-// replay and the plan file's readers hold plans to it.
+// The buffer capacity per node the plan's policy works with: the configured buffer (with a
+// local tier: memory and local disk together, the resident set), or for `none` (no buffer) one
+// step of the node's ranks passing through. In samples, or in bytes for sized samples (where
+// `none` is not limited: a step passes through whatever its size). The replay and the plan
+// file's readers hold plans to it.
 inline std::uint64_t effective_capacity(const PlanConfig& c) {
   if (c.sized()) return c.policy == Policy::none ? ~std::uint64_t{0} : c.buffer_bytes;
   return c.policy == Policy::none ? std::uint64_t{c.ranks_per_node} * c.batch
-                                  : c.buffer_samples();
+                                  : c.buffer_samples() + c.local_samples();
 }
 
 // Limits enforced by validate(); exposed so messages and tests agree on them.

@@ -21,6 +21,7 @@ struct ReplayReport {
   // Most peer reads in one step of samples their source evicts in that step (handovers), from
   // one source: slots a source keeps beyond its capacity until those reads are done.
   std::uint64_t peak_handovers = 0;
+  TierMetrics tiers;  // with a local tier: recounted by replay_tiers
 };
 
 // Checks: the epoch order is a permutation; every step's global batch is, as a multiset,
@@ -30,6 +31,15 @@ struct ReplayReport {
 // handover); every access finds its sample resident and
 // is flagged a hit exactly when it was not fetched for it; no buffer exceeds its capacity; and
 // the recounted metrics equal plan.metrics. Throws PlanInvalid on the first violation.
+// With a local tier it also runs replay_tiers.
 ReplayReport replay_plan(const Plan& plan);
+
+// A tiered plan's moves between memory and the local disk (Plan::tiers), replayed on their own:
+// every eviction finds its sample in a tier (or dropped), every write and drop takes a sample in
+// memory, every read one on the local disk; after each step's moves and fetches every sample the
+// node's ranks read is in memory and neither tier is over its capacity. Recounts TierMetrics
+// (the bound with local_reads_bound), which must equal plan.tier_metrics, and the local reads
+// must not be under their bound. Throws PlanInvalid on the first violation.
+TierMetrics replay_tiers(const Plan& plan);
 
 }  // namespace solar

@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+// A plan with a local tier (PlanConfig::local_bytes): which part of each node's resident set is
+// in memory and which on the local disk, at every step.
+//
+// The policies plan the resident set as one buffer of buffer + local samples per node, so their
+// storage fetches meet the two-tier bound U + (E-1)·max(0, U - M·(C_mem + C_disk)) as they meet
+// the one-tier bound. Placing that set in the tiers is then a matter of memory alone, since the
+// node's reads are known: memory keeps what the node reads soonest (Belady on memory), a sample
+// leaving it goes to the local disk when the node reads it again while it still holds it, and is
+// dropped otherwise (no write); a sample the ranks need that is on the disk is read back into
+// memory before its step. Memory misses are then as few as Belady's MIN allows for the node's
+// reads, so the local reads are within a few of their bound.
+#pragma once
+
+#include <cstdint>
+
+#include "solar/core/plan.h"
+
+namespace solar {
+
+// Fills plan.tiers and plan.tier_metrics (the bound included) for a tiered plan (its schedules
+// already made: make_plan calls this). Throws std::logic_error when the plan is not tiered or
+// its schedules do not hold the samples its ranks read.
+void place_in_tiers(Plan& plan);
+
+// The least local reads any placement of the plan's resident sets in the tiers needs: for each
+// node, the misses of Belady's MIN over the node's reads (per step, the samples of its ranks)
+// with a memory of buffer_samples(), less the samples fetched for the node (from storage or a
+// peer: they arrive in memory); summed over the nodes. Every memory miss is a fetch or a local
+// read, and no memory misses less than MIN.
+std::uint64_t local_reads_bound(const Plan& plan);
+
+}  // namespace solar

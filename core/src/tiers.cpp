@@ -1,0 +1,222 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "solar/core/tiers.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace solar {
+namespace {
+
+constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
+
+// One node's reads: per step, each sample it reads (once, with how many accesses), whether it
+// was fetched for that step, and the step it is read next.
+struct NodeReads {
+  struct Item {
+    std::uint32_t sample = 0;
+    std::uint32_t uses = 0;
+    bool fetched = false;
+    std::uint64_t next = kNever;      // the next step the node reads it
+    std::uint64_t next_hit = kNever;  // that step, if the node still holds it then (no fetch)
+  };
+  std::vector<std::uint64_t> offsets;  // total_steps + 1, into items
+  std::vector<Item> items;
+};
+
+NodeReads node_reads(const Plan& plan, std::uint64_t n) {
+  const std::uint64_t T = plan.total_steps(), R = plan.config.ranks_per_node;
+  NodeReads r;
+  r.offsets.reserve(T + 1);
+  r.offsets.push_back(0);
+  std::unordered_set<std::uint32_t> fetched;
+  std::unordered_map<std::uint32_t, std::size_t> at;  // this step: sample -> its item
+  for (std::uint64_t t = 0; t < T; ++t) {
+    fetched.clear();
+    for (const FetchRun& f : plan.nodes[n].fetches_at(t))
+      for (std::uint32_t x = f.first; x < f.first + f.count; ++x) fetched.insert(x);
+    for (const PeerFetch& p : plan.nodes[n].peers_at(t)) fetched.insert(p.sample);
+    at.clear();
+    for (std::uint64_t k = 0; k < R; ++k)
+      for (std::uint32_t a : plan.rank_batch(t, n * R + k)) {
+        const std::uint32_t x = a & kSampleMask;
+        const auto [it, fresh] = at.emplace(x, r.items.size());
+        if (fresh) r.items.push_back({x, 0, fetched.contains(x)});
+        ++r.items[it->second].uses;
+      }
+    r.offsets.push_back(r.items.size());
+  }
+  // Backwards: each item's next read, and whether it is one without a fetch.
+  std::unordered_map<std::uint32_t, std::pair<std::uint64_t, bool>> next;  // step, fetched
+  for (std::uint64_t t = T; t-- > 0;)
+    for (std::uint64_t i = r.offsets[t]; i < r.offsets[t + 1]; ++i) {
+      auto& item = r.items[i];
+      if (const auto it = next.find(item.sample); it != next.end()) {
+        item.next = it->second.first;
+        item.next_hit = it->second.second ? kNever : it->second.first;
+      }
+      next[item.sample] = {t, item.fetched};
+    }
+  return r;
+}
+
+// Memory as Belady keeps it: samples ordered by their key (the step they are needed next), the
+// farthest first out.
+class Memory {
+ public:
+  bool contains(std::uint32_t x) const { return key_.contains(x); }
+  std::size_t size() const { return key_.size(); }
+  void put(std::uint32_t x, std::uint64_t key) {
+    key_[x] = key;
+    order_.emplace(key, x);
+  }
+  void erase(std::uint32_t x) {
+    const auto it = key_.find(x);
+    if (it == key_.end()) return;
+    order_.erase({it->second, x});
+    key_.erase(it);
+  }
+  // Takes out the sample needed farthest ahead among those not pinned (out of `order_`).
+  std::pair<std::uint32_t, std::uint64_t> take_farthest() {
+    const auto last = std::prev(order_.end());
+    const auto [key, x] = *last;
+    order_.erase(last);
+    key_.erase(x);
+    return {x, key};
+  }
+  // A sample the step reads: out of the order (it cannot leave) until it gets its next key.
+  void pin(std::uint32_t x) { order_.erase({key_.at(x), x}); }
+  bool has_unpinned() const { return !order_.empty(); }
+
+ private:
+  std::unordered_map<std::uint32_t, std::uint64_t> key_;
+  std::set<std::pair<std::uint64_t, std::uint32_t>> order_;
+};
+
+}  // namespace
+
+void place_in_tiers(Plan& plan) {
+  const PlanConfig& c = plan.config;
+  if (!c.tiered()) throw std::logic_error("place_in_tiers: the plan has no local tier");
+  const std::uint64_t T = plan.total_steps(), steps = plan.layout.steps;
+  const std::uint64_t mem_cap = c.buffer_samples(), disk_cap = c.local_samples();
+  TierMetrics& tm = plan.tier_metrics;
+  tm = TierMetrics{};
+  tm.local_reads_per_epoch.assign(c.epochs, 0);
+  plan.tiers.assign(c.nodes, NodeTiers{});
+  for (std::uint64_t n = 0; n < c.nodes; ++n) {
+    const NodeReads reads = node_reads(plan, n);
+    NodeTiers& nt = plan.tiers[n];
+    for (auto* o : {&nt.write_offsets, &nt.drop_offsets, &nt.read_offsets}) {
+      o->reserve(T + 1);
+      o->push_back(0);
+    }
+    Memory mem;
+    std::unordered_set<std::uint32_t> disk;
+    for (std::uint64_t t = 0; t < T; ++t) {
+      // The resident set's evictions, from whichever tier holds the sample (a dropped one is in
+      // neither: nothing to do).
+      for (std::uint32_t x : plan.nodes[n].evicts_at(t)) {
+        mem.erase(x);
+        disk.erase(x);
+      }
+      const std::uint64_t b = reads.offsets[t], e = reads.offsets[t + 1];
+      std::uint64_t need = 0;
+      for (std::uint64_t i = b; i < e; ++i) {
+        const auto& item = reads.items[i];
+        if (mem.contains(item.sample)) {
+          tm.memory_hits += item.uses;
+          mem.pin(item.sample);
+        } else {
+          ++need;
+        }
+      }
+      // Room: the farthest-needed samples leave memory, to the disk if read again while held.
+      while (mem.size() + need > mem_cap) {
+        if (!mem.has_unpinned())
+          throw std::logic_error(fmt::format("place_in_tiers: step {} node {} reads more samples "
+                                             "than memory holds",
+                                             t, n));
+        const auto [y, key] = mem.take_farthest();
+        if (key == kNever) {
+          nt.drops.push_back(y);
+        } else {
+          nt.writes.push_back(y);
+          disk.insert(y);
+        }
+      }
+      for (std::uint64_t i = b; i < e; ++i) {
+        const auto& item = reads.items[i];
+        if (mem.contains(item.sample) || item.fetched) continue;
+        if (disk.erase(item.sample) == 0)
+          throw std::logic_error(fmt::format("place_in_tiers: step {} node {}: sample {} is "
+                                             "neither fetched nor held",
+                                             t, n, item.sample));
+        nt.reads.push_back(item.sample);
+        ++tm.local_reads_per_epoch[t / steps];
+      }
+      for (std::uint64_t i = b; i < e; ++i) {
+        const auto& item = reads.items[i];
+        mem.erase(item.sample);  // pinned ones: out of the map too, then back with their key
+        mem.put(item.sample, item.next_hit);
+      }
+      if (disk.size() > disk_cap)
+        throw std::logic_error(fmt::format("place_in_tiers: step {} node {}: the local tier "
+                                           "holds {} samples, over its {}",
+                                           t, n, disk.size(), disk_cap));
+      nt.write_offsets.push_back(nt.writes.size());
+      nt.drop_offsets.push_back(nt.drops.size());
+      nt.read_offsets.push_back(nt.reads.size());
+    }
+    tm.local_reads += nt.reads.size();
+    tm.local_writes += nt.writes.size();
+    tm.drops += nt.drops.size();
+  }
+  tm.local_reads_bound = local_reads_bound(plan);
+}
+
+std::uint64_t local_reads_bound(const Plan& plan) {
+  const PlanConfig& c = plan.config;
+  const std::uint64_t T = plan.total_steps(), cap = c.buffer_samples();
+  std::uint64_t bound = 0;
+  for (std::uint64_t n = 0; n < c.nodes; ++n) {
+    const NodeReads reads = node_reads(plan, n);
+    // MIN: the step's samples in memory; on a miss, out goes the one read farthest ahead.
+    std::set<std::pair<std::uint64_t, std::uint32_t>> by_next;
+    std::unordered_map<std::uint32_t, std::uint64_t> next_of;
+    std::uint64_t misses = 0, fetched = 0;
+    for (std::uint64_t t = 0; t < T; ++t) {
+      for (std::uint64_t i = reads.offsets[t]; i < reads.offsets[t + 1]; ++i) {
+        const auto& item = reads.items[i];
+        fetched += item.fetched;
+        if (const auto it = next_of.find(item.sample); it != next_of.end()) {
+          by_next.erase({it->second, item.sample});
+          next_of.erase(it);
+        } else {
+          ++misses;
+        }
+      }
+      const std::uint64_t count = reads.offsets[t + 1] - reads.offsets[t];
+      while (by_next.size() + count > cap && !by_next.empty()) {
+        next_of.erase(std::prev(by_next.end())->second);
+        by_next.erase(std::prev(by_next.end()));
+      }
+      for (std::uint64_t i = reads.offsets[t]; i < reads.offsets[t + 1]; ++i) {
+        const auto& item = reads.items[i];
+        next_of[item.sample] = item.next;
+        by_next.emplace(item.next, item.sample);
+      }
+    }
+    bound += misses > fetched ? misses - fetched : 0;
+  }
+  return bound;
+}
+
+}  // namespace solar
