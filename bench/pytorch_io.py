@@ -193,6 +193,20 @@ def planned(log):
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def stored_bytes(tool, spec):
+    """The dataset's bytes as its samples are stored (compressed chunks), from `solar
+    dataset-info`: what the transparent mode buffers and plans by; None for raw samples."""
+    p = subprocess.run([tool, "dataset-info", spec], capture_output=True, text=True)
+    if p.returncode != 0:
+        return None
+    info = json.loads(p.stdout)
+    if info.get("stored_sizes"):
+        return sum(info["stored_sizes"])
+    if info.get("stored_sample_bytes"):
+        return info["stored_sample_bytes"] * info["samples"]
+    return None
+
+
 def last(xs):
     return xs[-1] if xs else None
 
@@ -467,6 +481,7 @@ def main():
         files = data_files(path)
         nbytes = sum(os.path.getsize(f) for f in files)
         sb = sample_bytes_of(path)
+        stored = None if npz else stored_bytes(tool, spec)  # compressed: planned by these bytes
         print(f"dataset {path}: {a.samples} samples" +
               (f" in {len(files)} .npz files (one a sample, np.load)" if npz else
                f" in {len(files)} files (one a sample, /split, labels /unitPar)" if many else "") +
@@ -544,9 +559,10 @@ def main():
                           extra=["--transparent"] +
                           ([] if a.launcher == "srun" else ["--stats-out", stats]))
                 plans["transparent"] = planned(log)
-                if npz and os.path.exists(stats):  # samples of differing sizes: by bytes
+                if (npz or stored) and os.path.exists(stats):  # samples as stored: by bytes
                     pl = json.load(open(stats))["plan"]
-                    plans["transparent-bytes"] = (pl["remote_bytes"], a.epochs * nbytes)
+                    plans["transparent-bytes"] = (pl["remote_bytes"],
+                                                  a.epochs * (nbytes if npz else stored))
                 runs[("transparent", w)].append(gather(out, a.ranks * a.nodes)["load"])
                 print(f"transparent num_workers={w}: total {sum(runs[('transparent', w)][-1]):.4f} s "
                       f"{fmt_list(runs[('transparent', w)][-1])}")

@@ -280,13 +280,14 @@ void print_table(const PlanConfig& c, const std::string& scenario,
   if (c.tiered()) {
     // Where the accesses were served: memory, the local disk, storage; the local reads against
     // their bound (Belady's MIN on each node's memory), recounted by the replay.
-    fmt::print("\n{:<12} {:>12} {:>12} {:>12} {:>9} {:>12} {:>10}\n", "policy", "memory hits",
-               "local reads", "their bound", "vs bound", "local writes", "drops");
+    fmt::print("\n{:<12} {:>12} {:>12} {:>12} {:>9} {:>12} {:>10} {:>10}\n", "policy",
+               "memory hits", "local reads", "their bound", "vs bound", "local writes", "drops",
+               "discards");
     for (const auto& r : results) {
       const TierMetrics& t = r.tiers;
-      fmt::print("{:<12} {:>12} {:>12} {:>12} {:>8.3f}× {:>12} {:>10}\n", to_string(r.policy),
-                 t.memory_hits, t.local_reads, t.local_reads_bound, t.local_reads_ratio(),
-                 t.local_writes, t.drops);
+      fmt::print("{:<12} {:>12} {:>12} {:>12} {:>8.3f}× {:>12} {:>10} {:>10}\n",
+                 to_string(r.policy), t.memory_hits, t.local_reads, t.local_reads_bound,
+                 t.local_reads_ratio(), t.local_writes, t.drops, t.discards);
     }
     fmt::print("(every plan replayed: its fetches, evictions and moves between the tiers "
                "recounted, equal)\n");
@@ -399,6 +400,7 @@ void run_plan(const PlanOptions& o) {
                            {"local_reads_over_bound", r.tiers.local_reads_ratio()},
                            {"local_writes", r.tiers.local_writes},
                            {"drops", r.tiers.drops},
+                           {"discards", r.tiers.discards},
                            {"local_reads_per_epoch", r.tiers.local_reads_per_epoch}};
       out["results"].push_back(j);
     }

@@ -172,33 +172,45 @@ TierMetrics replay_tiers(const Plan& plan) {
   tm.local_reads_per_epoch.assign(c.epochs, 0);
   for (std::uint64_t n = 0; n < c.nodes; ++n) {
     const NodeTiers& nt = plan.tiers[n];
-    for (const auto* o : {&nt.write_offsets, &nt.drop_offsets, &nt.read_offsets})
+    for (const auto* o : {&nt.discard_offsets, &nt.write_offsets, &nt.drop_offsets,
+                          &nt.read_offsets})
       if (o->size() != T + 1 || o->front() != 0 || !std::is_sorted(o->begin(), o->end()))
         fail(fmt::format("tiers: node {}: offsets of the wrong size or order", n));
-    if (nt.write_offsets.back() != nt.writes.size() || nt.drop_offsets.back() != nt.drops.size() ||
+    if (nt.discard_offsets.back() != nt.discards.size() ||
+        nt.write_offsets.back() != nt.writes.size() || nt.drop_offsets.back() != nt.drops.size() ||
         nt.read_offsets.back() != nt.reads.size())
       fail(fmt::format("tiers: node {}: offsets do not end at their lists' ends", n));
-    // Every resident sample is in memory, on the local disk, or dropped (held by neither: never
-    // read again while resident).
+    // Every resident sample is in memory, on the local disk (or both), or dropped (in neither:
+    // never read again while resident).
     std::unordered_set<std::uint32_t> mem, disk, dropped;
     for (std::uint64_t t = 0; t < T; ++t) {
-      for (std::uint32_t x : plan.nodes[n].evicts_at(t))
-        if (!mem.erase(x) && !disk.erase(x) && !dropped.erase(x))
+      for (std::uint32_t x : plan.nodes[n].evicts_at(t)) {
+        const bool held = mem.erase(x) + disk.erase(x) + dropped.erase(x) > 0;
+        if (!held)
           fail(fmt::format("tiers: step {} node {}: evicts sample {} held by no tier", t, n, x));
+      }
       for (std::uint64_t k = 0; k < R; ++k)
         for (std::uint32_t a : plan.rank_batch(t, n * R + k))
           tm.memory_hits += mem.contains(a & kSampleMask);
-      auto move = [&](std::span<const std::uint32_t> xs, auto& from, auto* to, const char* what) {
-        for (std::uint32_t x : xs) {
-          if (!from.erase(x))
-            fail(fmt::format("tiers: step {} node {}: {} sample {}, which is not there", t, n,
-                             what, x));
-          if (to) to->insert(x);
-        }
+      auto bad = [&](const char* what, std::uint32_t x) {
+        fail(fmt::format("tiers: step {} node {}: {} sample {}", t, n, what, x));
       };
-      move(nt.writes_at(t), mem, &disk, "writes to the local disk");
-      move(nt.drops_at(t), mem, &dropped, "drops from memory");
-      move(nt.reads_at(t), disk, &mem, "reads from the local disk");
+      for (std::uint32_t x : nt.reads_at(t)) {
+        if (!disk.contains(x) || !mem.insert(x).second)
+          bad("reads from the local disk (not there, or already in memory)", x);
+      }
+      for (std::uint32_t x : nt.discards_at(t)) {
+        if (!disk.erase(x)) bad("discards from the local disk", x);
+        if (!mem.contains(x)) dropped.insert(x);
+      }
+      for (std::uint32_t x : nt.writes_at(t)) {
+        if (!mem.contains(x) || !disk.insert(x).second)
+          bad("writes to the local disk (not in memory, or already there)", x);
+      }
+      for (std::uint32_t x : nt.drops_at(t)) {
+        if (!mem.erase(x)) bad("drops from memory (not there)", x);
+        if (!disk.contains(x)) dropped.insert(x);
+      }
       tm.local_reads_per_epoch[t / steps] += nt.reads_at(t).size();
       for (const FetchRun& f : plan.nodes[n].fetches_at(t))
         for (std::uint32_t x = f.first; x < f.first + f.count; ++x) mem.insert(x);
@@ -216,6 +228,7 @@ TierMetrics replay_tiers(const Plan& plan) {
     tm.local_reads += nt.reads.size();
     tm.local_writes += nt.writes.size();
     tm.drops += nt.drops.size();
+    tm.discards += nt.discards.size();
   }
   tm.local_reads_bound = local_reads_bound(plan);
   if (tm.local_reads < tm.local_reads_bound)
@@ -223,10 +236,11 @@ TierMetrics replay_tiers(const Plan& plan) {
                      tm.local_reads_bound));
   if (!(tm == plan.tier_metrics))
     fail(fmt::format("tiers: recounted local reads {} vs {}, writes {} vs {}, drops {} vs {}, "
-                     "memory hits {} vs {}, bound {} vs {}",
+                     "discards {} vs {}, memory hits {} vs {}, bound {} vs {}",
                      tm.local_reads, plan.tier_metrics.local_reads, tm.local_writes,
                      plan.tier_metrics.local_writes, tm.drops, plan.tier_metrics.drops,
-                     tm.memory_hits, plan.tier_metrics.memory_hits, tm.local_reads_bound,
+                     tm.discards, plan.tier_metrics.discards, tm.memory_hits,
+                     plan.tier_metrics.memory_hits, tm.local_reads_bound,
                      plan.tier_metrics.local_reads_bound));
   return tm;
 }

@@ -114,18 +114,35 @@ void place_in_tiers(Plan& plan) {
   for (std::uint64_t n = 0; n < c.nodes; ++n) {
     const NodeReads reads = node_reads(plan, n);
     NodeTiers& nt = plan.tiers[n];
-    for (auto* o : {&nt.write_offsets, &nt.drop_offsets, &nt.read_offsets}) {
+    for (auto* o : {&nt.read_offsets, &nt.discard_offsets, &nt.write_offsets, &nt.drop_offsets}) {
       o->reserve(T + 1);
       o->push_back(0);
     }
     Memory mem;
     std::unordered_set<std::uint32_t> disk;
+    // Samples in memory whose copy on the disk is still there (read back, or written and read
+    // since): leaving memory costs them no write. Ordered by their memory key: when the disk
+    // needs room, the copy of the one needed soonest (the last to leave memory) goes first.
+    std::unordered_map<std::uint32_t, std::uint64_t> copy_key;
+    std::set<std::pair<std::uint64_t, std::uint32_t>> copies;
+    auto forget_copy = [&](std::uint32_t x) {
+      if (const auto it = copy_key.find(x); it != copy_key.end()) {
+        copies.erase({it->second, x});
+        copy_key.erase(it);
+      }
+    };
+    auto discard = [&](std::uint32_t x) {
+      forget_copy(x);
+      disk.erase(x);
+      nt.discards.push_back(x);
+    };
     for (std::uint64_t t = 0; t < T; ++t) {
       // The resident set's evictions, from whichever tier holds the sample (a dropped one is in
       // neither: nothing to do).
       for (std::uint32_t x : plan.nodes[n].evicts_at(t)) {
         mem.erase(x);
         disk.erase(x);
+        forget_copy(x);
       }
       const std::uint64_t b = reads.offsets[t], e = reads.offsets[t + 1];
       std::uint64_t need = 0;
@@ -134,43 +151,63 @@ void place_in_tiers(Plan& plan) {
         if (mem.contains(item.sample)) {
           tm.memory_hits += item.uses;
           mem.pin(item.sample);
-        } else {
-          ++need;
+          continue;
         }
+        ++need;
+        if (item.fetched) continue;
+        // Read back first (the step's moves begin with the reads): from here its copy on the
+        // disk is one of a sample in memory, which the disk may discard for room.
+        if (!disk.contains(item.sample))
+          throw std::logic_error(fmt::format("place_in_tiers: step {} node {}: sample {} is "
+                                             "neither fetched nor held",
+                                             t, n, item.sample));
+        nt.reads.push_back(item.sample);
+        ++tm.local_reads_per_epoch[t / steps];
+        copy_key[item.sample] = item.next_hit;
+        copies.emplace(item.next_hit, item.sample);
       }
-      // Room: the farthest-needed samples leave memory, to the disk if read again while held.
+      // Room: the farthest-needed samples leave memory. One read again while held keeps its
+      // copy on the disk or is written there (the disk making room by discarding the copy of a
+      // sample still in memory); one never read again while held is dropped, its copy too.
       while (mem.size() + need > mem_cap) {
         if (!mem.has_unpinned())
           throw std::logic_error(fmt::format("place_in_tiers: step {} node {} reads more samples "
                                              "than memory holds",
                                              t, n));
         const auto [y, key] = mem.take_farthest();
+        const bool copied = copy_key.contains(y);
         if (key == kNever) {
-          nt.drops.push_back(y);
+          if (copied) discard(y);
+        } else if (copied) {
+          forget_copy(y);
         } else {
+          if (disk.size() >= disk_cap) {
+            if (copies.empty())
+              throw std::logic_error(fmt::format("place_in_tiers: step {} node {}: the local "
+                                                 "tier is full of samples not in memory",
+                                                 t, n));
+            discard(copies.begin()->second);
+          }
           nt.writes.push_back(y);
           disk.insert(y);
         }
-      }
-      for (std::uint64_t i = b; i < e; ++i) {
-        const auto& item = reads.items[i];
-        if (mem.contains(item.sample) || item.fetched) continue;
-        if (disk.erase(item.sample) == 0)
-          throw std::logic_error(fmt::format("place_in_tiers: step {} node {}: sample {} is "
-                                             "neither fetched nor held",
-                                             t, n, item.sample));
-        nt.reads.push_back(item.sample);
-        ++tm.local_reads_per_epoch[t / steps];
+        nt.drops.push_back(y);
       }
       for (std::uint64_t i = b; i < e; ++i) {
         const auto& item = reads.items[i];
         mem.erase(item.sample);  // pinned ones: out of the map too, then back with their key
         mem.put(item.sample, item.next_hit);
+        forget_copy(item.sample);
+        if (disk.contains(item.sample)) {
+          copy_key[item.sample] = item.next_hit;
+          copies.emplace(item.next_hit, item.sample);
+        }
       }
       if (disk.size() > disk_cap)
         throw std::logic_error(fmt::format("place_in_tiers: step {} node {}: the local tier "
                                            "holds {} samples, over its {}",
                                            t, n, disk.size(), disk_cap));
+      nt.discard_offsets.push_back(nt.discards.size());
       nt.write_offsets.push_back(nt.writes.size());
       nt.drop_offsets.push_back(nt.drops.size());
       nt.read_offsets.push_back(nt.reads.size());
@@ -178,6 +215,7 @@ void place_in_tiers(Plan& plan) {
     tm.local_reads += nt.reads.size();
     tm.local_writes += nt.writes.size();
     tm.drops += nt.drops.size();
+    tm.discards += nt.discards.size();
   }
   tm.local_reads_bound = local_reads_bound(plan);
 }

@@ -75,6 +75,9 @@ TEST(Tiers, SolarOnS1MeetsTheTwoTierBoundAndTheLocalReadBound) {
       const TierMetrics& t = p.tier_metrics;
       EXPECT_GT(t.local_reads, 0U);
       EXPECT_GT(t.local_writes, 0U);
+      // The disk keeps a copy read back while it has room: far fewer writes than reads.
+      EXPECT_LT(t.local_writes * 10, t.local_reads * 6);
+      EXPECT_GT(t.discards, 0U);
       EXPECT_GE(t.local_reads, t.local_reads_bound);
       EXPECT_LE(t.local_reads_ratio(), 1.01);
       // Every access is a memory hit, a local read or a fetch (storage; no peers here).
@@ -119,6 +122,8 @@ TEST(Tiers, EveryPolicyReplaysOnRandomConfigs) {
                     p.metrics.remote_fetches,
                 p.metrics.accesses);
       EXPECT_GE(p.metrics.remote_fetches, p.metrics.lower_bound_fetches);
+      // A sample is written only when the node reads it back before the plan evicts it.
+      EXPECT_LE(p.tier_metrics.local_writes, p.tier_metrics.local_reads);
       ++planned;
     }
   }
@@ -145,6 +150,18 @@ TEST(Tiers, TheReplayRefusesMovesThatDoNotHold) {
     for (auto& o : p.tiers[n].read_offsets)
       if (o > 0) --o;
     EXPECT_NE(error_of([&] { replay_plan(p); }).find("not in node"), std::string::npos);
+  }
+  {  // a write of a sample whose copy is already on the disk
+    Plan p = good;
+    std::uint64_t t = 0;  // the first step with a read, after which that sample has a copy
+    while (p.tiers[n].reads_at(t).empty()) ++t;
+    const std::uint32_t x = p.tiers[n].reads_at(t)[0];
+    auto& w = p.tiers[n].writes;
+    w.insert(w.begin() + static_cast<std::ptrdiff_t>(p.tiers[n].write_offsets[t]), x);
+    for (std::uint64_t k = t + 1; k < p.tiers[n].write_offsets.size(); ++k)
+      ++p.tiers[n].write_offsets[k];
+    EXPECT_NE(error_of([&] { replay_plan(p); }).find("already there"), std::string::npos)
+        << error_of([&] { replay_plan(p); });
   }
   {  // metrics that are not what the moves add up to
     Plan p = good;

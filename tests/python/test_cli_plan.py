@@ -230,6 +230,7 @@ def test_local_tier_plans_meet_both_bounds_and_are_replayed(solar):
         assert t["local_reads"] >= t["local_reads_bound"]
         assert t["memory_hits"] + t["local_reads"] + r["remote_fetches"] == r["accesses"], r
         assert sum(t["local_reads_per_epoch"]) == t["local_reads"]
+        assert t["local_writes"] <= t["local_reads"], t  # only what is read back is written
     assert got["solar"]["ratio_to_lower_bound"] <= 1.02
     assert got["solar"]["local_tier"]["local_reads_over_bound"] <= 1.01
     assert all(x > 0 for x in got["solar"]["local_tier"]["local_reads_per_epoch"][1:])

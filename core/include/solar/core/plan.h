@@ -83,20 +83,27 @@ struct Metrics {
 };
 
 // With a local tier (PlanConfig::local_bytes): one node's moves between its memory and its local
-// disk. Before step t, after the node's evictions (of the resident set, from whichever tier holds
-// the sample) and before its fetches, the node writes writes_at(t) from memory to the local disk,
-// drops drops_at(t) from memory (samples it will not read again while it holds them: no write),
-// and reads reads_at(t) from the local disk into memory; its fetches then land in memory. After
-// that every sample its ranks use in step t is in memory, memory holds at most buffer_samples()
-// and the local disk at most local_samples(). (A swap needs no room of its own in either tier:
-// the agent stages it.) Offsets are total_steps + 1 long, into the three lists.
+// disk. Before step t, after the node's evictions (of the resident set, from both tiers) and
+// before its fetches, the node in this order: reads reads_at(t) from the local disk into memory
+// (the disk keeps its copy, so dropping the sample again needs no write), discards
+// discards_at(t) from the local disk (copies of samples in memory, or of samples it will not
+// read again), writes writes_at(t) from memory to the local disk (a copy: the sample stays in
+// memory until dropped) and drops drops_at(t) from memory (each one then on the disk, or never
+// read again while held). Its fetches then land in memory. After that every sample its ranks
+// use in step t is in memory, memory holds at most buffer_samples() and the local disk at most
+// local_samples(). (In between, a step's reads may take memory that its drops give back: the
+// agent stages them.)
+// Offsets are total_steps + 1 long, into the four lists.
 struct NodeTiers {
-  std::vector<std::uint64_t> write_offsets, drop_offsets, read_offsets;
-  std::vector<std::uint32_t> writes, drops, reads;
+  std::vector<std::uint64_t> discard_offsets, write_offsets, drop_offsets, read_offsets;
+  std::vector<std::uint32_t> discards, writes, drops, reads;
 
   static std::span<const std::uint32_t> at(const std::vector<std::uint64_t>& o,
                                            const std::vector<std::uint32_t>& v, std::uint64_t t) {
     return {v.data() + o[t], o[t + 1] - o[t]};
+  }
+  std::span<const std::uint32_t> discards_at(std::uint64_t t) const {
+    return at(discard_offsets, discards, t);
   }
   std::span<const std::uint32_t> writes_at(std::uint64_t t) const {
     return at(write_offsets, writes, t);
@@ -116,7 +123,7 @@ struct NodeTiers {
 // memory misses, less the node's fetches).
 struct TierMetrics {
   std::uint64_t memory_hits = 0;  // accesses
-  std::uint64_t local_reads = 0, local_writes = 0, drops = 0;  // samples moved
+  std::uint64_t local_reads = 0, local_writes = 0, drops = 0, discards = 0;  // samples moved
   std::uint64_t local_reads_bound = 0;
   std::vector<std::uint64_t> local_reads_per_epoch;  // by epoch position
   double local_reads_ratio() const {

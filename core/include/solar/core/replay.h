@@ -35,8 +35,9 @@ struct ReplayReport {
 ReplayReport replay_plan(const Plan& plan);
 
 // A tiered plan's moves between memory and the local disk (Plan::tiers), replayed on their own:
-// every eviction finds its sample in a tier (or dropped), every write and drop takes a sample in
-// memory, every read one on the local disk; after each step's moves and fetches every sample the
+// every eviction finds its sample in a tier (or dropped), every discard a copy on the disk, every
+// write a sample in memory and not yet on the disk, every drop a sample in memory, every read a
+// sample on the disk and not in memory; after each step's moves and fetches every sample the
 // node's ranks read is in memory and neither tier is over its capacity. Recounts TierMetrics
 // (the bound with local_reads_bound), which must equal plan.tier_metrics, and the local reads
 // must not be under their bound. Throws PlanInvalid on the first violation.

@@ -8,7 +8,9 @@
 // node's reads are known: memory keeps what the node reads soonest (Belady on memory), a sample
 // leaving it goes to the local disk when the node reads it again while it still holds it, and is
 // dropped otherwise (no write); a sample the ranks need that is on the disk is read back into
-// memory before its step. Memory misses are then as few as Belady's MIN allows for the node's
+// memory before its step, and the disk keeps its copy while it has room, so a sample read back
+// and dropped again is not written again (the disk makes room by discarding the copy of the
+// sample in memory that is read soonest: the last to leave memory). Memory misses are then as few as Belady's MIN allows for the node's
 // reads, so the local reads are within a few of their bound.
 #pragma once
 
