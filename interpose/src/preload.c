@@ -574,6 +574,10 @@ static void opened(int fd, const char *path, int flags) {
     }
   }
   fd_mark_set(fd, mark);
+  /* The agent serves this file's samples: the kernel's readahead after a small read (HDF5's
+   * metadata, a zip header) would bring them from storage a second time, the whole of a file
+   * of a few hundred KiB (one sample a file). Read only what is asked of the file. */
+  if (mark != FD_NONE) (void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
   errno = saved;
 }
 

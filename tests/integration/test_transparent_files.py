@@ -165,6 +165,78 @@ def test_whole_dataset_resident_no_sample_byte_from_the_files(tmp_path, script, 
         assert x["opens"] == 2 * (96 if kind == "npz" else 128), x
 
 
+def resident_pages(path, offset, length):
+    """How many of the pages holding bytes [offset, offset + length) of `path` are in the page
+    cache (mincore(2) over a private mapping of the file)."""
+    import ctypes
+    import mmap
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    try:
+        page = mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+        at = ctypes.c_char.from_buffer(mm)
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.mincore(ctypes.c_void_p(ctypes.addressof(at)), ctypes.c_size_t(size), vec):
+                raise OSError(ctypes.get_errno(), "mincore")
+        finally:
+            del at
+        return sum(vec[i] & 1 for i in range(offset // page, (offset + length - 1) // page + 1))
+    finally:
+        mm.close()
+
+
+def evict(paths):
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def test_served_files_are_not_read_ahead_from_storage(tmp_path, script, datasets):
+    """The artifact's layout, one 4 KiB sample a file: h5py's small metadata reads of a file
+    the agent serves must not make the kernel read ahead the sample's bytes (the whole file)
+    from storage, a second time. The agent reads with O_DIRECT (--direct-io); the files are
+    dropped from the page cache once it has read them all; after two epochs served from the
+    buffer, no page of any sample's bytes is in the page cache."""
+    import h5py
+    data = datasets["files"]
+    files = sorted(data.glob("*/*.hdf5"))
+    where = {}
+    for p in files:
+        with h5py.File(p, "r") as f:
+            where[p] = f["split"].id.get_offset()
+    assert all(v is not None and v % 4096 == 0 for v in where.values()), where
+    (tmp_path / "drop.py").write_text(
+        "import os, sys\n"
+        "for p in sys.argv[1:]:\n"
+        "    fd = os.open(p, os.O_RDONLY)\n"
+        "    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)\n"
+        "    os.close(fd)\n")
+    dropper = tmp_path / "drop-cache.sh"
+    dropper.write_text(f"#!/bin/sh\n{PY} {tmp_path / 'drop.py'} {' '.join(map(str, files))}\n"
+                       'exec "$@"\n')
+    dropper.chmod(0o755)
+    evict(files)
+    solar = solar_run(tmp_path, script, data, "files", "solar", "--transparent", "--direct-io",
+                      "--buffer", "64M", ranks=2, nodes=1,
+                      wrapper=f"{wait_then_run(tmp_path)} {dropper}")
+    assert solar.returncode == 0, solar.stdout + solar.stderr
+    m = SERVED.search(solar.stderr)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) == 0, solar.stderr
+    read_ahead = {p.name: n for p in files if (n := resident_pages(p, where[p], 4096))}
+    assert not read_ahead, (f"sample pages of {len(read_ahead)} of {len(files)} files in the "
+                            f"page cache: {sorted(read_ahead)[:4]} ...")
+    # The same files read by h5py without solar do bring them in (the check can fail).
+    evict(files)
+    plain = solar_run(tmp_path, script, data, "files", "plain", "--buffer", "100%", "--no-agent",
+                      ranks=2, nodes=1)
+    assert plain.returncode == 0, plain.stderr
+    assert sum(resident_pages(p, where[p], 4096) for p in files) == len(files)
+
+
 def test_ulimit_256_with_2000_files(tmp_path, script):
     """2,000 one-sample files, every process limited to 256 descriptors (the agent, the ranks
     and their workers): the agent holds a bounded number of files open, the script one at a
