@@ -68,9 +68,9 @@ NodeReads node_reads(const Plan& plan, std::uint64_t n) {
   return r;
 }
 
-// Memory as Belady keeps it: samples ordered by their key (the step they are needed next), the
-// farthest first out.
-class Memory {
+// Samples ordered by a key (the step they are read next): memory as Belady keeps it, the
+// farthest first out, and the local disk's copies of samples in memory, the nearest first out.
+class KeyedSet {
  public:
   bool contains(std::uint32_t x) const { return key_.contains(x); }
   std::size_t size() const { return key_.size(); }
@@ -84,22 +84,52 @@ class Memory {
     order_.erase({it->second, x});
     key_.erase(it);
   }
-  // Takes out the sample needed farthest ahead among those not pinned (out of `order_`).
-  std::pair<std::uint32_t, std::uint64_t> take_farthest() {
-    const auto last = std::prev(order_.end());
-    const auto [key, x] = *last;
-    order_.erase(last);
-    key_.erase(x);
-    return {x, key};
-  }
+  // Takes out the sample of the largest (smallest) key among those not pinned.
+  std::pair<std::uint32_t, std::uint64_t> take_farthest() { return take(std::prev(order_.end())); }
+  std::pair<std::uint32_t, std::uint64_t> take_nearest() { return take(order_.begin()); }
   // A sample the step reads: out of the order (it cannot leave) until it gets its next key.
   void pin(std::uint32_t x) { order_.erase({key_.at(x), x}); }
   bool has_unpinned() const { return !order_.empty(); }
 
  private:
+  using Order = std::set<std::pair<std::uint64_t, std::uint32_t>>;
+  std::pair<std::uint32_t, std::uint64_t> take(Order::iterator it) {
+    const auto [key, x] = *it;
+    order_.erase(it);
+    key_.erase(x);
+    return {x, key};
+  }
   std::unordered_map<std::uint32_t, std::uint64_t> key_;
-  std::set<std::pair<std::uint64_t, std::uint32_t>> order_;
+  Order order_;
 };
+
+// One node's part of local_reads_bound: the misses of Belady's MIN over its reads with a memory
+// of `cap` samples (per step: the step's samples in memory; out goes the one read farthest
+// ahead), less the samples fetched for it.
+std::uint64_t node_bound(const NodeReads& reads, std::uint64_t cap) {
+  KeyedSet mem;
+  std::uint64_t misses = 0, fetched = 0;
+  for (std::uint64_t t = 0; t + 1 < reads.offsets.size(); ++t) {
+    const std::uint64_t b = reads.offsets[t], e = reads.offsets[t + 1];
+    std::uint64_t need = 0;
+    for (std::uint64_t i = b; i < e; ++i) {
+      const auto& item = reads.items[i];
+      fetched += item.fetched;
+      if (mem.contains(item.sample)) {
+        mem.pin(item.sample);
+      } else {
+        ++misses;
+        ++need;
+      }
+    }
+    while (mem.size() + need > cap && mem.has_unpinned()) mem.take_farthest();
+    for (std::uint64_t i = b; i < e; ++i) {
+      mem.erase(reads.items[i].sample);
+      mem.put(reads.items[i].sample, reads.items[i].next);
+    }
+  }
+  return misses > fetched ? misses - fetched : 0;
+}
 
 }  // namespace
 
@@ -119,21 +149,14 @@ void place_in_tiers(Plan& plan) {
       o->reserve(T + 1);
       o->push_back(0);
     }
-    Memory mem;
+    KeyedSet mem;
     std::unordered_set<std::uint32_t> disk;
     // Samples in memory whose copy on the disk is still there (read back, or written and read
-    // since): leaving memory costs them no write. Ordered by their memory key: when the disk
-    // needs room, the copy of the one needed soonest (the last to leave memory) goes first.
-    std::unordered_map<std::uint32_t, std::uint64_t> copy_key;
-    std::set<std::pair<std::uint64_t, std::uint32_t>> copies;
-    auto forget_copy = [&](std::uint32_t x) {
-      if (const auto it = copy_key.find(x); it != copy_key.end()) {
-        copies.erase({it->second, x});
-        copy_key.erase(it);
-      }
-    };
+    // since): leaving memory costs them no write. Keyed as in memory: when the disk needs
+    // room, the copy of the one needed soonest (the last to leave memory) goes first.
+    KeyedSet copies;
     auto discard = [&](std::uint32_t x) {
-      forget_copy(x);
+      copies.erase(x);
       disk.erase(x);
       nt.discards.push_back(x);
     };
@@ -143,7 +166,7 @@ void place_in_tiers(Plan& plan) {
       for (std::uint32_t x : plan.nodes[n].evicts_at(t)) {
         mem.erase(x);
         disk.erase(x);
-        forget_copy(x);
+        copies.erase(x);
       }
       const std::uint64_t b = reads.offsets[t], e = reads.offsets[t + 1];
       std::uint64_t need = 0;
@@ -164,8 +187,7 @@ void place_in_tiers(Plan& plan) {
                                              t, n, item.sample));
         nt.reads.push_back(item.sample);
         ++tm.local_reads_per_epoch[t / steps];
-        copy_key[item.sample] = item.next_hit;
-        copies.emplace(item.next_hit, item.sample);
+        copies.put(item.sample, item.next_hit);
       }
       // Room: the farthest-needed samples leave memory. One read again while held keeps its
       // copy on the disk or is written there (the disk making room by discarding the copy of a
@@ -176,18 +198,18 @@ void place_in_tiers(Plan& plan) {
                                              "than memory holds",
                                              t, n));
         const auto [y, key] = mem.take_farthest();
-        const bool copied = copy_key.contains(y);
+        const bool copied = copies.contains(y);
         if (key == kNever) {
           if (copied) discard(y);
         } else if (copied) {
-          forget_copy(y);
+          copies.erase(y);
         } else {
           if (disk.size() >= disk_cap) {
-            if (copies.empty())
+            if (!copies.has_unpinned())
               throw std::logic_error(fmt::format("place_in_tiers: step {} node {}: the local "
                                                  "tier is full of samples not in memory",
                                                  t, n));
-            discard(copies.begin()->second);
+            discard(copies.take_nearest().first);
           }
           nt.writes.push_back(y);
           disk.insert(y);
@@ -198,11 +220,8 @@ void place_in_tiers(Plan& plan) {
         const auto& item = reads.items[i];
         mem.erase(item.sample);  // pinned ones: out of the map too, then back with their key
         mem.put(item.sample, item.next_hit);
-        forget_copy(item.sample);
-        if (disk.contains(item.sample)) {
-          copy_key[item.sample] = item.next_hit;
-          copies.emplace(item.next_hit, item.sample);
-        }
+        copies.erase(item.sample);
+        if (disk.contains(item.sample)) copies.put(item.sample, item.next_hit);
       }
       if (disk.size() > disk_cap)
         throw std::logic_error(fmt::format("place_in_tiers: step {} node {}: the local tier "
@@ -217,44 +236,14 @@ void place_in_tiers(Plan& plan) {
     tm.local_writes += nt.writes.size();
     tm.drops += nt.drops.size();
     tm.discards += nt.discards.size();
+    tm.local_reads_bound += node_bound(reads, mem_cap);
   }
-  tm.local_reads_bound = local_reads_bound(plan);
 }
 
 std::uint64_t local_reads_bound(const Plan& plan) {
-  const PlanConfig& c = plan.config;
-  const std::uint64_t T = plan.total_steps(), cap = c.buffer_samples();
   std::uint64_t bound = 0;
-  for (std::uint64_t n = 0; n < c.nodes; ++n) {
-    const NodeReads reads = node_reads(plan, n);
-    // MIN: the step's samples in memory; on a miss, out goes the one read farthest ahead.
-    std::set<std::pair<std::uint64_t, std::uint32_t>> by_next;
-    std::unordered_map<std::uint32_t, std::uint64_t> next_of;
-    std::uint64_t misses = 0, fetched = 0;
-    for (std::uint64_t t = 0; t < T; ++t) {
-      for (std::uint64_t i = reads.offsets[t]; i < reads.offsets[t + 1]; ++i) {
-        const auto& item = reads.items[i];
-        fetched += item.fetched;
-        if (const auto it = next_of.find(item.sample); it != next_of.end()) {
-          by_next.erase({it->second, item.sample});
-          next_of.erase(it);
-        } else {
-          ++misses;
-        }
-      }
-      const std::uint64_t count = reads.offsets[t + 1] - reads.offsets[t];
-      while (by_next.size() + count > cap && !by_next.empty()) {
-        next_of.erase(std::prev(by_next.end())->second);
-        by_next.erase(std::prev(by_next.end()));
-      }
-      for (std::uint64_t i = reads.offsets[t]; i < reads.offsets[t + 1]; ++i) {
-        const auto& item = reads.items[i];
-        next_of[item.sample] = item.next;
-        by_next.emplace(item.next, item.sample);
-      }
-    }
-    bound += misses > fetched ? misses - fetched : 0;
-  }
+  for (std::uint64_t n = 0; n < plan.config.nodes; ++n)
+    bound += node_bound(node_reads(plan, n), plan.config.buffer_samples());
   return bound;
 }
 
