@@ -340,9 +340,6 @@ void run_plan(const PlanOptions& o) {
     }
     if (!o.out.empty() && policies.size() != 1)
       throw ConfigError("--out", "writes one plan; choose a single --policy");
-    if (!o.out.empty() && base.tiered())
-      throw ConfigError("--out", "a plan with a local tier has no plan file yet (the agents do "
-                                 "not serve the local tier); drop --out or --local-buffer");
     for (Policy p : policies) {
       PlanConfig c = base;
       c.policy = p;
@@ -506,8 +503,9 @@ void add_plan_commands(CLI::App& app) {
                    "A local-disk tier per node below --buffer (bytes with K/M/G/T, or a\n"
                    "percentage of the dataset): the plan keeps --buffer + this resident per\n"
                    "node and places it in memory and on the local disk; reports the local\n"
-                   "reads against their bound. Samples of one size, no --peer-fetch; no\n"
-                   "--out yet (the agents do not serve a local tier)")
+                   "reads against their bound. Samples of one size, no --peer-fetch. With\n"
+                   "--out, each agent computes its node's moves from the file (solar-agent\n"
+                   "--local-dir)")
       ->type_name(kBuffer);
   plan->add_option("--size-spread", o->size_spread,
                    "Samples of differing sizes, spread evenly over --sample-bytes ± this\n"

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // solar run: the whole data path on one machine (plan, agents, ranks, teardown).
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,6 +38,7 @@ struct RunOptions {
   std::string nodes = "1", epochs, batch, seed = "0", imbalance = "0";
   std::string dataset, labels = "/label", buffer, order = "solar";
   std::string plan_out, stats_out, read_gap, order_file;
+  std::string local_buffer, local_dir;  // a local-disk tier below --buffer
   std::optional<std::string> start_epoch, start_step;  // resume (--start-epoch, --start-step)
   std::string resume_from;                             // resume: a loader's state_dict as JSON
   bool drop_last = false, no_agent = false, keep = false, verbose = false, zero_copy = false;
@@ -298,6 +300,25 @@ void run_run(const RunOptions& o) {
           planned.sample_bytes = stored;
       c = plan_for_run(planned, buffer, c, o.peers, !o.transparent && !o.zero_copy);
     }
+    if (!o.local_dir.empty() && o.local_buffer.empty())
+      throw ConfigError("--local-dir", "is where the local tier goes: give --local-buffer too");
+    if (!o.local_buffer.empty()) {
+      if (o.no_agent) throw ConfigError("--local-buffer", "needs agents; drop --no-agent");
+      if (o.transparent || o.peers || c.sized())
+        throw ConfigError("--local-buffer",
+                          "the agents serve a local tier in the batch mode only for now, "
+                          "without --transparent and --peers");
+      // In slots of what the agent keeps of a sample (its bytes and label), as --buffer.
+      c.local_bytes = BufferSpec::parse(o.local_buffer, "--local-buffer")
+                          .resolve(c.samples, c.sample_bytes);
+      if (!o.local_dir.empty()) {
+        struct stat st {};
+        if (::stat(o.local_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+          throw ConfigError("--local-dir", fmt::format("{} is not a folder: give an existing "
+                                                       "folder on the local disk",
+                                                       o.local_dir));
+      }
+    }
     if (!o.order_file.empty()) {
       if (o.order_given)
         throw ConfigError("--order-file", "gives the order itself: drop --order");
@@ -348,6 +369,7 @@ void run_run(const RunOptions& o) {
   spec.stats_out = o.stats_out;
   spec.verbose = o.verbose;
   spec.start_step = start;
+  spec.local_dir = o.local_dir;
   try {
     const LaunchResult r = launch(spec);
     print_summary(r);
@@ -394,6 +416,17 @@ void add_run_commands(CLI::App& app) {
                   "Memory per node: bytes (K/M/G/T) or a percentage of the dataset")
       ->type_name(kBuffer)
       ->required();
+  run->add_option("--local-buffer", o->local_buffer,
+                  "A local-disk tier per node below --buffer (bytes with K/M/G/T, or a\n"
+                  "percentage of the dataset): the plan keeps --buffer + this resident per\n"
+                  "node, the agents move samples between memory and a file on the local\n"
+                  "disk ahead of the ranks (agent/README.md, The local tier). Batch mode")
+      ->type_name(kBuffer);
+  run->add_option("--local-dir", o->local_dir,
+                  "Where the local tier's files go: an existing folder on the local disk; each\n"
+                  "agent makes a folder of its own in it, removed when the run ends [the run\n"
+                  "folder, in $TMPDIR or /tmp]")
+      ->type_name("DIR");
   run->add_option("--epochs", o->epochs, "Epochs")->type_name(kUint)->required();
   run->add_option("--batch", o->batch, "Per-rank batch size")->type_name(kUint)->required();
   run->add_option("--seed", o->seed, "Shuffle seed [0]")->type_name(kUint);

@@ -167,6 +167,16 @@ LaunchResult launch(const LaunchSpec& spec) {
 
   std::vector<pid_t> agents(c.nodes, -1);
   std::vector<std::string> sockets(c.nodes);
+  // The local tier's folders (a plan with one): what an agent killed before its exit left is
+  // removed once it has stopped (the sweep).
+  std::vector<std::string> local_dirs(c.nodes);
+  struct SweepLocal {
+    const std::vector<std::string>& dirs;
+    ~SweepLocal() {
+      for (const std::string& d : dirs)
+        if (!d.empty()) sys::remove_tree(d);
+    }
+  } sweep_local{local_dirs};
   auto stop_agents = [&](bool collect) {
     std::vector<std::string> no_answer(c.nodes);  // an agent that failed or died at the end
     for (std::uint32_t m = 0; m < c.nodes; ++m) {
@@ -227,6 +237,14 @@ LaunchResult launch(const LaunchSpec& spec) {
           argv.insert(argv.end(), {"--peer-dir", (dir / "peers").string(), "--peer-provider",
                                    spec.peer_provider, "--peer-timeout",
                                    fmt::format("{}", spec.peer_timeout)});
+        }
+        if (c.tiered()) {
+          local_dirs[m] = spec.local_dir.empty()
+                              ? (dir / fmt::format("local-node{}", m)).string()
+                              : (fs::path(spec.local_dir) /
+                                 fmt::format("{}-node{}", dir.filename().string(), m))
+                                    .string();
+          argv.insert(argv.end(), {"--local-dir", local_dirs[m]});
         }
         if (spec.start_step > 0) {
           argv.push_back("--start-step");

@@ -72,6 +72,10 @@ struct LaunchSpec {
   // agents get --start-step, the ranks SOLAR_START_EPOCH and SOLAR_START_STEP (the step within
   // the epoch). 0: the whole plan.
   std::uint64_t start_step = 0;
+  // A plan with a local tier: the folder in which each agent makes its own (--local-dir
+  // BASE/<run folder's name>-node<m>), removed after the agents have stopped, however they
+  // ended. "": the run folder.
+  std::string local_dir;
 };
 
 // When the stages of a launch happened (steady_clock, which is CLOCK_MONOTONIC: comparable with

@@ -248,6 +248,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   } else {
     table_ = SlotTable(buf_.cache_slots, header_.config.samples);
   }
+  local_.setup(o.local_dir);
   if (o.transparent) pacer_.setup();
   else if (bo.peers)  // the entries only: other agents look samples up there (peer_sharing.cpp)
     table_.attach_index(reinterpret_cast<std::uint64_t*>(base_ + buf_.entries_offset));
@@ -287,7 +288,9 @@ Agent::Impl::~Impl() {
     stopping_ = true;
   }
   prefetch_.wake_all();
+  local_.wake_all();
   prefetch_.join();
+  local_.join();
   std::error_code ec;
   std::filesystem::remove(opt_.socket, ec);
   pacer_.join();
@@ -302,6 +305,7 @@ Agent::Impl::~Impl() {
 
 int Agent::Impl::run() {
   stats_.set_ready();
+  local_.start();
   prefetch_.start(opt_.readers);
   peers_.start();
   if (opt_.transparent) pacer_.start();
@@ -312,9 +316,11 @@ int Agent::Impl::run() {
     stopping_ = true;
   }
   prefetch_.wake_all();
+  local_.wake_all();
   watch_.wake();
   peers_.wake_all();
   prefetch_.join();
+  local_.join();
   peers_.join();
   pacer_.join();
   watch_.join();
@@ -342,6 +348,7 @@ void Agent::Impl::fail(const std::string& what) {
     exit_code_ = 1;
   }
   prefetch_.wake_all();
+  local_.wake_all();
   watch_.wake();
   control_.stop();
 }

@@ -60,6 +60,10 @@ struct AgentOptions {
   // slurmstepd passes the site's max_buffer, which it checked on the plan before, since the
   // plan lies in a folder of the job's user. 0: no limit.
   std::uint64_t max_buffer = 0;
+  // A plan with a local tier (solar plan --local-buffer): the folder on the node's local disk
+  // that holds it, created by the agent (0700; it must not exist, its parent must) and removed
+  // with its file at exit. Required by such a plan, refused by others (local_tier.h).
+  std::string local_dir;
 };
 
 // Thrown for anything that stops the agent from starting: names the input and the fix.

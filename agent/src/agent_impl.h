@@ -11,6 +11,7 @@
 //   serving.cpp          ControlServer's batches handed to ranks (batch mode for libsolar)
 //   transparent_pacer.*  TransparentPacer: the shared sample index and pacing (--transparent)
 //   dataset_watch.*      DatasetWatch: the batch mode's checks of the dataset file
+//   local_tier.*         LocalTier: the node's local-disk tier below memory (--local-dir)
 //   peer_sharing.*       PeerSharing: other agents' buffers read over libfabric RMA, ours served
 //   peer_state.h, peer_setup.cpp  its fabric state and start-up (cards)
 //   node_stats.*         NodeStats: what the agent measured and its JSON
@@ -47,6 +48,7 @@
 #include "buffer_layout.h"
 #include "control_server.h"
 #include "dataset_watch.h"
+#include "local_tier.h"
 #include "node_stats.h"
 #include "peer_sharing.h"
 #include "prefetcher.h"
@@ -96,6 +98,7 @@ class Agent::Impl {
   friend class PeerSharing;
   friend class TransparentPacer;
   friend class DatasetWatch;
+  friend class LocalTier;
 
   // Ring slot i of rank r's batch of step t (see the buffer layout, buffer_layout.cpp).
   std::uint32_t ring_slot(std::uint32_t r, std::uint64_t t, std::size_t i) const {
@@ -170,6 +173,7 @@ class Agent::Impl {
 
   // The parts (declared last: destroyed first, before the state they refer to).
   Prefetcher prefetch_{*this};
+  LocalTier local_{*this};
   TransparentPacer pacer_{*this};
   DatasetWatch watch_{*this};
   PeerSharing peers_{*this};

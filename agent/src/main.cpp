@@ -62,6 +62,11 @@ int main(int argc, char** argv) {
                  "libfabric RMA. The agents of a job exchange their cards (address, keys) in "
                  "this folder: the same for all of them (shared between nodes), private to the "
                  "user (0700). Without it, peer reads come from storage");
+  app.add_option("--local-dir", o.local_dir,
+                 "A plan with a local tier (solar plan --local-buffer): the folder on the node's "
+                 "local disk (NVMe) that holds it. The agent creates it (0700; it must not exist, "
+                 "its parent must), keeps one file in it (0600, allocated in full at start) and "
+                 "removes both at exit; a full or failing disk degrades to storage reads");
   app.add_option("--peer-provider", o.peer_provider,
                  "libfabric provider between agents: tcp;ofi_rxm, shm (one host), verbs;ofi_rxm "
                  "or cxi on clusters [tcp;ofi_rxm]");

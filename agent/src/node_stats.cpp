@@ -215,6 +215,7 @@ void NodeStats::put(nlohmann::json& j, const Snapshot& s, double max_rank_stall)
         {"fetched_bytes", x.fetched_samples * cfg_.sample_bytes},
         {"storage_reads", x.storage_reads},
         {"peer_samples", x.peer_samples},
+        {"local_samples", x.local_samples},
         {"read_seconds", x.read_seconds},
         {"samples_served", x.samples_served},
         {"batches_served", x.batches_served},

@@ -76,6 +76,8 @@ class NodeStats {
                  Clock::time_point now = Clock::now());
   // A sample of step t was read from another agent's buffer.
   void note_peer_read(std::uint64_t t, Clock::time_point now = Clock::now());
+  // A sample read back from the local tier for step t (local_tier.h).
+  void note_local_read(std::uint64_t t) { ++epochs_[epoch_of(t)].local_samples; }
   // Transparent mode: a rank began step t at `at` (seconds since ready): its lead, against
   // when the step's last storage and peer reads landed (track_landing).
   void note_begun(std::uint64_t t, double at);
@@ -93,6 +95,7 @@ class NodeStats {
     std::uint32_t ranks_done = 0;       // ranks that released its last step
     std::uint64_t file_reads[4] = {};   // transparent: the interposers' counters, see put()
     std::uint64_t peer_samples = 0;     // read from other agents' buffers (peer_sharing.cpp)
+    std::uint64_t local_samples = 0;    // read back from the local tier (local_tier.h)
     // Transparent mode, per (step, rank): the lead, when the rank began the step (its first
     // sample consumed, seen by the pacer within 1 ms) minus when the step's last storage and
     // peer reads landed; negative: the rank was there first (it waited, or read the file).

@@ -62,7 +62,7 @@ void Prefetcher::read_from_storage_locked(std::uint64_t step, std::uint32_t samp
 void Prefetcher::prefetch_loop() {
   std::vector<std::uint32_t> incoming, slots, reading, unplaced;
   std::vector<std::uint32_t> from;  // per incoming sample: the peer node, or kStorage
-  constexpr std::uint32_t kStorage = ~std::uint32_t{0};
+  constexpr std::uint32_t kStorage = ~std::uint32_t{0}, kLocal = kStorage - 1;
   try {
     for (std::uint64_t t = a_.start_; t < a_.T_; ++t) {
       incoming.clear();
@@ -72,14 +72,21 @@ void Prefetcher::prefetch_loop() {
       // even when the plan evicts it now (a handover).
       if (a_.peers_.on()) a_.peers_.pin_served_locked(t);
       // The plan's evictions: free now, or once the ranks still using them release them.
-      for (std::uint32_t y : a_.plan_.schedule.evicts_at(t))
+      for (std::uint32_t y : a_.plan_.schedule.evicts_at(t)) {
         if (a_.table_.evict(y)) slot_freed_locked();
+        a_.local_.evict_locked(y);
+      }
+      // A local tier: the disk's discards and writes, and the drops from memory that make room
+      // (local_tier.h); the samples the step reads back from the disk come with the fetches.
+      a_.local_.moves_locked(t);
       from.clear();
       auto want = [&](std::uint32_t x, std::uint32_t source) {
         if (a_.table_.resurrect(x)) return;  // still here: resurrect instead of re-reading
         incoming.push_back(x);
         from.push_back(source);
       };
+      if (a_.local_.on())
+        for (std::uint32_t x : a_.local_.reads_at(t)) want(x, kLocal);
       for (const FetchRun& run : a_.plan_.schedule.fetches_at(t))
         for (std::uint32_t x = run.first; x < run.first + run.count; ++x) want(x, kStorage);
       // Peer reads: from the peer's buffer (peer_sharing.cpp), or from storage without peer sharing
@@ -128,7 +135,10 @@ void Prefetcher::prefetch_loop() {
       // A sample being read is pinned like a use: were it evicted before its read lands (its
       // only user may be a rank that has left), its slot must not be handed to another sample
       // whose read could then be overwritten by this one.
-      for (std::size_t i = 0; i < incoming.size(); ++i) a_.table_.place(incoming[i], slots[i]);
+      for (std::size_t i = 0; i < incoming.size(); ++i) {
+        a_.table_.place(incoming[i], slots[i]);
+        a_.local_.arriving_locked(incoming[i], t);
+      }
       // Transparent mode: from now on the unmodified ranks' reads of these samples wait for
       // them (solar/transparent.h: at most SOLAR_XINDEX_WAIT_NS a read) rather than read the
       // file too: the same bytes from the same storage twice, which slows the agent's reads
@@ -161,12 +171,17 @@ void Prefetcher::prefetch_loop() {
       // Peer reads go to the peer thread; the rest is the step's storage reads: one request
       // list of coalesced runs (a source keeps many of them in flight), executed by a reader
       // thread while this one goes on to the next steps.
-      std::uint32_t peer_jobs = 0;
+      std::uint32_t peer_jobs = 0, local_jobs = 0;
       std::vector<std::size_t> idx;
       idx.reserve(incoming.size());
       for (std::size_t i = 0; i < incoming.size(); ++i) {
         if (from[i] == kStorage) {
           idx.push_back(i);
+          continue;
+        }
+        if (from[i] == kLocal) {  // read back from the local disk by its own thread
+          a_.local_.queue_read_locked(t, incoming[i], slots[i]);
+          ++local_jobs;
           continue;
         }
         a_.peers_.queue_locked({t, incoming[i], slots[i], from[i]});
@@ -193,10 +208,11 @@ void Prefetcher::prefetch_loop() {
           ++jobs;
         }
       }
-      outstanding_[t] = jobs + peer_jobs;
+      a_.local_.step_queued_locked(t);
+      outstanding_[t] = jobs + peer_jobs + local_jobs;
       if (jobs) job_ready_.notify_all();
       if (peer_jobs) a_.peers_.step_queued_locked(t, peer_jobs);
-      if (!jobs && !peer_jobs) complete_steps_locked();
+      if (!jobs && !peer_jobs && !local_jobs) complete_steps_locked();
     }
   } catch (const std::exception& e) {
     a_.fail(e.what());
@@ -234,7 +250,10 @@ void Prefetcher::leave_unplaced_locked(std::uint64_t step, std::vector<std::uint
 void Prefetcher::complete_steps_locked() {
   const std::uint64_t before = a_.ready_;
   while (a_.ready_ < a_.admitted_ && outstanding_[a_.ready_] == 0) ++a_.ready_;
-  if (a_.ready_ != before) schedule_assembly_locked();
+  if (a_.ready_ != before) {
+    a_.local_.steps_ready_locked();
+    schedule_assembly_locked();
+  }
 }
 
 // A rank's next batch is copied into its ring once its step is read and the ring entry it

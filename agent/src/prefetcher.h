@@ -2,8 +2,9 @@
 // Prefetcher: the prefetch engine (the plan → storage reads → slots) and the copies of batches
 // into the ranks' rings. Internal to solar-agent.
 //
-// One thread (prefetch_loop) walks the plan in step order — evictions, slot allocation
-// (waiting for free slots), admission of the step's uses — and queues the step's reads; a pool
+// One thread (prefetch_loop) walks the plan in step order — evictions (and with a local tier
+// the moves between memory and the disk, local_tier.h), slot allocation (waiting for free
+// slots), admission of the step's uses — and queues the step's reads; a pool
 // of reader threads (reader_loop) executes them, several steps in flight, and copies batches
 // into the rings. A step becomes servable (Agent::Impl::ready_) once its reads and all earlier
 // steps' are done.
@@ -67,6 +68,10 @@ class Prefetcher {
   // A peer read that failed: sample `sample` of step `step` read from storage into `slot`.
   void read_from_storage_locked(std::uint64_t step, std::uint32_t sample, std::uint32_t slot);
   std::uint64_t unplaced_locked() const { return unplaced_; }
+  // The sample's `sample_len` bytes into `slot` (through the memfd), and its label (if any)
+  // into the labels (also the local tier's reads back).
+  void write_slot(std::uint32_t slot, const std::byte* sample, std::size_t sample_len,
+                  const std::byte* label);
 
  private:
   struct ReadJob {
@@ -78,10 +83,6 @@ class Prefetcher {
 
   void prefetch_loop();
   void reader_loop();
-  // The sample's `sample_len` bytes into `slot` (through the memfd), and its label (if any)
-  // into the labels.
-  void write_slot(std::uint32_t slot, const std::byte* sample, std::size_t sample_len,
-                  const std::byte* label);
   // Samples of differing sizes whose free room is in pieces: takes the slots of those of
   // `incoming` that fit, and moves the others (dropping their `from`) to `unplaced`.
   void leave_unplaced_locked(std::uint64_t step, std::vector<std::uint32_t>& incoming,

@@ -131,6 +131,7 @@ nlohmann::json Agent::Impl::stats_document() {
            {"unplaced_samples", prefetch_.unplaced_locked()}}},
          {"transparent", stats_.transparent_json(pacer_.paced_steps_locked())},
          {"peers", peers_.json()},
+         {"local_tier", local_.stats_json_locked()},
          {"ranks", ranks}};
     snap = stats_.snapshot(ready_);
   }

@@ -287,6 +287,9 @@ PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::
     r.get_array(*sizes, n_sizes);
     c.sample_sizes = std::move(sizes);
   }
+  // The local tier (v4): the resident set is buffer + local bytes (a node's moves between the
+  // tiers are not in the file: its agent computes them, tiers.h place_node_in_tiers).
+  c.local_bytes = r.get<std::uint64_t>();
   check_inputs(c);
   h.directory.resize(c.nodes);
   for (auto& d : h.directory) {

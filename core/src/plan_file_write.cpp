@@ -76,6 +76,7 @@ void encode_header_body(const Plan& p, Writer& w) {
   } else {
     w.put<std::uint64_t>(0);
   }
+  w.put<std::uint64_t>(c.local_bytes);  // v4
 }
 
 std::vector<std::uint8_t> encode_node(const Plan& p, std::uint32_t node) {
@@ -120,10 +121,6 @@ std::vector<std::uint8_t> encode_node(const Plan& p, std::uint32_t node) {
 }  // namespace
 
 std::vector<std::uint8_t> encode_plan(const Plan& p) {
-  if (p.config.tiered())
-    throw PlanFileError("a plan with a local tier (--local-buffer) has no plan file yet: the "
-                        "agents do not serve the local tier; plan without --local-buffer to "
-                        "write one");
   Writer w;
   encode_header_body(p, w);
   const std::size_t dir_at = w.out.size();

@@ -46,6 +46,18 @@ const char* peers_off(const nlohmann::json& p) {
   return p.value("disabled", false) ? "; peer sharing was turned off" : "";
 }
 
+// "local tier: N samples read back (B in T s), W written (B), F from storage instead (C
+// corrupt, E disk errors[; off])"
+std::string local_line(const nlohmann::json& l) {
+  return text("local tier: %llu samples read back (%s in %.2f s), %llu written (%s), %llu from "
+              "storage instead (%llu corrupt, %llu disk errors)%s",
+              count(l, "reads"), format_bytes(count(l, "bytes_read")).c_str(),
+              real(l, "read_seconds"), count(l, "writes"),
+              format_bytes(count(l, "bytes_written")).c_str(), count(l, "from_storage"),
+              count(l, "corrupt"), count(l, "errors"),
+              l.value("off", false) ? "; the local tier was turned off" : "");
+}
+
 // The short form srun prints.
 std::string srun_transparent_line(const nlohmann::json& t, ull total_steps) {
   const ull consumed = count(t, "consumed_steps");
@@ -112,6 +124,7 @@ std::vector<std::string> node_summary(const nlohmann::json& a, SummaryFor who) {
   std::vector<std::string> lines;
   const auto& t = a.value("transparent", nlohmann::json());
   const auto& p = a.value("peers", nlohmann::json());
+  const auto& l = a.value("local_tier", nlohmann::json());
   if (who == SummaryFor::srun) {
     lines.push_back(hits_part(a));
     if (p.is_object()) lines.push_back(peers_part(p) + peers_off(p));
@@ -130,6 +143,7 @@ std::vector<std::string> node_summary(const nlohmann::json& a, SummaryFor who) {
       lines.push_back(std::move(behind));
   }
   if (p.is_object()) lines.push_back(peers_line(p));
+  if (l.is_object()) lines.push_back(local_line(l));
   return lines;
 }
 

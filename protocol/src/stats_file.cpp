@@ -49,6 +49,7 @@ nlohmann::json node_stats_record(const nlohmann::json& doc) {
           {"totals", field("totals")},
           {"transparent", field("transparent")},
           {"peers", field("peers")},
+          {"local_tier", field("local_tier")},
           {"cpu_seconds", field("cpu_seconds")}};
 }
 

@@ -190,11 +190,50 @@ TEST(Tiers, ConfigsThatCannotBeTieredAreRefusedByName) {
   c = s1(614, 1229, 1, Policy::solar);
   c.sample_sizes = std::make_shared<const std::vector<std::uint64_t>>(c.samples, kSample);
   EXPECT_NE(error_of([&] { c.validate(); }).find("differing sizes"), std::string::npos);
-  // No plan file for a tiered plan yet: the agents do not serve the tier.
-  c = s1(614, 1229, 1, Policy::solar);
-  c.samples = 1024;
-  c.epochs = 2;
-  EXPECT_NE(error_of([&] { encode_plan(make_plan(c)); }).find("local tier"), std::string::npos);
+}
+
+// A tiered plan's file carries the local tier (v4), and each node's moves computed from its
+// own section (what an agent does: place_node_in_tiers) are the whole plan's, counts and bound
+// included.
+TEST(Tiers, FileRoundTripAndEachNodeFromItsSection) {
+  PlanConfig c = s1(614, 1229, 1, Policy::solar);
+  c.epochs = 3;
+  const Plan plan = make_plan(c);
+  ASSERT_GT(plan.tier_metrics.local_reads, 0u);
+  const std::vector<std::uint8_t> bytes = encode_plan(plan);
+  const PlanHeader h = decode_header(bytes.data(), bytes.size(), "test");
+  EXPECT_EQ(h.config.local_bytes, c.local_bytes);
+  EXPECT_EQ(h.config.local_samples(), c.local_samples());
+  TierMetrics sum;
+  for (std::uint32_t n = 0; n < c.nodes; ++n) {
+    const auto& e = h.directory[n];
+    const NodePlan np = decode_node(h, n, bytes.data() + e.offset, e.length, "test");
+    const std::uint32_t R = c.ranks_per_node;
+    TierMetrics m;
+    const NodeTiers nt = place_node_in_tiers(
+        np.schedule, plan.total_steps(), R,
+        [&](std::uint64_t t, std::uint32_t k) {
+          const std::uint64_t i = t * R + k;
+          return std::span<const std::uint32_t>(np.accesses.data() + np.rank_offsets[i],
+                                                np.rank_offsets[i + 1] - np.rank_offsets[i]);
+        },
+        plan.layout.steps, c.buffer_samples(), c.local_samples(), n, &m);
+    const NodeTiers& want = plan.tiers[n];
+    EXPECT_EQ(nt.reads, want.reads) << "node " << n;
+    EXPECT_EQ(nt.writes, want.writes) << "node " << n;
+    EXPECT_EQ(nt.drops, want.drops) << "node " << n;
+    EXPECT_EQ(nt.discards, want.discards) << "node " << n;
+    EXPECT_EQ(nt.read_offsets, want.read_offsets) << "node " << n;
+    EXPECT_EQ(nt.write_offsets, want.write_offsets) << "node " << n;
+    sum.local_reads += m.local_reads;
+    sum.local_writes += m.local_writes;
+    sum.local_reads_bound += m.local_reads_bound;
+    sum.memory_hits += m.memory_hits;
+  }
+  EXPECT_EQ(sum.local_reads, plan.tier_metrics.local_reads);
+  EXPECT_EQ(sum.local_writes, plan.tier_metrics.local_writes);
+  EXPECT_EQ(sum.local_reads_bound, plan.tier_metrics.local_reads_bound);
+  EXPECT_EQ(sum.memory_hits, plan.tier_metrics.memory_hits);
 }
 
 }  // namespace

@@ -245,7 +245,6 @@ def test_local_tier_plans_meet_both_bounds_and_are_replayed(solar):
     (["--local-buffer", "10%", "--peer-fetch"], "--peer-fetch"),
     (["--local-buffer", "10%", "--policy", "none"], "policy none"),
     (["--local-buffer", "10%", "--size-spread", "20"], "differing sizes"),
-    (["--local-buffer", "10%", "--out", "x.plan"], "no plan file yet"),
 ])
 def test_local_tier_refusals_name_what_is_wrong(solar, tmp_path, extra, says):
     extra = [str(tmp_path / a) if a == "x.plan" else a for a in extra]

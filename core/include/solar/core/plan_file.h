@@ -2,11 +2,12 @@
 // The plan file: how a plan travels from the planner (solar plan, solar run, the SPANK plugin)
 // to the node agents.
 //
-// Layout (little-endian, version 3):
+// Layout (little-endian, version 4):
 //   header     magic "SOLARPLN", version, header size, the PlanConfig, the epoch layout, the
 //              metrics (total and per epoch), the epoch order, the dataset's identity (u32
 //              length, bytes, padding to 8), the samples' sizes (u64 count, 0 or N, then one
-//              u64 per sample: sized samples only), and a directory with one entry
+//              u64 per sample: sized samples only), the local tier's bytes per node
+//              (u64, 0: none; version 4), and a directory with one entry
 //              per node: {offset, length, crc32}; the header ends with its own crc32.
 //   node i     magic "SOLARNOD", node id, then for every global step t: each local rank's
 //              access count and records (sample | kHitBit); and the node's fetch runs, peer
@@ -28,7 +29,7 @@
 
 namespace solar {
 
-inline constexpr std::uint32_t kPlanFileVersion = 3;
+inline constexpr std::uint32_t kPlanFileVersion = 4;
 inline constexpr std::uint32_t kMaxIdentityBytes = 4096;
 
 // A plan file that cannot be used: names the file and what is wrong with it.

@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 
 #include "solar/core/plan.h"
 
@@ -24,6 +26,19 @@ namespace solar {
 // already made: make_plan calls this). Throws std::logic_error when the plan is not tiered or
 // its schedules do not hold the samples its ranks read.
 void place_in_tiers(Plan& plan);
+
+// One node's part, from what that node alone knows: its schedule and its ranks' batches
+// (batch(t, k): local rank k's accesses in global step t, hit bits allowed). What an agent
+// computes for itself from its section of the plan file (agent/README.md, "The local tier"),
+// as place_in_tiers does for every node: the same moves for the same inputs. `counts`, when
+// given, gets this node's TierMetrics (its bound included). Throws std::logic_error as
+// place_in_tiers does.
+using NodeBatch = std::function<std::span<const std::uint32_t>(std::uint64_t, std::uint32_t)>;
+NodeTiers place_node_in_tiers(const NodeSchedule& schedule, std::uint64_t total_steps,
+                              std::uint32_t ranks_per_node, const NodeBatch& batch,
+                              std::uint64_t steps_per_epoch, std::uint64_t memory_samples,
+                              std::uint64_t local_samples, std::uint32_t node,
+                              TierMetrics* counts = nullptr);
 
 // The least local reads any placement of the plan's resident sets in the tiers needs: for each
 // node, the misses of Belady's MIN over the node's reads (per step, the samples of its ranks)
