@@ -106,6 +106,9 @@ void LocalTier::setup(const std::string& dir) {
                  a_.opt_.node, format_bytes(bytes), file_, std::strerror(err));
     broken_ = true;
     ++errors_;
+    // What it did allocate goes back to the disk.
+    if (::ftruncate(fd_, 0) != 0)
+      spdlog::debug("local tier: truncating {}: {}", file_, std::strerror(errno));
   }
   free_disk_.resize(slots);
   for (std::uint64_t d = 0; d < slots; ++d)
