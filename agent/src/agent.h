@@ -64,6 +64,9 @@ struct AgentOptions {
   // that holds it, created by the agent (0700; it must not exist, its parent must) and removed
   // with its file at exit. Required by such a plan, refused by others (local_tier.h).
   std::string local_dir;
+  // The most the plan may keep on the local disk per node (slurmstepd passes the site's
+  // max_local_buffer). 0: no limit.
+  std::uint64_t max_local_buffer = 0;
 };
 
 // Thrown for anything that stops the agent from starting: names the input and the fix.

@@ -47,6 +47,12 @@ void LocalTier::setup(const std::string& dir) {
                                  "(--local-buffer): give the agent --local-dir, a folder for "
                                  "it on that disk",
                                  a_.opt_.plan, format_bytes(c.local_bytes)));
+  if (a_.opt_.max_local_buffer && c.local_bytes > a_.opt_.max_local_buffer)
+    throw AgentError(fmt::format("the plan {} keeps {} per node on the local disk, above this "
+                                 "agent's limit of {} (--max-local-buffer, the site's "
+                                 "max_local_buffer=)",
+                                 a_.opt_.plan, format_bytes(c.local_bytes),
+                                 format_bytes(a_.opt_.max_local_buffer)));
   if (a_.opt_.transparent)
     throw AgentError("a local tier (--local-dir) is served in the batch mode only for now; plan "
                      "the transparent mode without --local-buffer");

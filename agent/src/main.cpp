@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
                  "local disk (NVMe) that holds it. The agent creates it (0700; it must not exist, "
                  "its parent must), keeps one file in it (0600, allocated in full at start) and "
                  "removes both at exit; a full or failing disk degrades to storage reads");
+  app.add_option("--max-local-buffer", o.max_local_buffer,
+                 "Bytes: refuse a plan that keeps more per node on the local disk (the Slurm "
+                 "plugin passes the site's max_local_buffer) [no limit]");
   app.add_option("--peer-provider", o.peer_provider,
                  "libfabric provider between agents: tcp;ofi_rxm, shm (one host), verbs;ofi_rxm "
                  "or cxi on clusters [tcp;ofi_rxm]");

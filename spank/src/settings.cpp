@@ -45,6 +45,10 @@ std::string absolute_path(const std::string& key, const std::string& value) {
 
 }  // namespace
 
+constexpr const char* kKnownKeys =
+    "agent, solar, plan_dir, runtime_dir, max_buffer, provider, on_error, timeout, zero_copy, "
+    "transparent, preload, local_dir, max_local_buffer";
+
 PluginConfig PluginConfig::parse(const std::vector<std::string>& args,
                                  const std::string& plugin_path) {
   PluginConfig c;
@@ -57,9 +61,9 @@ PluginConfig PluginConfig::parse(const std::vector<std::string>& args,
   for (const std::string& arg : args) {
     const auto eq = arg.find('=');
     if (eq == std::string::npos)
-      throw ConfigError(arg, "plugstack.conf arguments are key=value; known keys: agent, "
-                             "solar, plan_dir, runtime_dir, max_buffer, provider, on_error, "
-                             "timeout, zero_copy, transparent, preload");
+      throw ConfigError(arg, fmt::format("plugstack.conf arguments are key=value; known keys: "
+                                         "{}",
+                                         kKnownKeys));
     const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
     if (key == "agent") {
       c.agent = absolute_path(key, value);
@@ -87,12 +91,18 @@ PluginConfig PluginConfig::parse(const std::vector<std::string>& args,
       else throw ConfigError(key, fmt::format("'{}' is not yes or no", value));
     } else if (key == "preload") {
       c.preload = absolute_path(key, value);
+    } else if (key == "local_dir") {
+      c.local_dir = absolute_path(key, value);
+    } else if (key == "max_local_buffer") {
+      const BufferSpec b = BufferSpec::parse(value, key);
+      if (b.percent >= 0)
+        throw ConfigError(key, fmt::format("'{}': give bytes (K/M/G/T), not a percentage", value));
+      c.max_local_buffer = b.bytes;
     } else if (key == "timeout") {
       c.timeout_s = static_cast<double>(parse_count(value, key, 1, 3600));
     } else {
-      throw ConfigError(key, "unknown plugstack.conf argument; known keys: agent, solar, "
-                             "plan_dir, runtime_dir, max_buffer, provider, on_error, timeout, "
-                             "zero_copy, transparent, preload");
+      throw ConfigError(key, fmt::format("unknown plugstack.conf argument; known keys: {}",
+                                         kKnownKeys));
     }
   }
   return c;
@@ -124,6 +134,10 @@ const std::vector<OptionSpec>& option_specs() {
       {"peers", "SOLAR_PEERS", nullptr,
        "solar: the nodes' agents share their buffers: a node's miss on a sample another node "
        "holds is read from that node over libfabric (plugstack provider=), not from storage"},
+      {"local-buffer", "SOLAR_LOCAL_BUFFER", "SIZE|PCT%",
+       "solar: a tier on each node's local disk below --solar-buffer (K/M/G/T bytes or a "
+       "percentage of the dataset): the plan keeps both resident and the agents move samples "
+       "between memory and the disk ahead of the ranks (plugstack local_dir=; batch mode)"},
       {"start-epoch", "SOLAR_START_EPOCH", "E",
        "solar: resume (requeued job, training checkpoint): start at this epoch; the agents "
        "begin there and the ranks get only the rest of the plan [0]"},
@@ -146,7 +160,8 @@ void JobOptions::set(int field, const std::string& text) {
     case dataset:
       if (text.empty()) throw ConfigError(flag, "is empty; give FILE[:DSET] or fabric://...");
       break;
-    case buffer: BufferSpec::parse(text, flag); break;
+    case buffer:
+    case local_buffer: BufferSpec::parse(text, flag); break;
     case epochs: parse_job_param(text, flag, job_params::kEpochs); break;
     case batch: parse_job_param(text, flag, job_params::kBatch); break;
     case seed: parse_job_param(text, flag, job_params::kSeed); break;
@@ -307,6 +322,26 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
         throw ConfigError("--solar-order-file", "gives the order itself: drop --solar-order");
       follow_order_file(c, *file);
     }
+    if (const auto& local = o.value[JobOptions::local_buffer]) {
+      if (pc.local_dir.empty())
+        throw ConfigError("--solar-local-buffer", "this site has no local tier (plugstack.conf "
+                                                  "local_dir=); drop the option");
+      if (o.is_transparent() || (o.is_peers() && nodes > 1))
+        throw ConfigError("--solar-local-buffer", "the agents serve a local tier in the batch "
+                                                  "mode only for now, without "
+                                                  "--solar-transparent and --solar-peers");
+      c.local_bytes = BufferSpec::parse(*local, "--solar-local-buffer")
+                          .resolve(c.samples, c.sample_bytes);
+      if (pc.max_local_buffer && c.local_bytes > *pc.max_local_buffer) {
+        if (notes)
+          *notes += fmt::format("{}--solar-local-buffer {} is above the site's limit; using {} "
+                                "per node",
+                                notes->empty() ? "" : "; ", format_bytes(c.local_bytes),
+                                format_bytes(*pc.max_local_buffer));
+        c.local_bytes = *pc.max_local_buffer;
+      }
+      c.validate();
+    }
     if (o.is_transparent()) follow_the_script(c, o.value[JobOptions::order].has_value());
     return c;
   } catch (const ConfigError& e) {
@@ -367,6 +402,11 @@ std::optional<std::uint64_t> buffer_cap(const PluginConfig& pc, std::uint64_t no
 }
 
 bool plan_is_transparent(const PlanConfig& c) { return c.policy == Policy::sampler; }
+
+std::string step_local_dir(const PluginConfig& pc, std::uint32_t job, std::uint32_t step,
+                           std::uint32_t node) {
+  return fmt::format("{}/{}{}.{}", pc.local_dir, job_prefix(job), step, node);
+}
 
 std::string step_runtime_dir(const PluginConfig& pc, std::uint32_t job, std::uint32_t step,
                              std::uint32_t node) {

@@ -30,6 +30,11 @@ struct PluginConfig {
   bool zero_copy = false;  // agents hand out cache slots, no per-rank rings (solar-agent --zero-copy)
   bool allow_transparent = true;                  // transparent=no: --solar-transparent refused
   std::string preload = SOLAR_SPANK_DEFAULT_PRELOAD;  // libsolar_preload.so for transparent tasks
+  // The node-local disk for --solar-local-buffer (local_dir=/local/nvme; "" = none: the option
+  // is refused). Every node's agent makes its step's folder there as the job's user, so it must
+  // let users create folders (1777, like /tmp); slurmstepd and the epilog remove them.
+  std::string local_dir;
+  std::optional<std::uint64_t> max_local_buffer;  // bytes per node (max_local_buffer=)
 
   // Parses `key=value` arguments; throws ConfigError naming the argument on an unknown key, a
   // bad value or a relative path. `plugin_path`, the plugin's own file as loaded, places the
@@ -69,8 +74,8 @@ const std::vector<OptionSpec>& option_specs();
 
 struct JobOptions {
   enum Field : int { dataset, labels, buffer, epochs, batch, seed, order, order_file, imbalance,
-                     transparent, peers, start_epoch, start_step, verbose, stats, enable,
-                     kFields };
+                     transparent, peers, local_buffer, start_epoch, start_step, verbose, stats,
+                     enable, kFields };
   // Raw text per field, and where it came from (command line beats environment).
   std::optional<std::string> value[kFields];
   bool from_command_line[kFields] = {};
@@ -124,6 +129,11 @@ std::optional<std::uint64_t> buffer_cap(const PluginConfig& pc, std::uint64_t no
 // Whether a plan is for --solar-transparent: only that mode plans with policy sampler (the
 // plan places samples for an unmodified script's DistributedSampler order).
 bool plan_is_transparent(const PlanConfig& c);
+
+// The folder in plugstack.conf's local_dir where node `node`'s agent keeps the step's local
+// tier (solar-agent --local-dir).
+std::string step_local_dir(const PluginConfig& pc, std::uint32_t job, std::uint32_t step,
+                           std::uint32_t node);
 
 // Names in runtime_dir (node-local, root's): the step's private folder on one node. The step's
 // files in plan_dir are in its step folder (step_folder.h).

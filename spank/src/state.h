@@ -46,6 +46,8 @@ struct State {
   std::uint32_t local_tasks = 0;
   std::uint32_t tasks_exited = 0;
   std::string runtime_dir;       // the step's private folder (removed in exit)
+  std::string local_dir;         // the local tier's folder (the agent's; removed in exit)
+  uid_t uid = 0;                 // the job's user (owns local_dir)
   AgentProcess agent;
   double agent_ready_ms = 0;
   std::string problem;           // why the agent is not there (told once by local task 0)

@@ -83,7 +83,31 @@ PlanHeader check_plan(const std::string& path, uid_t uid, std::uint32_t nodes,
                                          "limit of {} on this node (plugstack.conf max_buffer=)",
                                          path, format_bytes(h.config.buffer_bytes),
                                          format_bytes(*cap)));
+  if (h.config.tiered()) {
+    if (pc.local_dir.empty())
+      throw std::runtime_error(fmt::format("the plan {} keeps {} per node on a local disk, but "
+                                           "this node's plugstack.conf has no local_dir=",
+                                           path, format_bytes(h.config.local_bytes)));
+    if (pc.max_local_buffer && h.config.local_bytes > *pc.max_local_buffer)
+      throw std::runtime_error(fmt::format("the plan {} keeps {} per node on a local disk, "
+                                           "above the site's limit of {} (plugstack.conf "
+                                           "max_local_buffer=)",
+                                           path, format_bytes(h.config.local_bytes),
+                                           format_bytes(*pc.max_local_buffer)));
+  }
   return h;
+}
+
+// The local tier's folder of this step on this node, once its agent is gone: the job's user's
+// folder (never anything else: a link, another user's) is removed whatever it holds.
+void remove_local_dir(const std::string& dir, uid_t uid) {
+  struct stat st {};
+  if (dir.empty() || ::lstat(dir.c_str(), &st) != 0) return;
+  if (!S_ISDIR(st.st_mode) || st.st_uid != uid) {
+    error(fmt::format("{} is not the job's user's folder; left as it is", dir));
+    return;
+  }
+  if (!sys::remove_tree(dir)) error(fmt::format("could not remove {} entirely", dir));
 }
 
 }  // namespace
@@ -181,6 +205,14 @@ int start_node_agent(spank_t sp, State& s) {
     l.args.insert(l.args.end(), {"--peer-dir", peer_dir_in(*folder),
                                  "--peer-provider",
                                  s.config.provider.empty() ? "tcp;ofi_rxm" : s.config.provider});
+  // A local tier: the agent (as the user) makes its folder in the site's local_dir.
+  if (header.config.tiered()) {
+    s.local_dir = step_local_dir(s.config, job, step, s.node);
+    s.uid = uid;
+    l.args.insert(l.args.end(), {"--local-dir", s.local_dir});
+    if (s.config.max_local_buffer)
+      l.args.insert(l.args.end(), {"--max-local-buffer", std::to_string(*s.config.max_local_buffer)});
+  }
   l.env = agent_environment(sp, s.config);
   l.uid = uid;
   l.gid = gid;
@@ -238,6 +270,7 @@ int end_node_step(spank_t, State& s) {
   if (!s.step_active) return 0;
   s.agent.stop(1);
   if (!s.runtime_dir.empty()) sys::remove_tree(s.runtime_dir);
+  remove_local_dir(s.local_dir, s.uid);
   return 0;
 }
 
@@ -271,6 +304,11 @@ int sweep_job(spank_t sp, State& s) {
     if (!sys::remove_tree(dir, left(runtime_end)))
       error(fmt::format("job {}: could not remove {} entirely", job, dir));
   }
+  // The local tiers' folders in local_dir, the user's only (the agents are gone: above).
+  if (!s.config.local_dir.empty())
+    for (const std::string& dir : job_folders(s.config.local_dir, prefix, uid))
+      if (!sys::remove_tree(dir, left(runtime_end)))
+        error(fmt::format("job {}: could not remove {} entirely", job, dir));
   // The job's step folders in plan_dir (plan, agents' logs, peer cards): the user's folders
   // only (another user's names there are theirs). srun removes its step's at its exit, after
   // reading the agents' final stats from the logs (for kFinalStatsWaitS at most). For an

@@ -310,9 +310,44 @@ TEST(StepPlan, SiteLimitClamps) {
   EXPECT_THROW(plan_config_for_step(o, pc, tiny(), 1, 2, 1ULL << 30), ConfigError);
 }
 
+// --solar-local-buffer (issue 37): the site's local_dir= is needed, max_local_buffer= clamps
+// (bytes only), the batch mode only, and the plan keeps both tiers resident.
+TEST(StepPlan, LocalTierNeedsTheSitesLocalDirAndItsLimit) {
+  JobOptions o = basic();
+  o.set(JobOptions::local_buffer, "40%");
+  try {
+    plan_config_for_step(o, PluginConfig{}, tiny(), 2, 2, 1ULL << 30);
+    ADD_FAILURE() << "no local_dir=: refused";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-local-buffer");
+    EXPECT_NE(std::string(e.what()).find("local_dir="), std::string::npos) << e.what();
+  }
+  PluginConfig pc = PluginConfig::parse({"local_dir=/local/nvme"});
+  const PlanConfig c = plan_config_for_step(o, pc, tiny(), 2, 2, 1ULL << 30);
+  EXPECT_TRUE(c.tiered());
+  EXPECT_NEAR(static_cast<double>(c.local_samples()), 0.4 * 256, 1.0);  // 40% of the slots
+  pc = PluginConfig::parse({"local_dir=/local/nvme", "max_local_buffer=100K"});
+  std::string note;
+  const PlanConfig clamped = plan_config_for_step(o, pc, tiny(), 2, 2, 1ULL << 30, &note);
+  EXPECT_EQ(clamped.local_bytes, 100u * 1024u);
+  EXPECT_NE(note.find("--solar-local-buffer"), std::string::npos) << note;
+  EXPECT_THROW(PluginConfig::parse({"max_local_buffer=10%"}), ConfigError);
+  EXPECT_THROW(PluginConfig::parse({"local_dir=nvme"}), ConfigError);  // not absolute
+  JobOptions t = o;
+  t.set(JobOptions::transparent, "1");
+  try {
+    plan_config_for_step(t, PluginConfig::parse({"local_dir=/l"}), tiny(), 2, 2, 1ULL << 30);
+    ADD_FAILURE() << "transparent with a local tier: refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch mode"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(o.set(JobOptions::local_buffer, "lots"), ConfigError);
+}
+
 TEST(Paths, PerJobStepAndNode) {
-  const PluginConfig pc = PluginConfig::parse({"plan_dir=/p", "runtime_dir=/r"});
+  const PluginConfig pc = PluginConfig::parse({"plan_dir=/p", "runtime_dir=/r", "local_dir=/l/"});
   EXPECT_EQ(step_runtime_dir(pc, 12, 3, 1), "/r/solar-12.3.1");
+  EXPECT_EQ(step_local_dir(pc, 12, 3, 1), "/l/solar-12.3.1");
   EXPECT_EQ(job_prefix(12), "solar-12.");
 }
 

@@ -76,6 +76,38 @@ def test_solar_stats_writes_every_nodes_epochs(cluster, dataset):
     assert len(lines) == 1 and "--solar-stats" in lines[0] and "/nonexistent" in lines[0], bad.stderr
 
 
+def test_local_tier_under_srun_every_sample_verified_nothing_left(cluster, dataset, tmp_path):
+    """--solar-local-buffer with the site's local_dir= (issue 37): each node's agent keeps its
+    tier in local_dir/solar-J.S.N, reads samples back from it in epochs 2+, every sample right;
+    the folders are gone after the step. Without local_dir= the option is refused by name."""
+    import json
+    local = tmp_path / "nvme"
+    local.mkdir()
+    os.chmod(local, 0o1777)
+    refused = cluster.run("srun", "-N1", *solar_args(dataset, "--solar-local-buffer=60%"), "true")
+    assert refused.returncode != 0 and "--solar-local-buffer" in refused.stderr, refused.stderr
+    assert "local_dir=" in refused.stderr, refused.stderr
+    cluster.plugstack(f"local_dir={local}")
+    try:
+        stats = tmp_path / "stats.json"
+        p = cluster.run("srun", "-N2", "--ntasks-per-node=2",
+                        *solar_args(dataset, "--solar-buffer=20%", "--solar-local-buffer=60%",
+                                    f"--solar-stats={stats}"), TRAIN, "--verify")
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, out
+        assert out.count("verified (0 wrong), from the node agent") == 4, out
+        with open(stats) as f:
+            nodes = json.load(f)["nodes"]
+        for n in nodes:
+            lt = n["local_tier"]
+            assert lt["writes"] > 0 and lt["reads"] > 0 and lt["from_storage"] == 0, lt
+            assert lt["dir"].startswith(f"{local}/solar-"), lt
+            assert all(e["local_samples"] > 0 for e in n["epochs"][1:]), n["epochs"]
+        wait_until(lambda: not os.listdir(local), what="the local tier's folders removed")
+    finally:
+        cluster.plugstack()
+
+
 def test_start_epoch_and_step_resume_the_step_at_its_agents(cluster, dataset):
     """--solar-start-epoch/--solar-start-step (a requeued job): the ranks get exactly the full
     step's batches from that step on, every byte verified, and the agents start there (they
