@@ -304,10 +304,11 @@ void run_run(const RunOptions& o) {
       throw ConfigError("--local-dir", "is where the local tier goes: give --local-buffer too");
     if (!o.local_buffer.empty()) {
       if (o.no_agent) throw ConfigError("--local-buffer", "needs agents; drop --no-agent");
-      if (o.transparent || o.peers || c.sized())
-        throw ConfigError("--local-buffer",
-                          "the agents serve a local tier in the batch mode only for now, "
-                          "without --transparent and --peers");
+      if (o.peers)
+        throw ConfigError("--local-buffer", "a local tier and --peers do not go together yet");
+      if (c.sized())
+        throw ConfigError("--local-buffer", "holds samples of one size only; these differ "
+                                            "(drop --local-buffer)");
       // In slots of what the agent keeps of a sample (its bytes and label), as --buffer.
       c.local_bytes = BufferSpec::parse(o.local_buffer, "--local-buffer")
                           .resolve(c.samples, c.sample_bytes);
@@ -420,7 +421,7 @@ void add_run_commands(CLI::App& app) {
                   "A local-disk tier per node below --buffer (bytes with K/M/G/T, or a\n"
                   "percentage of the dataset): the plan keeps --buffer + this resident per\n"
                   "node, the agents move samples between memory and a file on the local\n"
-                  "disk ahead of the ranks (agent/README.md, The local tier). Batch mode")
+                  "disk ahead of the ranks (agent/README.md, The local tier). Not with --peers")
       ->type_name(kBuffer);
   run->add_option("--local-dir", o->local_dir,
                   "Where the local tier's files go: an existing folder on the local disk; each\n"

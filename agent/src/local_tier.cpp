@@ -53,9 +53,9 @@ void LocalTier::setup(const std::string& dir) {
                                  "max_local_buffer=)",
                                  a_.opt_.plan, format_bytes(c.local_bytes),
                                  format_bytes(a_.opt_.max_local_buffer)));
-  if (a_.opt_.transparent)
-    throw AgentError("a local tier (--local-dir) is served in the batch mode only for now; plan "
-                     "the transparent mode without --local-buffer");
+  if (a_.table_.sized())
+    throw AgentError("a local tier (--local-dir) holds samples of one size only; plan samples "
+                     "of differing sizes without --local-buffer");
   if (!a_.opt_.peer_dir.empty())
     throw AgentError("a local tier (--local-dir) and peer sharing (--peer-dir) do not go "
                      "together yet; plan with one of --local-buffer and --peers");
@@ -318,6 +318,8 @@ void LocalTier::loop() {
       a_.prefetch_.read_from_storage_locked(j.step, j.sample, j.slot);
       continue;
     }
+    // Transparent mode: the bytes are in place, the interposers may copy them from now on.
+    if (a_.table_.indexed()) a_.table_.publish(j.sample, j.slot);
     ++reads_;
     bytes_read_ += copy_bytes_;
     read_seconds_ += secs;

@@ -137,7 +137,7 @@ const std::vector<OptionSpec>& option_specs() {
       {"local-buffer", "SOLAR_LOCAL_BUFFER", "SIZE|PCT%",
        "solar: a tier on each node's local disk below --solar-buffer (K/M/G/T bytes or a "
        "percentage of the dataset): the plan keeps both resident and the agents move samples "
-       "between memory and the disk ahead of the ranks (plugstack local_dir=; batch mode)"},
+       "between memory and the disk ahead of the ranks (plugstack local_dir=)"},
       {"start-epoch", "SOLAR_START_EPOCH", "E",
        "solar: resume (requeued job, training checkpoint): start at this epoch; the agents "
        "begin there and the ranks get only the rest of the plan [0]"},
@@ -326,10 +326,12 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
       if (pc.local_dir.empty())
         throw ConfigError("--solar-local-buffer", "this site has no local tier (plugstack.conf "
                                                   "local_dir=); drop the option");
-      if (o.is_transparent() || (o.is_peers() && nodes > 1))
-        throw ConfigError("--solar-local-buffer", "the agents serve a local tier in the batch "
-                                                  "mode only for now, without "
-                                                  "--solar-transparent and --solar-peers");
+      if (o.is_peers() && nodes > 1)
+        throw ConfigError("--solar-local-buffer", "a local tier and --solar-peers do not go "
+                                                  "together yet");
+      if (c.sized())
+        throw ConfigError("--solar-local-buffer", "holds samples of one size only; these "
+                                                  "differ (drop the option)");
       c.local_bytes = BufferSpec::parse(*local, "--solar-local-buffer")
                           .resolve(c.samples, c.sample_bytes);
       if (pc.max_local_buffer && c.local_bytes > *pc.max_local_buffer) {

@@ -334,13 +334,18 @@ TEST(StepPlan, LocalTierNeedsTheSitesLocalDirAndItsLimit) {
   EXPECT_THROW(PluginConfig::parse({"max_local_buffer=10%"}), ConfigError);
   EXPECT_THROW(PluginConfig::parse({"local_dir=nvme"}), ConfigError);  // not absolute
   JobOptions t = o;
-  t.set(JobOptions::transparent, "1");
+  t.set(JobOptions::peers, "1");
   try {
     plan_config_for_step(t, PluginConfig::parse({"local_dir=/l"}), tiny(), 2, 2, 1ULL << 30);
-    ADD_FAILURE() << "transparent with a local tier: refused";
+    ADD_FAILURE() << "peers with a local tier: refused";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("batch mode"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--solar-peers"), std::string::npos) << e.what();
   }
+  t = o;  // the transparent mode keeps the tier too
+  t.set(JobOptions::transparent, "1");
+  EXPECT_TRUE(
+      plan_config_for_step(t, PluginConfig::parse({"local_dir=/l"}), tiny(), 2, 2, 1ULL << 30)
+          .tiered());
   EXPECT_THROW(o.set(JobOptions::local_buffer, "lots"), ConfigError);
 }
 

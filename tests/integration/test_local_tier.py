@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The local tier (issue 37, item 2), batch mode: a dataset 5x the agents' memory (--buffer
+"""The local tier (issue 37, items 2 and 3), batch and transparent modes: a dataset 5x the agents' memory (--buffer
 20%) with a local tier for the rest (--local-buffer 80%), 2 nodes x 2 ranks, 4 epochs, real
 agents writing and reading their tier files on this machine's disk. Every sample each rank gets
 is checked against the generator's content rule (solar-example-train --verify); the agents'
@@ -166,9 +166,32 @@ def test_a_disk_too_small_for_the_tier_degrades_to_storage_with_one_warning(tmp_
         run("umount", small)
 
 
+def test_transparent_same_bytes_as_plain_and_samples_read_back(tmp_path, data):
+    """The unmodified DDP script (h5py + DistributedSampler) under --transparent with a local
+    tier: per-batch digests identical to the script without solar, the interposers served reads
+    from the buffer, and the agents read samples back from the local disk after epoch 1."""
+    from test_transparent import digests, run_script, served
+    plain = run_script(tmp_path, data, "plain", "--buffer", "100%", "--no-agent", epochs=3)
+    assert plain.returncode == 0, plain.stderr
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    solar = run_script(tmp_path, data, "solar", "--transparent", "--buffer", "20%",
+                       "--local-buffer", "80%", "--local-dir", nvme, "--stats-out",
+                       tmp_path / "stats.json", epochs=3)
+    assert solar.returncode == 0, solar.stdout + solar.stderr
+    assert digests(tmp_path, "solar", 4) == digests(tmp_path, "plain", 4)
+    hits, _ = served(solar.stderr)
+    assert hits > 0, solar.stderr
+    for n in tiers(tmp_path):
+        lt = n["local_tier"]
+        assert lt["reads"] > 0 and lt["corrupt"] == lt["errors"] == 0, lt
+        assert sum(e["local_samples"] for e in n["epochs"][1:]) > 0, n["epochs"]
+    assert list(nvme.iterdir()) == []
+
+
 @pytest.mark.parametrize("extra,says", [
     (["--local-dir", "/nonexistent-solar-dir"], "--local-dir"),
-    (["--local-buffer", "50%", "--transparent"], "batch mode only"),
+    (["--local-buffer", "50%", "--nodes", "2", "--peers"], "--peers"),
     (["--local-buffer", "lots"], "--local-buffer"),
 ])
 def test_refusals_name_the_option(tmp_path, data, extra, says):
