@@ -116,6 +116,36 @@ class Throttle:
             self._write("io.max", f"{self.majmin} {limits}")
         self.start = self.counters()
 
+    def add_device(self, majmin, rbps, wbps=None):
+        """Caps a second disk too (the local tier's emulated NVMe): reads at `rbps`, writes at
+        `wbps` bytes/s."""
+        if self.kind.startswith("cgroup v1"):
+            self._write("blkio.throttle.read_bps_device", f"{majmin} {int(rbps)}")
+            if wbps:
+                self._write("blkio.throttle.write_bps_device", f"{majmin} {int(wbps)}")
+        else:
+            self._write("io.max", f"{majmin} rbps={int(rbps)}"
+                        + (f" wbps={int(wbps)}" if wbps else ""))
+
+    def device_counters(self, majmin):
+        """{read_bytes, write_bytes} of the cgroup's processes on disk `majmin` so far."""
+        out = {"read_bytes": 0, "write_bytes": 0}
+        if self.kind.startswith("cgroup v1"):
+            with open(os.path.join(self.dir, "blkio.throttle.io_service_bytes_recursive")) as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) == 3 and parts[0] == majmin and parts[1] in ("Read", "Write"):
+                        out[f"{parts[1].lower()}_bytes"] = int(parts[2])
+            return out
+        with open(os.path.join(self.dir, "io.stat")) as f:
+            for line in f:
+                parts = line.split()
+                if parts and parts[0] == majmin:
+                    kv = dict(p.split("=", 1) for p in parts[1:])
+                    out = {"read_bytes": int(kv.get("rbytes", 0)),
+                           "write_bytes": int(kv.get("wbytes", 0))}
+        return out
+
     def _write(self, name, text):
         with open(os.path.join(self.dir, name), "w") as f:
             f.write(text)
@@ -178,6 +208,56 @@ class Throttle:
         self.dir = None
 
 
+class LocalDisk:
+    """An emulated node-local disk (the local tier's NVMe) of its own, apart from the storage's:
+    an ext4 file system on a loop device whose image lies in memory (/dev/shm), so that what it
+    reads and writes never touches the storage's disk, mounted on `mountpoint` (created, mode
+    1777 like a site's local_dir). Its own cap is set on the cgroup with Throttle.add_device.
+    close() unmounts it and removes the device and the image."""
+
+    def __init__(self, mountpoint, size):
+        if os.geteuid() != 0:
+            raise Unavailable("an emulated local disk needs root (losetup, mount)")
+        self.mountpoint, self.dev, self.image, self.mounted = str(mountpoint), None, None, False
+        try:
+            fd, self.image = tempfile.mkstemp(prefix="solar-local-disk-", dir="/dev/shm")
+            os.ftruncate(fd, int(size))
+            os.close(fd)
+            self.dev = self._run("losetup", "--find", "--show", self.image).strip()
+            self._run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0",
+                      self.dev)
+            os.makedirs(self.mountpoint, exist_ok=True)
+            self._run("mount", self.dev, self.mountpoint)
+            self.mounted = True
+            os.chmod(self.mountpoint, 0o1777)
+            st = os.stat(self.dev)
+            self.majmin = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _run(*cmd):
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise Unavailable(f"{' '.join(cmd)}: {p.stderr.strip() or p.returncode}")
+        return p.stdout
+
+    def close(self):
+        if self.mounted:
+            subprocess.run(["umount", self.mountpoint], capture_output=True)
+            self.mounted = False
+        if self.dev:
+            subprocess.run(["losetup", "-d", self.dev], capture_output=True)
+            self.dev = None
+        if self.image:
+            try:
+                os.unlink(self.image)
+            except FileNotFoundError:
+                pass
+            self.image = None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         prog="slow-storage",
@@ -193,6 +273,14 @@ def main(argv=None):
     ap.add_argument("--evict", action="store_true",
                     help="drop --data's pages from the page cache first (cold start)")
     ap.add_argument("--json", metavar="FILE", help="also write the counts as JSON here")
+    ap.add_argument("--local-dir", metavar="DIR",
+                    help="also emulate a node-local disk (NVMe) of its own, mounted on DIR: ext4 "
+                         "on a loop device whose image is in /dev/shm, reads and writes capped "
+                         "by --local-bandwidth; for --local-dir of solar run")
+    ap.add_argument("--local-size", metavar="BYTES", default="1G",
+                    help="the emulated local disk's size [1G]")
+    ap.add_argument("--local-bandwidth", metavar="BYTES/S", default="2G",
+                    help="its read and write cap [2G]")
     ap.add_argument("--unthrottled", action="store_true",
                     help="run CMD without a cap (where no controller exists); nothing is counted")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
@@ -210,6 +298,15 @@ def main(argv=None):
         ap.error("--iops must be at least 1")
     if not a.unthrottled and bps is None and a.iops is None:
         ap.error("give --bandwidth and/or --iops (or --unthrottled)")
+    try:
+        local_size = parse_size(a.local_size, "--local-size")
+        local_bps = parse_size(a.local_bandwidth, "--local-bandwidth")
+    except ValueError as e:
+        ap.error(str(e))
+    if a.local_dir and a.unthrottled:
+        ap.error("--local-dir emulates a capped local disk: drop --unthrottled")
+    if a.local_dir and os.path.exists(a.local_dir) and os.listdir(a.local_dir):
+        ap.error(f"--local-dir {a.local_dir}: not empty; give a new or empty folder to mount on")
     if a.evict and os.path.isfile(a.data):
         evict(a.data)
 
@@ -223,12 +320,28 @@ def main(argv=None):
                   file=sys.stderr)
             return 2
         print(f"slow-storage: {throttle.describe()}", file=sys.stderr, flush=True)
+    local = None
+    if a.local_dir:
+        try:
+            local = LocalDisk(a.local_dir, local_size)
+            throttle.add_device(local.majmin, local_bps, local_bps)
+        except Unavailable as e:
+            if local:
+                local.close()
+            throttle.close()
+            print(f"slow-storage: {e}", file=sys.stderr)
+            return 2
+        print(f"slow-storage: local disk {local.dev} ({local_size / 2**20:.0f} MiB) on "
+              f"{a.local_dir}, reads and writes capped at {local_bps / 2**20:.0f} MiB/s",
+              file=sys.stderr, flush=True)
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, preexec_fn=throttle.enter if throttle else None)
     except OSError as e:
         if throttle:
             throttle.close()
+        if local:
+            local.close()
         print(f"slow-storage: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
         return 127
     # Ctrl-C / SIGTERM go to CMD; we wait for it and clean up.
@@ -243,6 +356,13 @@ def main(argv=None):
     result = {"command": cmd, "returncode": rc, "wall_s": round(wall, 4)}
     if throttle:
         nbytes, nreq = throttle.read_since_start()
+        if local:
+            result["local"] = dict(throttle.device_counters(local.majmin), disk=local.majmin,
+                                   cap_bytes_per_s=local_bps)
+            print(f"slow-storage: local disk {local.majmin}: read "
+                  f"{result['local']['read_bytes'] / 2**20:.1f} MiB, wrote "
+                  f"{result['local']['write_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
+            local.close()
         throttle.close()
         result.update(disk=throttle.majmin, controller=throttle.kind, cap_bytes_per_s=bps,
                       cap_iops=a.iops, read_bytes=nbytes, read_requests=nreq)

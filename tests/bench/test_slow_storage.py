@@ -46,6 +46,35 @@ def test_a_cold_read_takes_at_least_bytes_over_cap(tmp_path):
     assert b"capped at" in p.stderr and b"MiB in" in p.stderr
 
 
+def test_an_emulated_local_disk_of_its_own_is_capped_counted_and_removed(tmp_path):
+    """--local-dir: a second device (ext4 on a loop device, its image in /dev/shm) capped apart
+    from the storage's disk: direct writes to it take at least bytes over its cap, its counter
+    sees them, the storage's disk sees none of them, and nothing is left mounted or attached."""
+    data = tmp_path / "d.bin"
+    data.write_bytes(b"x" * 4096)
+    controller_or_skip(data)
+    mnt, out = tmp_path / "nvme", tmp_path / "count.json"
+    size, cap = 32 * 2**20, 16 * 2**20
+    t0 = time.monotonic()
+    p = subprocess.run([SCRIPT, "--bandwidth", "1G", "--data", data, "--local-dir", mnt,
+                        "--local-size", "128M", "--local-bandwidth", str(cap), "--json", out, "--",
+                        "dd", "if=/dev/zero", f"of={mnt}/x", "bs=1M", "count=32", "oflag=direct"],
+                       capture_output=True, text=True, timeout=120)
+    wall = time.monotonic() - t0
+    if p.returncode == 2 and ("losetup" in p.stderr or "mount" in p.stderr):
+        pytest.skip(f"no loop device here: {p.stderr.strip()}")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    assert r["local"]["write_bytes"] >= size, r
+    assert r["read_bytes"] < size / 4, r  # the storage's disk: not the local disk's traffic
+    assert wall >= (size - cap) / cap, (wall, r)
+    assert "local disk" in p.stderr and "wrote 32.0 MiB" in p.stderr, p.stderr
+    assert not os.path.ismount(mnt) and list(mnt.iterdir()) == []
+    attached = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert "solar-local-disk" not in attached, attached
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("solar-local-disk")]
+
+
 def test_iops_cap_counts_requests(tmp_path):
     data = tmp_path / "small.bin"
     with open(data, "wb") as f:
