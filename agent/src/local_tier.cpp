@@ -132,11 +132,31 @@ void LocalTier::setup(const std::string& dir) {
 }
 
 void LocalTier::start() {
-  if (on_) thread_ = std::thread([this] { loop(); });
+  if (!on_) return;
+  for (unsigned i = 0; i < kThreads; ++i) threads_.emplace_back([this] { loop(); });
 }
 
 void LocalTier::join() {
-  if (thread_.joinable()) thread_.join();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+bool LocalTier::take_job_locked(Job& job) {
+  // Slots an earlier job (queued, running, or a write waiting for its step) holds back.
+  std::vector<std::uint32_t> held = busy_;
+  for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+    const bool slot_free =
+        it->disk == kNone || std::find(held.begin(), held.end(), it->disk) == held.end();
+    const bool landed = !it->write || a_.ready_ > it->step;
+    if (slot_free && landed) {
+      job = *it;
+      jobs_.erase(it);
+      if (job.disk != kNone) busy_.push_back(job.disk);
+      return true;
+    }
+    if (it->disk != kNone) held.push_back(it->disk);
+  }
+  return false;
 }
 
 void LocalTier::remove_files() {
@@ -262,18 +282,13 @@ void LocalTier::loop() {
   for (;;) {
     Job j;
     {
+      // (A write copies a sample read into memory for an earlier step: once that step is
+      // read, take_job_locked.)
       std::unique_lock lk(a_.mu_);
-      cv_.wait(lk, [&] { return a_.stopping_ || !a_.fatal_.empty() || !jobs_.empty(); });
+      ++waiting_;
+      cv_.wait(lk, [&] { return a_.stopping_ || !a_.fatal_.empty() || take_job_locked(j); });
+      --waiting_;
       if (a_.stopping_ || !a_.fatal_.empty()) return;
-      j = jobs_.front();
-      jobs_.pop_front();
-      // A write copies a sample read into memory for an earlier step: once that step is read.
-      if (j.write && a_.ready_ <= j.step) {
-        waiting_ = true;
-        cv_.wait(lk, [&] { return a_.stopping_ || !a_.fatal_.empty() || a_.ready_ > j.step; });
-        waiting_ = false;
-        if (a_.stopping_ || !a_.fatal_.empty()) return;
-      }
     }
     const auto t0 = Clock::now();
     int err = 0;
@@ -289,6 +304,10 @@ void LocalTier::loop() {
     }
     const double secs = seconds_since(t0);
     std::lock_guard lk(a_.mu_);
+    if (j.disk != kNone) {  // later jobs on its slot may start
+      busy_.erase(std::find(busy_.begin(), busy_.end(), j.disk));
+      cv_.notify_all();
+    }
     if (j.free_after) {  // discarded in its step: free once read (held_)
       holder_[j.disk] = kNone;
       free_disk_.push_back(j.disk);
@@ -345,7 +364,7 @@ nlohmann::json LocalTier::stats_json_locked() const {
           {"from_storage", from_storage_},
           {"corrupt", corrupt_},
           {"errors", errors_},
-          {"off", broken_}};
+          {"off", broken_.load()}};
 }
 
 }  // namespace solar::agent

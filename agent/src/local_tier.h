@@ -18,8 +18,11 @@
 // so the disk cannot fill up under it later. It is written and read with O_DIRECT where the
 // file system allows it (not the page cache's memory: that is the memory tier's budget).
 //
-// One thread (loop) executes the disk's reads and writes in the order they were queued, so a
-// read finds the copy written before it and a slot reused by a later write has been read.
+// Two threads (loop, kThreads: a local NVMe wants requests in flight; on 2 cores, 4 were
+// slower than 2, bench/README.md) execute the
+// disk's reads and writes, each disk slot's in the order they were queued: a job starts only
+// once no earlier job on its slot is queued or running, so a read finds the copy written before
+// it and a slot a later write reuses has been read; jobs on other slots pass it.
 // Each copy carries the CRC-32 of its bytes, checked when it is read back. Whatever fails — no
 // room for the file, a write or read error (EIO), a copy whose bytes changed — the sample is
 // read from storage instead, one warning for each kind, never a wrong byte; after a disk error
@@ -30,6 +33,7 @@
 // or has failed, woken by wake_all(); join() waits for it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -80,7 +84,7 @@ class LocalTier {
   void step_queued_locked(std::uint64_t t);
   // Steps became ready (a write may wait for one).
   void steps_ready_locked() {
-    if (on_ && waiting_) cv_.notify_all();
+    if (on_ && waiting_ > 0) cv_.notify_all();
   }
   nlohmann::json stats_json_locked() const;
 
@@ -92,7 +96,10 @@ class LocalTier {
     std::uint64_t step = 0;   // read: the step it is for; write: wait until it is ready
     std::uint32_t sample = 0, slot = 0, disk = kNone;
   };
+  static constexpr unsigned kThreads = 2;
   void loop();
+  // The first queued job that may start now (see above), taken off the queue; false: none.
+  bool take_job_locked(Job& job);
   // The loop's work; false: the disk failed (errno kept in `err`).
   bool write_copy(const Job& j, std::byte* staging, int& err);
   bool read_copy(const Job& j, std::byte* staging, int& err, bool& corrupt);
@@ -115,19 +122,21 @@ class LocalTier {
   std::uint64_t extra_slots_ = 0;
   std::vector<std::uint32_t> disk_of_;  // by sample: its disk slot, or kNone
   std::vector<std::uint64_t> arrived_;  // by sample: the step of its last read into memory
-  // The loop's own (no lock): by disk slot, the sample whose good copy it holds (kNone: none)
-  // and that copy's CRC-32; whether the disk failed (nothing more is written).
+  // By disk slot, the sample whose good copy it holds (kNone: none) and that copy's CRC-32:
+  // each slot's touched by the one job running on it (no lock). Whether the disk failed
+  // (nothing more is written).
   std::vector<std::uint32_t> holder_, crc_;
-  bool broken_ = false;
+  std::atomic<bool> broken_{false};
+  std::vector<std::uint32_t> busy_;  // disk slots a job runs on (mu_)
   bool warned_corrupt_ = false, warned_error_ = false;
   // Counters (mu_).
   std::uint64_t reads_ = 0, writes_ = 0, from_storage_ = 0, corrupt_ = 0, errors_ = 0;
   std::uint64_t bytes_read_ = 0, bytes_written_ = 0;
   double read_seconds_ = 0, write_seconds_ = 0;
   std::deque<Job> jobs_;
-  bool waiting_ = false;  // the loop waits for a step to become ready
+  unsigned waiting_ = 0;  // threads waiting for a job that may start
   std::condition_variable cv_;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace solar::agent
