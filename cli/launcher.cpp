@@ -217,6 +217,18 @@ LaunchResult launch(const LaunchSpec& spec) {
                                              std::strerror(errno)));
       const std::string agent =
           spec.agent_path.empty() ? find_sibling("solar-agent", "agent") : spec.agent_path;
+      if (c.tiered()) {
+        for (std::uint32_t m = 0; m < c.nodes; ++m)
+          local_dirs[m] = spec.local_dir.empty()
+                              ? (dir / fmt::format("local-node{}", m)).string()
+                              : (fs::path(spec.local_dir) /
+                                 fmt::format("{}-node{}", dir.filename().string(), m))
+                                    .string();
+        if (!spec.local_dir.empty()) {  // outside the run folder: for the watchdog's removal
+          std::ofstream list(dir / kLocalDirsFile);
+          for (const std::string& d : local_dirs) list << d << '\n';
+        }
+      }
       for (std::uint32_t m = 0; m < c.nodes; ++m) {
         sockets[m] = (dir / fmt::format("node{}.sock", m)).string();
         const std::string log = (dir / fmt::format("node{}.log", m)).string();
@@ -238,14 +250,7 @@ LaunchResult launch(const LaunchSpec& spec) {
                                    spec.peer_provider, "--peer-timeout",
                                    fmt::format("{}", spec.peer_timeout)});
         }
-        if (c.tiered()) {
-          local_dirs[m] = spec.local_dir.empty()
-                              ? (dir / fmt::format("local-node{}", m)).string()
-                              : (fs::path(spec.local_dir) /
-                                 fmt::format("{}-node{}", dir.filename().string(), m))
-                                    .string();
-          argv.insert(argv.end(), {"--local-dir", local_dirs[m]});
-        }
+        if (c.tiered()) argv.insert(argv.end(), {"--local-dir", local_dirs[m]});
         if (spec.start_step > 0) {
           argv.push_back("--start-step");
           argv.push_back(std::to_string(spec.start_step));

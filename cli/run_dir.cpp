@@ -100,11 +100,25 @@ std::string start_time(pid_t pid) {
     }
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  sys::remove_tree(dir);
+  remove_run_dir(dir);
   ::_exit(0);
 }
 
 }  // namespace
+
+void remove_run_dir(const fs::path& dir) {
+  std::ifstream list(dir / kLocalDirsFile);
+  const std::string prefix = dir.filename().string() + "-node";
+  for (std::string line; std::getline(list, line);) {
+    const fs::path p(line);
+    struct stat st {};
+    if (p.filename().string().rfind(prefix, 0) != 0 || ::lstat(p.c_str(), &st) != 0 ||
+        !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
+    sys::remove_tree(p);
+  }
+  sys::remove_tree(dir);
+}
 
 // Who owns a run folder: this boot, this pid namespace, this process and its start time (a pid
 // alone may be reused).
@@ -136,7 +150,7 @@ void sweep_leftover_run_dirs(const fs::path& base) {
       continue;
     if (start[0] && start_time(pid) == start) continue;  // still running
     if (!start[0] && ::kill(pid, 0) == 0) continue;
-    sys::remove_tree(e.path());
+    remove_run_dir(e.path());
   }
 }
 

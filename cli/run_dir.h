@@ -17,6 +17,13 @@
 namespace solar::cli {
 
 inline constexpr const char* kOwnerFile = "solar-run.owner";
+// The local tier's folders a run keeps outside its folder (solar run --local-dir), one a line:
+// removed with the run folder by the watchdog and by the sweep below, each only if it is a
+// folder of this user named after the run folder (RUNFOLDER-nodeM).
+inline constexpr const char* kLocalDirsFile = "local-dirs";
+
+// Removes a run folder and the local tier's folders it lists (kLocalDirsFile).
+void remove_run_dir(const std::filesystem::path& dir);
 
 // Who owns a run folder: this boot, this pid namespace, this process and its start time (a pid
 // alone may be reused).

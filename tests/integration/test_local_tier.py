@@ -67,9 +67,9 @@ def test_every_sample_right_and_read_back_from_the_local_disk(tmp_path, data, mo
     assert list((tmp_path / "nvme").iterdir()) == []
 
 
-def agent_of(local_dir):
-    """The PID of the solar-agent this test's run started for `local_dir` (its command line
-    names it), or None."""
+def agents_in(folder):
+    """The PIDs of the solar-agents whose --local-dir lies in `folder` (this test's runs)."""
+    pids = []
     for d in pathlib.Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -77,8 +77,21 @@ def agent_of(local_dir):
             argv = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"solar-agent") and str(local_dir).encode() in argv:
-            return int(d.name)
+        if argv and argv[0].endswith(b"solar-agent") and any(
+                a.startswith(str(folder).encode() + b"/") for a in argv):
+            pids.append(int(d.name))
+    return pids
+
+
+def agent_of(local_dir):
+    """The PID of the solar-agent started for exactly `local_dir`, or None."""
+    for pid in agents_in(local_dir.parent):
+        try:
+            argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(local_dir).encode() in argv:
+            return pid
     return None
 
 
@@ -96,6 +109,24 @@ def test_an_agent_killed_leaves_nothing_in_the_local_folder(tmp_path, data):
     # Its ranks go on reading the file themselves; the run's sweep removes what it left.
     verified(subprocess.CompletedProcess(cmd, p.returncode, out, err))
     assert list(nvme.iterdir()) == [], list(nvme.iterdir())
+
+
+def test_solar_run_killed_leaves_nothing_in_the_local_folder(tmp_path, data):
+    """SIGKILL of `solar run` itself: its agents and ranks go (parent-death signal) and its
+    watchdog removes the run folder and the local tier's folders it lists, though they lie
+    outside it (--local-dir)."""
+    nvme, tmp = tmp_path / "nvme", tmp_path / "tmp"
+    tmp.mkdir()
+    cmd = job(tmp_path, data, train=["--compute-ms", "40"])
+    with reaped(subprocess.Popen([str(a) for a in cmd], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL,
+                                 env=dict(os.environ, TMPDIR=str(tmp)))) as p:
+        wait_until(lambda: any(nvme.glob("*-node1/tier")), timeout=60, what="node 1's tier")
+        p.kill()
+        p.wait(timeout=30)
+    wait_until(lambda: not agents_in(nvme), timeout=30, what="the run's agents gone")
+    wait_until(lambda: not any(nvme.iterdir()) and not any(tmp.iterdir()), timeout=30,
+               what="the run folder and the local tier's folders removed")
 
 
 def test_copies_corrupted_on_disk_are_read_from_storage_instead(tmp_path, data):
