@@ -306,12 +306,11 @@ void run_run(const RunOptions& o) {
       if (o.no_agent) throw ConfigError("--local-buffer", "needs agents; drop --no-agent");
       if (o.peers)
         throw ConfigError("--local-buffer", "a local tier and --peers do not go together yet");
-      if (c.sized())
-        throw ConfigError("--local-buffer", "holds samples of one size only; these differ "
-                                            "(drop --local-buffer)");
-      // In slots of what the agent keeps of a sample (its bytes and label), as --buffer.
+      // In slots of what the agent keeps of a sample (its bytes and label), as --buffer. The
+      // tier's own rules (one sample size, at least a sample) are PlanConfig::validate's.
       c.local_bytes = BufferSpec::parse(o.local_buffer, "--local-buffer")
                           .resolve(c.samples, c.sample_bytes);
+      c.validate();
       if (!o.local_dir.empty()) {
         struct stat st {};
         if (::stat(o.local_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))

@@ -92,8 +92,8 @@ void LocalTier::setup(const std::string& dir) {
   copy_bytes_ = a_.sample_bytes_ + a_.label_bytes_;
   stride_ = (copy_bytes_ + kAlign - 1) / kAlign * kAlign;
   // The tier, and room for the copies two steps' reads hold (held_).
-  extra_slots_ = 2 * std::uint64_t{R} * (std::uint64_t{c.batch} + c.imbalance);
-  const std::uint64_t slots = c.local_samples() + extra_slots_;
+  const std::uint64_t extra = 2 * std::uint64_t{R} * (std::uint64_t{c.batch} + c.imbalance);
+  const std::uint64_t slots = c.local_samples() + extra;
   fd_ = ::open(file_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
   direct_ = fd_ >= 0;
   if (fd_ < 0 && errno == EINVAL)  // tmpfs and others: no O_DIRECT
@@ -126,7 +126,7 @@ void LocalTier::setup(const std::string& dir) {
   on_ = true;
   spdlog::info("node {}: local tier {} ({} slots of {}, {} of them for reads in flight; {}): "
                "{} reads back, {} writes planned",
-               a_.opt_.node, file_, slots, format_bytes(stride_), extra_slots_,
+               a_.opt_.node, file_, slots, format_bytes(stride_), extra,
                direct_ ? "O_DIRECT" : "through the page cache", moves_.reads.size(),
                moves_.writes.size());
 }
@@ -142,8 +142,10 @@ void LocalTier::join() {
 }
 
 bool LocalTier::take_job_locked(Job& job) {
-  // Slots an earlier job (queued, running, or a write waiting for its step) holds back.
-  std::vector<std::uint32_t> held = busy_;
+  // Slots an earlier job (queued, running, or a write waiting for its step) holds back (a
+  // member reused: this runs under the agent's lock at every wake-up).
+  std::vector<std::uint32_t>& held = scan_;
+  held.assign(busy_.begin(), busy_.end());
   for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
     const bool slot_free =
         it->disk == kNone || std::find(held.begin(), held.end(), it->disk) == held.end();
@@ -216,7 +218,7 @@ void LocalTier::queue_read_locked(std::uint64_t t, std::uint32_t sample, std::ui
   cv_.notify_all();
 }
 
-void LocalTier::step_queued_locked(std::uint64_t) {
+void LocalTier::step_queued_locked() {
   for (const auto& [x, d] : held_)
     if (d != kNone) free_disk_.push_back(d);
   held_.clear();

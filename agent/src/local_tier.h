@@ -79,9 +79,9 @@ class LocalTier {
   // Reads `sample`'s copy into memory slot `slot` for step t (one of the step's outstanding
   // reads: it ends with Prefetcher::read_done_locked, or becomes a storage read).
   void queue_read_locked(std::uint64_t t, std::uint32_t sample, std::uint32_t slot);
-  // Step t's reads are queued: the copies it discarded that no read took (their samples still
+  // The step's reads are queued: the copies it discarded that no read took (their samples still
   // in memory) are free now.
-  void step_queued_locked(std::uint64_t t);
+  void step_queued_locked();
   // Steps became ready (a write may wait for one).
   void steps_ready_locked() {
     if (on_ && waiting_ > 0) cv_.notify_all();
@@ -116,10 +116,9 @@ class LocalTier {
   // Step t's discards of copies its own reads still need: the plan reads a copy back before the
   // disk discards it in the same step (a copy of a sample now in memory), but the agent frees
   // disk slots before it has the memory slots to read into. Such a slot is freed once its read
-  // is done (the file has slots for two steps' reads beyond the tier for them: extra_slots_),
-  // so that no write of the step overwrites it first. (sample, disk slot) of the current step.
+  // is done (the file has slots for two steps' reads beyond the tier for them), so that no
+  // write of the step overwrites it first. (sample, disk slot) of the current step.
   std::vector<std::pair<std::uint32_t, std::uint32_t>> held_;
-  std::uint64_t extra_slots_ = 0;
   std::vector<std::uint32_t> disk_of_;  // by sample: its disk slot, or kNone
   std::vector<std::uint64_t> arrived_;  // by sample: the step of its last read into memory
   // By disk slot, the sample whose good copy it holds (kNone: none) and that copy's CRC-32:
@@ -128,6 +127,7 @@ class LocalTier {
   std::vector<std::uint32_t> holder_, crc_;
   std::atomic<bool> broken_{false};
   std::vector<std::uint32_t> busy_;  // disk slots a job runs on (mu_)
+  std::vector<std::uint32_t> scan_;  // take_job_locked's scratch (mu_)
   bool warned_corrupt_ = false, warned_error_ = false;
   // Counters (mu_).
   std::uint64_t reads_ = 0, writes_ = 0, from_storage_ = 0, corrupt_ = 0, errors_ = 0;

@@ -208,7 +208,7 @@ void Prefetcher::prefetch_loop() {
           ++jobs;
         }
       }
-      a_.local_.step_queued_locked(t);
+      a_.local_.step_queued_locked();
       outstanding_[t] = jobs + peer_jobs + local_jobs;
       if (jobs) job_ready_.notify_all();
       if (peer_jobs) a_.peers_.step_queued_locked(t, peer_jobs);

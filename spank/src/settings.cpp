@@ -329,9 +329,6 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
       if (o.is_peers() && nodes > 1)
         throw ConfigError("--solar-local-buffer", "a local tier and --solar-peers do not go "
                                                   "together yet");
-      if (c.sized())
-        throw ConfigError("--solar-local-buffer", "holds samples of one size only; these "
-                                                  "differ (drop the option)");
       c.local_bytes = BufferSpec::parse(*local, "--solar-local-buffer")
                           .resolve(c.samples, c.sample_bytes);
       if (pc.max_local_buffer && c.local_bytes > *pc.max_local_buffer) {
