@@ -48,8 +48,9 @@ per rank).
 
 Every loader runs under `solar run` (the plain one with --no-agent); storage is cold at every
 epoch start (the page cache of the dataset's files dropped after a barrier), as in
-bench/pytorch_io.py, whose helpers this script uses. The batch-mode loader (solar.torch.Loader)
-cannot read whole-file samples (unet3d's npz): that row is left out and says so.
+bench/pytorch_io.py, whose helpers this script uses. Over whole-file samples (unet3d's npz) the
+batch-mode loader (solar.torch.Loader) hands each file's bytes and the rank decodes them with
+np.load, as the plain loader's dataset does.
 """
 import argparse
 import glob
@@ -138,6 +139,22 @@ def make_loader(a, rank, world):
         loader = tud.DataLoader(ds, batch_size=a.batch, sampler=sampler,
                                 num_workers=a.workers, collate_fn=concatenate)
         return sampler.set_epoch, loader, (lambda b: b[0])
+    if a.rank == "solar" and a.layout == "npz":
+        # Whole files in batch mode: each sample its file's bytes, decoded here as the plain
+        # loader's np.load does (one array back to back, as concatenate gives).
+        import io as bytes_io
+        import torch
+        import solar.torch
+
+        def decode(batch):
+            xs = []
+            for t in batch.data:
+                with np.load(bytes_io.BytesIO(memoryview(t.numpy()))) as z:
+                    xs.append(torch.from_numpy(z["x"]))
+            return torch.cat(xs)
+        loader = solar.torch.Loader()
+        a.using_agent = loader.using_agent
+        return loader.set_epoch, loader, decode
     set_epoch, loader, unpack = io.make_loader(a, rank, world)
     return set_epoch, loader, (lambda b: unpack(b)[0])
 
@@ -273,10 +290,6 @@ def main():
     if not loaders or not set(loaders) <= set(LOADERS):
         sys.exit(f"au: --loaders {a.loaders}: choose from {', '.join(LOADERS)}")
     skipped = []
-    if a.layout == "npz" and "solar" in loaders:
-        loaders.remove("solar")
-        skipped.append("solar (solar.torch.Loader): batch mode does not hand out whole-file "
-                       "samples yet (issue 36); the transparent mode serves them")
     if a.repeat < 1 or a.epochs < 1 or a.batch < 1 or a.samples < 1 or a.compute_scale <= 0:
         sys.exit("au: --repeat, --epochs, --batch, --samples and --compute-scale must be "
                  "positive")

@@ -279,23 +279,23 @@ void run_run(const RunOptions& o) {
     if (o.peers && c.nodes < 2)
       throw ConfigError("--peers", "shares buffers between nodes: give --nodes 2 or more");
     storage::DatasetInfo planned = src->info();
-    if (planned.whole_files && !o.transparent && !o.no_agent)  // --no-agent: the script alone
-      throw ConfigError("--dataset",
-                        fmt::format("'{}' is whole-file samples ({}): solar serves them to an "
-                                    "unmodified script that reads the files itself (np.load, "
-                                    "PIL, open().read()); add --transparent. Its own loader does "
-                                    "not hand each sample's length yet",
-                                    o.dataset, planned.layout));
+    if (planned.whole_files && o.peers)
+      throw ConfigError("--peers", fmt::format("'{}' is whole-file samples ({}), which agents do "
+                                               "not share between nodes yet; drop --peers",
+                                               o.dataset, planned.layout));
     // Transparent over samples as they lie in their files (whole files, filtered chunks): of
     // differing sizes, the buffer holds each in its own bytes and the plan counts bytes
     // (--buffer 64%: of their bytes); of one size, slots of it, as for raw samples.
     // (With --peers, slots of the largest: the agents share samples of one slot size only.)
+    // Batch mode over whole files: each sample is its file's bytes (libsolar hands each one's
+    // length; the script decodes them), planned by bytes, served zero copy.
     const std::vector<std::uint64_t> sized =
-        o.transparent && !o.peers ? storage::stored_sample_sizes(*src) : std::vector<std::uint64_t>{};
+        (o.transparent || planned.whole_files) && !o.peers ? storage::stored_sample_sizes(*src)
+                                                           : std::vector<std::uint64_t>{};
     if (!sized.empty()) {
-      c = config_for_sized_transparent(c, sized, buffer.resolve(sized_buffer_bytes(sized), 1));
+      c = config_for_sized_samples(c, sized, buffer.resolve(sized_buffer_bytes(sized), 1));
     } else {
-      if (o.transparent)
+      if (o.transparent || planned.whole_files)
         if (const std::uint64_t stored = storage::stored_sample_bytes(*src); stored > 0)
           planned.sample_bytes = stored;
       c = plan_for_run(planned, buffer, c, o.peers, !o.transparent && !o.zero_copy);

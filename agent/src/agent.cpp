@@ -91,12 +91,9 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   }();
   header_ = pf.header();
   const bool sized = header_.config.sized();
-  if (sized && !o.transparent)
-    throw AgentError(fmt::format(
-        "the plan {} is of samples of differing sizes, which the agent serves in the "
-        "transparent mode only (--transparent: an unmodified script reading whole files or "
-        "compressed chunks); batches of one size need a plan of one sample size",
-        o.plan));
+  // Batch mode over samples of differing sizes (whole files): the ranks read each sample in
+  // its own extent of the cache (zero copy): a ring's slots would all have to be of the largest.
+  const bool zero_copy = o.zero_copy || (sized && !o.transparent);
   if (sized && !o.peer_dir.empty())
     throw AgentError(fmt::format("the plan {} is of samples of differing sizes, which agents do "
                                  "not share between nodes yet; drop --peer-dir",
@@ -129,7 +126,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   start_ = o.start_step;
   NodeStats::Config sc;
   sc.node = o.node;
-  sc.mode = o.transparent ? "transparent" : o.zero_copy ? "zero_copy" : "ring";
+  sc.mode = o.transparent ? "transparent" : zero_copy ? "zero_copy" : "ring";
   sc.epochs = header_.config.epochs;
   sc.steps_per_epoch = header_.layout.steps;
   sc.ranks = R_;
@@ -156,13 +153,11 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
     throw AgentError(e.what());
   }
   const auto& info = source_->info();
-  if (info.whole_files && !o.transparent)
-    throw AgentError(fmt::format("{} is whole-file samples ({}): they are served in the "
-                                 "transparent mode only (--transparent)",
-                                 source_->describe(), info.layout));
   // Transparent over filtered chunks: slots hold each sample's bytes as stored (the program
-  // decodes them), and the plan counts slots of the longest.
-  const std::uint64_t stored = o.transparent ? storage::stored_sample_bytes(*source_) : 0;
+  // decodes them), and the plan counts slots of the longest. Whole files are read so in batch
+  // mode too: a sample is its file's bytes (the rank's transform decodes them).
+  const std::uint64_t stored =
+      o.transparent || info.whole_files ? storage::stored_sample_bytes(*source_) : 0;
   stored_mode_ = stored > 0;
   const std::uint64_t slot_sample = stored_mode_ ? stored : info.sample_bytes;
   if (sized) {
@@ -195,7 +190,10 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
         "{} has {} samples of {} bytes{} but the plan {} was computed for {} samples of {} "
         "bytes; recompute the plan for this dataset",
         source_->describe(), info.samples, slot_sample,
-        stored_mode_ ? " as stored (filtered chunks, served as they are)" : "", o.plan,
+        !stored_mode_      ? ""
+        : info.whole_files ? " (whole files)"
+                           : " as stored (filtered chunks, served as they are)",
+        o.plan,
         header_.config.samples, header_.config.sample_bytes));
   sample_bytes_ = slot_sample;
   // Sized: the transparent mode serves samples only (a script reads its labels itself).
@@ -203,11 +201,11 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   stats_.mark(NodeStats::Stage::source_opened);
 
   // Buffer: the plan's resident set, then the ranks' rings (see buffer_layout.cpp).
-  if (!o.zero_copy && o.staging_steps == 0)
+  if (!zero_copy && o.staging_steps == 0)
     throw AgentError("--staging-steps must be at least 1 (batches in each rank's ring)");
   BufferOptions bo;
   bo.staging_steps = o.staging_steps;
-  bo.zero_copy = o.zero_copy;
+  bo.zero_copy = zero_copy;
   bo.transparent = o.transparent;
   bo.peers = !o.peer_dir.empty();
   bo.page_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));

@@ -37,8 +37,13 @@ void ControlServer::put_batch_locked(RankState& rs, std::uint32_t r,
   for (std::size_t i = 0; i < acc.size(); ++i) {
     const std::uint32_t x = acc[i] & kSampleMask;
     hits += acc[i] >> 31;
-    const protocol::BatchEntry e{x,
-                                 a_.buf_.ring_depth ? a_.ring_slot(r, t, i) : a_.table_.slot_of(x)};
+    // Samples of differing sizes: one the cache had no extent for (Prefetcher's unplaced) is
+    // the rank's to read itself (protocol::kReadItYourself).
+    const std::uint32_t slot = a_.buf_.ring_depth            ? a_.ring_slot(r, t, i)
+                               : a_.table_.resident(x)       ? a_.table_.slot_of(x)
+                               : a_.table_.sized()           ? protocol::kReadItYourself
+                                                             : a_.table_.slot_of(x);
+    const protocol::BatchEntry e{x, slot};
     std::memcpy(m + kHead + i * sizeof e, &e, sizeof e);
   }
   // Waited for only when every earlier step is released (or held, waits_for): one handed out

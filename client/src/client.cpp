@@ -49,6 +49,23 @@ void for_each_run(const std::vector<const std::byte*>& from, std::size_t each, F
   }
 }
 
+// The batch's samples back to back, as runs that lie back to back in memory too: f(out
+// offset, first sample's address, bytes), once per run. Each sample is its own length (a sized
+// plan's whole files) or the loader's sample bytes.
+template <class F>
+void for_each_extent(const solar_batch& b, F&& f) {
+  const solar_loader& l = *b.loader;
+  std::uint64_t out = 0;
+  for (std::size_t i = 0; i < b.samples.size();) {
+    std::uint64_t len = l.length_of(b.samples[i]);
+    std::size_t k = i + 1;
+    while (k < b.samples.size() && b.data[k] == b.data[i] + len) len += l.length_of(b.samples[k++]);
+    f(out, b.data[i], len);
+    out += len;
+    i = k;
+  }
+}
+
 thread_local std::string g_last_error;
 
 // FNV-1a, 64 bits: the plan's fingerprint.
@@ -91,11 +108,6 @@ solar_loader* solar_open_env(void) {
     l->where.labels = env("SOLAR_LABELS", "/label");
     const solar::PlanFile pf = solar::PlanFile::open(plan_path);
     l->header = pf.header();
-    if (l->header.config.sized())
-      throw ClientError(fmt::format("the plan {} is of samples of differing sizes, which solar "
-                                    "plans but libsolar does not read yet; plan samples of one "
-                                    "size",
-                                    plan_path));
     // Standalone (one process, no launcher): node 0, local rank 0. A process that a launcher
     // started as one of several must be told which rank it is: all of them being rank 0 would
     // train on the same samples.
@@ -132,6 +144,8 @@ solar_loader* solar_open_env(void) {
       throw ClientError(fmt::format("SOLAR_LOCAL_RANK={} but the plan has {} ranks per node",
                                     l->local_rank, l->R));
     l->plan = pf.node(l->node);
+    // Samples of differing sizes (whole files): each one's length is its file's size.
+    if (l->header.config.sized()) l->read_lengths();
     l->T = std::uint64_t{l->header.layout.steps} * l->header.config.epochs;
     {  // Resume: where the launcher (solar run --start-*, srun --solar-start-*) starts the job.
       auto start_var = [](const char* name) -> std::optional<std::uint64_t> {
@@ -211,6 +225,8 @@ int solar_next_batch(solar_loader* l, solar_batch** out) {
     for (std::size_t i = 0; i < want.size(); ++i) b.samples[i] = want[i] & solar::kSampleMask;
     l->holding_from_agent = l->next_from_agent();
     if (!l->holding_from_agent) l->next_direct();
+    b.bytes = 0;
+    for (std::uint32_t x : b.samples) b.bytes += l->length_of(x);
     ++l->cursor;
     l->holding = true;
     *out = &b;
@@ -294,6 +310,11 @@ uint64_t solar_batch_step(const solar_batch* b) { return b->step; }
 uint32_t solar_batch_epoch(const solar_batch* b) { return b->epoch; }
 uint64_t solar_batch_index(const solar_batch* b, size_t i) { return b->samples[i]; }
 const void* solar_batch_sample(const solar_batch* b, size_t i) { return b->data[i]; }
+uint64_t solar_batch_sample_bytes(const solar_batch* b, size_t i) {
+  return b->loader->length_of(b->samples[i]);
+}
+uint64_t solar_batch_bytes(const solar_batch* b) { return b->bytes; }
+int solar_sample_sizes_differ(const solar_loader* l) { return l && !l->lengths.empty(); }
 const void* solar_batch_label(const solar_batch* b, size_t i) { return b->labels[i]; }
 double solar_batch_mean_size(const solar_batch* b) { return b->mean_size; }
 
@@ -305,11 +326,16 @@ int solar_batch_gather(const solar_batch* b, void* data, size_t data_bytes, void
   }
   const solar_loader* l = b->loader;
   const std::size_t n = b->samples.size();
-  const std::uint64_t sb = l->format.sample_bytes, lb = l->format.label_bytes;
-  if (data && data_bytes < n * sb) {
-    g_last_error = fmt::format("solar_batch_gather: the data buffer has {} bytes, the batch "
-                               "needs {} ({} samples of {})",
-                               data_bytes, n * sb, n, sb);
+  const std::uint64_t lb = l->format.label_bytes;
+  if (data && data_bytes < b->bytes) {
+    g_last_error =
+        l->lengths.empty()
+            ? fmt::format("solar_batch_gather: the data buffer has {} bytes, the batch needs {} "
+                          "({} samples of {})",
+                          data_bytes, b->bytes, n, l->format.sample_bytes)
+            : fmt::format("solar_batch_gather: the data buffer has {} bytes, the batch needs {} "
+                          "({} samples of differing sizes: solar_batch_bytes)",
+                          data_bytes, b->bytes, n);
     return -1;
   }
   if (labels && !lb) {
@@ -325,8 +351,8 @@ int solar_batch_gather(const solar_batch* b, void* data, size_t data_bytes, void
   auto* dout = static_cast<std::byte*>(data);
   auto* lout = static_cast<std::byte*>(labels);
   if (dout)
-    for_each_run(b->data, sb, [&](std::size_t i, std::size_t k) {
-      std::memcpy(dout + i * sb, b->data[i], (k - i) * sb);
+    for_each_extent(*b, [&](std::uint64_t at, const std::byte* from, std::uint64_t len) {
+      std::memcpy(dout + at, from, len);
     });
   if (lout)
     for_each_run(b->labels, lb, [&](std::size_t i, std::size_t k) {
@@ -376,12 +402,10 @@ int solar_batch_copy_to_device(const solar_batch* b, void* dst, void* stream) {
       l->pin.failed = true;
     }
   }
-  const std::uint64_t sb = l->format.sample_bytes;
   auto* out = static_cast<std::byte*>(dst);
   int e = 0;
-  for_each_run(b->data, sb, [&](std::size_t i, std::size_t k) {
-    if (e == 0) e = cu.MemcpyAsync(out + i * sb, b->data[i], (k - i) * sb, Cuda::kHostToDevice,
-                                   stream);
+  for_each_extent(*b, [&](std::uint64_t at, const std::byte* from, std::uint64_t len) {
+    if (e == 0) e = cu.MemcpyAsync(out + at, from, len, Cuda::kHostToDevice, stream);
   });
   if (e != 0) {
     g_last_error = fmt::format("solar_batch_copy_to_device: {}", cu.GetErrorString(e));

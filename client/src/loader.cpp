@@ -14,6 +14,8 @@
 
 #include "cuda_runtime.h"
 #include "direct_source.h"
+#include "solar/core/agent_budget.h"
+#include "solar/storage/dataset_files.h"
 #include "solar/fd_passing.h"
 #include "solar/unix_socket.h"
 
@@ -69,7 +71,9 @@ void solar_loader::open_source() {
   so.wait_for_server = true;
   source = solar::client::open_direct_source(where.dataset, so);
   const auto& info = source->info();
-  if (info.samples != header.config.samples || info.sample_bytes != header.config.sample_bytes)
+  // A sized plan counts each sample's bytes (read_lengths checks them); others one size.
+  if (info.samples != header.config.samples ||
+      (!header.config.sized() && info.sample_bytes != header.config.sample_bytes))
     throw ClientError(fmt::format("{} has {} samples of {} bytes, the plan expects {} of {}",
                                   source->describe(), info.samples, info.sample_bytes,
                                   header.config.samples, header.config.sample_bytes));
@@ -81,6 +85,42 @@ void solar_loader::open_source() {
     format.shape = info.sample_shape;
   } else if (format.label_bytes != (info.has_labels ? info.label_bytes : 0)) {
     throw ClientError(fmt::format("{}: label size differs from the agent's", source->describe()));
+  }
+}
+
+void solar_loader::read_lengths() {
+  open_source();
+  lengths = solar::storage::stored_sample_sizes(*source);
+  const std::vector<std::uint64_t>& planned = *header.config.sample_sizes;
+  std::size_t x = 0;
+  while (x < lengths.size() && x < planned.size() &&
+         solar::agent_sample_slot_bytes(lengths[x]) == planned[x])
+    ++x;
+  if (lengths.size() != planned.size() || x != planned.size())
+    throw ClientError(fmt::format(
+        "{} does not hold the samples the plan was made for ({}); recompute the plan for this "
+        "dataset",
+        source->describe(),
+        lengths.size() != planned.size()
+            ? fmt::format("{} samples of differing sizes, the plan {}", lengths.size(),
+                          planned.size())
+            : fmt::format("sample {} is {} bytes, the plan counts {}", x, lengths[x], planned[x])));
+}
+
+void solar_loader::read_directly(const std::vector<std::size_t>& which) {
+  open_source();
+  const bool stored = !lengths.empty() || source->info().whole_files;
+  std::uint64_t need = 0;
+  for (std::size_t i : which) need += length_of(batch.samples[i]);
+  batch.own.resize(need);
+  std::uint64_t at = 0;
+  for (std::size_t i : which) {
+    const std::uint32_t x = batch.samples[i];
+    const solar::storage::SampleRun one[] = {{x, 1}};
+    if (stored) source->read_stored(one, batch.own.data() + at, length_of(x));
+    else source->read(one, batch.own.data() + at);
+    batch.data[i] = batch.own.data() + at;
+    at += length_of(x);
   }
 }
 
@@ -186,7 +226,9 @@ void solar_loader::attach() {
   // Samples in slots, then the labels (version 4); a layout that does not add up is not
   // mapped.
   const std::uint64_t samples_end = hello.slots * hello.slot_bytes;
-  if (hello.slot_bytes < hello.sample_bytes ||
+  // A sized plan: 64-byte units of one arena, each sample over its own length (version 8).
+  if ((header.config.sized() ? hello.slot_bytes != 64 || hello.label_bytes
+                             : hello.slot_bytes < hello.sample_bytes) ||
       (hello.label_bytes && hello.labels_offset < samples_end)) {
     ::close(memfd);
     return drop_agent("the agent's buffer layout is inconsistent");
@@ -346,16 +388,30 @@ bool solar_loader::next_from_agent() {
   }
   batch.data.resize(bh.count);
   batch.labels.resize(bh.count);
+  std::vector<std::size_t>& mine = scratch_mine;
+  mine.clear();
   for (std::uint32_t i = 0; i < bh.count; ++i) {
     solar::protocol::BatchEntry e;
     std::memcpy(&e, payload.data() + sizeof bh + i * sizeof e, sizeof e);
-    if (e.sample != (want[i] & solar::kSampleMask) || e.slot >= hello.slots) {
+    const bool yours = e.slot == solar::protocol::kReadItYourself && header.config.sized();
+    if (e.sample != (want[i] & solar::kSampleMask) || (!yours && e.slot >= hello.slots) ||
+        (!yours && header.config.sized() &&
+         (e.slot + (length_of(e.sample) + 63) / 64 > hello.slots))) {
       drop_agent("the agent's batch does not match the plan");
       return false;
+    }
+    if (yours) {
+      mine.push_back(i);
+      continue;
     }
     batch.data[i] = base + std::uint64_t{e.slot} * hello.slot_bytes;
     batch.labels[i] =
         format.label_bytes ? base + hello.labels_offset + std::uint64_t{e.slot} * format.label_bytes : nullptr;
+  }
+  // Samples of differing sizes the agent had no room for in time: read here, as without it.
+  if (!mine.empty()) {
+    for (std::size_t i : mine) batch.labels[i] = nullptr;
+    read_directly(mine);
   }
   return true;
 }
@@ -363,6 +419,15 @@ bool solar_loader::next_from_agent() {
 void solar_loader::next_direct() {
   open_source();
   const std::size_t n = batch.samples.size();
+  batch.data.resize(n);
+  batch.labels.resize(n);
+  if (!lengths.empty() || source->info().whole_files) {  // each sample its own bytes, no labels
+    std::vector<std::size_t> all(n);
+    for (std::size_t i = 0; i < n; ++i) all[i] = i;
+    std::fill(batch.labels.begin(), batch.labels.end(), nullptr);
+    read_directly(all);
+    return;
+  }
   std::vector<std::uint64_t> ids(batch.samples.begin(), batch.samples.end());
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
@@ -373,8 +438,6 @@ void solar_loader::next_direct() {
     batch.own_labels.resize(ids.size() * format.label_bytes);
     source->read_labels(runs, batch.own_labels.data());
   }
-  batch.data.resize(n);
-  batch.labels.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
     const auto k = static_cast<std::size_t>(
         std::lower_bound(ids.begin(), ids.end(), batch.samples[i]) - ids.begin());

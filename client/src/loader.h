@@ -31,6 +31,7 @@ struct solar_batch {
   std::vector<const std::byte*> data;
   std::vector<const std::byte*> labels;
   std::vector<std::byte> own, own_labels;  // the direct path's memory
+  std::uint64_t bytes = 0;                 // its samples' bytes in all (solar_batch_bytes)
 };
 
 struct solar_loader {
@@ -51,6 +52,12 @@ struct solar_loader {
     std::string dtype, label_dtype;
     std::optional<std::vector<std::uint64_t>> shape;
   } format;
+  // Samples of differing sizes (a sized plan: whole files): each sample's length, by id, from
+  // the dataset (its files' sizes); empty when every sample is format.sample_bytes long.
+  std::vector<std::uint64_t> lengths;
+  std::uint64_t length_of(std::uint32_t sample) const {
+    return lengths.empty() ? format.sample_bytes : lengths[sample];
+  }
 
   int sock = -1;
   double agent_timeout = solar::client::kDefaultAgentTimeout;  // seconds, 0: none (SOLAR_AGENT_TIMEOUT)
@@ -93,6 +100,7 @@ struct solar_loader {
     std::size_t begin = 0, end = 0;
   } rx;
   solar_batch batch;
+  std::vector<std::size_t> scratch_mine;  // next_from_agent: the samples left to this rank
 
   std::span<const std::uint32_t> planned(std::uint64_t t) const {
     const std::uint64_t i = t * R + local_rank;
@@ -101,6 +109,13 @@ struct solar_loader {
   }
 
   void open_source();
+  // A sized plan: opens the source now and takes each sample's length from it, checked against
+  // the plan's sizes.
+  void read_lengths();
+  // Reads samples batch.samples[i] for each i of `which` from the dataset into batch.own and
+  // points batch.data there (the direct path's reads, and a sized plan's samples the agent
+  // left to the rank).
+  void read_directly(const std::vector<std::size_t>& which);
 
   void drop_agent(const std::string& why);
 

@@ -342,8 +342,8 @@ std::uint64_t sized_buffer_bytes(const std::vector<std::uint64_t>& sizes) {
   return total;
 }
 
-PlanConfig config_for_sized_transparent(PlanConfig c, const std::vector<std::uint64_t>& sizes,
-                                        std::uint64_t budget_bytes) {
+PlanConfig config_for_sized_samples(PlanConfig c, const std::vector<std::uint64_t>& sizes,
+                                    std::uint64_t budget_bytes) {
   if (sizes.empty()) throw ConfigError("--dataset", "the dataset has no samples");
   std::vector<std::uint64_t> units(sizes.size());
   std::transform(sizes.begin(), sizes.end(), units.begin(), agent_sample_slot_bytes);

@@ -11,6 +11,7 @@ read-only through the same handshake the interposer uses (`BufferIndex`).
 import json
 import mmap
 import os
+import re
 import signal
 import socket
 import struct
@@ -102,7 +103,10 @@ def wait_until(pred, timeout=30, what="condition"):
 # ---- the real node agent ------------------------------------------------------------------------
 
 PROTO_MAGIC, OP_ERROR, OP_XHELLO, OP_XHELLO_OK = 0x524C4F53, 10, 11, 12
-PROTO_VERSION = 7  # solar/protocol.h kVersion, solar/transparent.h SOLAR_PROTO_VERSION
+# solar/transparent.h's SOLAR_PROTO_VERSION (= solar/protocol.h kVersion), read from the header.
+PROTO_VERSION = int(re.search(
+    r"#define SOLAR_PROTO_VERSION (\d+)",
+    (Path(__file__).resolve().parents[2] / "protocol/include/solar/transparent.h").read_text()).group(1))
 XINDEX_MAGIC = 0x5844495852414C53
 XINDEX = struct.Struct("<12Q")  # solar_xindex up to lease_until_ns
 XFILE = struct.Struct("<3Q4q4Q")  # solar_xfile

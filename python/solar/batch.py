@@ -129,9 +129,21 @@ class Batch:
         self._data, self._labels, self._ready = data, labels, True
 
     def _copy_data(self):
+        if self._loader.sizes_differ:
+            return self._copy_sized()
         a = self._loader._pool.take(len(self))
         self.gather(a.ctypes.data)
         return a
+
+    def _copy_sized(self):
+        """Samples of differing sizes (whole files): a list of uint8 arrays, each one sample's
+        bytes, views of one block gathered in one call."""
+        n = len(self.indices)
+        lengths = [int(_lib_.solar_batch_sample_bytes(self._handle, k)) for k in range(n)]
+        flat = np.empty(sum(lengths), dtype=np.uint8)
+        if _lib_.solar_batch_gather(self._handle, flat.ctypes.data, flat.nbytes, None, 0) != 0:
+            raise SolarError(f"solar: {_lib.last_error()}")
+        return np.split(flat, np.cumsum(lengths[:-1])) if n else []
 
     def _copy_labels(self):
         L = self._loader
@@ -149,6 +161,12 @@ class Batch:
         if not -n <= i < n:
             raise IndexError(f"solar: sample {i} of a batch of {n}")
         L = self._loader
+        if L.sizes_differ:  # its file's bytes
+            length = int(_lib_.solar_batch_sample_bytes(self._handle, i % n))
+            buf = (ctypes.c_char * length).from_address(self._ptrs[i])
+            a = np.frombuffer(buf, dtype=np.uint8)
+            a.flags.writeable = False
+            return a
         buf = (ctypes.c_char * L.sample_bytes).from_address(self._ptrs[i])
         a = np.frombuffer(buf, dtype=L.dtype).reshape(L.shape)
         a.flags.writeable = False
@@ -166,7 +184,8 @@ class Batch:
         self._live("gather()")
         L = self._loader
         n = len(self.indices)
-        if _lib_.solar_batch_gather(self._handle, out, n * L.sample_bytes if out else 0,
+        if _lib_.solar_batch_gather(self._handle, out,
+                                    int(_lib_.solar_batch_bytes(self._handle)) if out else 0,
                                     labels_out, n * L.label_bytes if labels_out else 0) != 0:
             raise SolarError(f"solar: {_lib.last_error()}")
 

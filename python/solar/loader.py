@@ -175,6 +175,9 @@ class Loader:
         self.epochs = int(_lib_.solar_epochs(h))
         self.steps_per_epoch = int(_lib_.solar_steps_per_epoch(h))
         self.sample_bytes = int(_lib_.solar_sample_bytes(h))
+        # Whole files (`*.npz`, `*.jpg`, ...): each sample is its file's bytes, as uint8, of its
+        # own length (sample_bytes: the largest); the transform decodes them.
+        self.sizes_differ = bool(_lib_.solar_sample_sizes_differ(h))
         self.label_bytes = int(_lib_.solar_label_bytes(h))
         self.samples = int(_lib_.solar_dataset_samples(h))
         self.rank = int(_lib_.solar_rank(h))

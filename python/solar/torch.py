@@ -56,6 +56,11 @@ class Batch(_loader.Batch):
 
     def _copy_data(self):
         L = self._loader
+        if L.sizes_differ:  # whole files: a list of uint8 tensors, each one sample's bytes
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                out = [_torch.from_numpy(a) for a in self._copy_sized()]
+            return out if L.device is None else [t.to(L.device) for t in out]
         if L.pin_memory:
             t = _torch.empty((len(self),) + L.shape, dtype=L.torch_dtype, pin_memory=True)
         else:  # pooled memory, recycled once the tensor is dropped

@@ -274,18 +274,20 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
       throw ConfigError("--solar-transparent", "this site does not allow it (plugstack.conf "
                                                "transparent=no); use solar's loader in the "
                                                "script instead");
-    if (info.whole_files && !o.is_transparent())
-      throw ConfigError("--solar-dataset",
-                        "it is whole-file samples (npz, JPEG, any file: one sample a file): "
-                        "solar serves them to an unmodified script that reads the files itself; "
-                        "add --solar-transparent (its own loader does not hand each sample's "
-                        "length yet)");
+    // Whole files (npz, JPEG, any file: one sample a file): in batch mode libsolar hands each
+    // sample's bytes and length (the script decodes them), served zero copy by the agents.
+    if (info.whole_files && !o.is_transparent() && o.is_peers() && nodes > 1)
+      throw ConfigError("--solar-peers",
+                        "the dataset is whole-file samples (npz, JPEG, any file: one sample a "
+                        "file), which agents do not share between nodes in batch mode yet; drop "
+                        "--solar-peers or add --solar-transparent");
     PlanConfig c = o.partial_config();
     c.nodes = nodes;
     c.ranks_per_node = ranks_per_node;
     const std::uint64_t label = info.label_bytes;
     // Transparent over filtered chunks: the agent buffers them as stored (agent.cpp).
-    const std::uint64_t sample_bytes = o.is_transparent() && info.stored_sample_bytes
+    const bool as_stored = o.is_transparent() || info.whole_files;
+    const std::uint64_t sample_bytes = as_stored && info.stored_sample_bytes
                                            ? info.stored_sample_bytes
                                            : info.sample_bytes;
     std::uint64_t budget =
@@ -303,7 +305,7 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
     // Samples of differing sizes as stored: the plan counts their bytes (solar run does the
     // same): --solar-buffer 64% is of those bytes, the site's limit applies to it. With peers,
     // slots of the largest (agents share samples of one slot size only).
-    if (o.is_transparent() && !info.stored_sizes.empty() && !(o.is_peers() && nodes > 1)) {
+    if (as_stored && !info.stored_sizes.empty() && !(o.is_peers() && nodes > 1)) {
       std::uint64_t bytes = o.buffer_spec().resolve(sized_buffer_bytes(info.stored_sizes), 1);
       if (notes) notes->clear();  // the note above was of the slots of the largest
       if (const auto limit = buffer_cap(pc, node_memory); limit && bytes > *limit) {
@@ -312,7 +314,7 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
                                format_bytes(bytes), format_bytes(*limit));
         bytes = *limit;
       }
-      c = config_for_sized_transparent(c, info.stored_sizes, bytes);
+      c = config_for_sized_samples(c, info.stored_sizes, bytes);
     } else {
       c = config_for_agents(c, info.samples, sample_bytes, label, budget,
                             o.is_peers() && nodes > 1, !pc.zero_copy && !o.is_transparent());

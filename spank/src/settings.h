@@ -53,7 +53,7 @@ struct DatasetShape {
   std::uint64_t stored_sample_bytes = 0;
   std::uint64_t label_bytes = 0;  // 0: no labels
   std::string identity;           // for the plan (Plan::dataset_identity)
-  bool whole_files = false;       // every file one sample: the transparent mode only
+  bool whole_files = false;       // every file one sample (planned by bytes where sizes differ)
   // Samples of differing sizes as stored (whole files, filtered chunks): each one's bytes, by
   // global id; empty when they are of one size. The transparent mode plans by these bytes.
   std::vector<std::uint64_t> stored_sizes;

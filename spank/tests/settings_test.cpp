@@ -231,6 +231,20 @@ TEST(StepPlan, TransparentOverSamplesOfDifferingSizesPlansByBytes) {
       R"({"samples":3,"sample_bytes":90,"stored_sample_bytes":90,"label_bytes":0,)"
       R"("whole_files":true,"stored_sizes":[10,90,40],"identity":"i"})");
   EXPECT_EQ(parsed.stored_sizes, (std::vector<std::uint64_t>{10, 90, 40}));
+  // Batch mode over whole files: planned by bytes as well (libsolar hands each sample's
+  // length; the agents serve them zero copy), policy solar; not shared between nodes.
+  JobOptions b = basic();
+  d.whole_files = true;
+  const PlanConfig w = plan_config_for_step(b, pc, d, 2, 2, 1ULL << 30);
+  ASSERT_TRUE(w.sized());
+  EXPECT_EQ(w.policy, Policy::solar);
+  b.set(JobOptions::peers, "");
+  try {
+    plan_config_for_step(b, pc, d, 2, 2, 1ULL << 30);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-peers");
+  }
   for (const char* bad : {R"("stored_sizes":[10,90])", R"("stored_sizes":[10,0,4])",
                           R"("stored_sizes":[10,-1,4])", R"("stored_sizes":"x")"})
     EXPECT_THROW(DatasetShape::parse(std::string(R"({"samples":3,"sample_bytes":90,)") + bad +

@@ -297,35 +297,6 @@ std::string DatasetFile::differs(const struct ::stat& st) const {
   return {};
 }
 
-std::uint64_t stored_sample_bytes(const SampleSource& source) {
-  const DatasetFiles* set = source.file_set();
-  if (!set) return 0;
-  std::uint64_t most = 0;
-  bool any = false;
-  for (const DatasetFile& f : set->files()) {
-    if (f.stored()) {
-      any = true;
-      for (std::uint64_t len : f.stored_lengths) most = std::max(most, len);
-    } else {
-      most = std::max(most, source.info().sample_bytes);
-    }
-  }
-  return any ? most : 0;
-}
-
-std::vector<std::uint64_t> stored_sample_sizes(const SampleSource& source) {
-  std::vector<std::uint64_t> sizes;
-  if (stored_sample_bytes(source) == 0) return sizes;
-  const std::uint64_t S = source.info().sample_bytes;
-  sizes.resize(source.info().samples, S);
-  for (const DatasetFile& f : source.file_set()->files())
-    if (f.stored())
-      for (std::uint64_t k = 0; k < f.count; ++k) sizes.at(f.first + k) = f.stored_lengths.at(k);
-  if (std::adjacent_find(sizes.begin(), sizes.end(), std::not_equal_to<>()) == sizes.end())
-    sizes.clear();  // one size
-  return sizes;
-}
-
 bool names_many_files(std::string_view spec) {
   const protocol::DatasetSpec d = protocol::parse_dataset_spec(spec);
   if (d.kind != protocol::DatasetSpec::Kind::file) return false;
@@ -683,9 +654,8 @@ class FilesSource final : public SampleSource, public DatasetFiles {
   void read(std::span<const SampleRun> runs, std::byte* dst) override {
     if (x_.whole_files)
       throw StorageError(fmt::format(
-          "dataset '{}' is whole-file samples ({}): solar serves them to an unmodified script "
-          "in the transparent mode (solar run --transparent, srun --solar-transparent); its "
-          "own loader and direct reads do not hand each sample's length yet",
+          "dataset '{}' is whole-file samples ({}): each sample is its file's bytes, of its own "
+          "length, read as stored (read_stored), not as a row of one size",
           x_.spec, x_.info.layout));
     check_runs(x_.info, runs, x_.spec);
     run_parts(split(runs, dst, x_.info.sample_bytes),

@@ -86,15 +86,15 @@ def test_cosmoflow_like_every_loader(tmp_path):
     assert not [n for n in os.listdir(tmp_path) if n.startswith("solar-bench-")]
 
 
-def test_unet3d_like_npz_under_the_transparent_mode(tmp_path):
+def test_unet3d_like_npz_every_loader_solars_in_batch_mode_too(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "au.json"
     p = au_bench(tmp_path, "--workload", "unet3d", "--samples", "64", "--sample-size", "16384",
                  "--buffer", "100%", "--epochs", "2", "--accelerators", "2", "--json", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads(out.read_text())
-    assert r["layout"] == "npz" and sorted(r["loaders"]) == ["baseline", "transparent"], r
-    assert "left out: solar (solar.torch.Loader)" in p.stdout, p.stdout
+    assert r["layout"] == "npz" and sorted(r["loaders"]) == ["baseline", "solar", "transparent"], r
+    assert "left out" not in p.stdout and r["left_out"] == [], p.stdout
     check_arithmetic(r, p.stdout)
 
 

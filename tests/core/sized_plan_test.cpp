@@ -240,7 +240,7 @@ TEST(SizedPlan, TheTransparentModesConfigCountsBytesRoundedTo64) {
   for (std::size_t i = 0; i < sizes.size(); ++i) sizes[i] = 1000 + 37 * i;  // 1000 .. 2443
   std::uint64_t total = 0;
   for (std::uint64_t v : sizes) total += (v + 63) / 64 * 64;
-  const PlanConfig t = config_for_sized_transparent(c, sizes, total / 2);
+  const PlanConfig t = config_for_sized_samples(c, sizes, total / 2);
   ASSERT_TRUE(t.sized());
   EXPECT_EQ((*t.sample_sizes)[0], 1024U);
   EXPECT_EQ((*t.sample_sizes)[39], 2496U);
@@ -250,7 +250,7 @@ TEST(SizedPlan, TheTransparentModesConfigCountsBytesRoundedTo64) {
   const Plan p = make_plan(t);  // a valid plan by bytes
   EXPECT_GE(p.metrics.remote_fetches, 40U);
   try {
-    config_for_sized_transparent(c, sizes, 20000);
+    config_for_sized_samples(c, sizes, 20000);
     FAIL() << "accepted a budget below three steps of the largest sample";
   } catch (const ConfigError& e) {
     const std::string m = e.what();

@@ -24,7 +24,7 @@ import os
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MAGIC, VERSION = 0x524C4F53, 7  # solar/protocol.h kVersion
+MAGIC, VERSION = 0x524C4F53, 8  # solar/protocol.h kVersion
 HELLO, NEXT, RELEASE, STATS, SHUTDOWN, XHELLO = 1, 3, 6, 7, 9, 11
 
 

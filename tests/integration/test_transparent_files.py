@@ -282,18 +282,54 @@ def test_one_file_replaced_the_others_still_served(tmp_path, script, datasets):
         solar.stderr
 
 
-def test_npz_sizes_spread_and_the_batch_mode_refused(tmp_path, datasets):
-    """The npz files are of differing sizes (+-50% around their mean), one sample each; solar
-    run without --transparent refuses them naming the flag (its own loader does not hand a
-    sample's length yet), and `solar dataset-info` says what they are."""
+BATCH_RANK = """
+import glob, io, os, sys
+import numpy as np, solar
+files = sorted(glob.glob(sys.argv[1] + "/*.npz"))
+L = solar.Loader()
+assert L.sizes_differ
+n = 0
+for b in L:
+    views = [bytes(v) for v in b.views()]
+    for x, a, v in zip(b.indices, b.data, views):
+        want = open(files[x], "rb").read()
+        assert a.tobytes() == want == v, (int(x), len(a), len(want))
+        assert np.load(io.BytesIO(want))["y"][0] == x
+        n += 1
+os.write(1, f"rank {L.rank} agent {L.using_agent} checked {n}\\n".encode())  # one write: ranks share stdout
+"""
+
+
+def test_npz_sizes_spread_served_in_batch_mode_each_sample_its_file(tmp_path, datasets):
+    """The npz files are of differing sizes (+-50% around their mean), one sample each. solar
+    run without --transparent plans them by bytes and its agents serve them zero copy to
+    solar.Loader: every sample of every batch is exactly its file's bytes (with the agent and
+    without), and the agents hit their buffers. `solar dataset-info` says what they are."""
     data = datasets["npz"]
     sizes = sorted(os.path.getsize(p) for p in data.glob("*.npz"))
     assert sizes[-1] > 2.5 * sizes[0], sizes  # spread, not one size
     with zipfile.ZipFile(data / "case_00000.npz") as z:
         assert sorted(z.namelist()) == ["x.npy", "y.npy"]
-    p = run(SOLAR, "run", "-n", "1", "--dataset", f"{data}/*.npz", "--buffer", "50%", "--epochs",
-            "1", "--batch", "4", "--", PY, "-c", "pass", check=False)
-    assert p.returncode == 2 and "whole-file samples" in p.stderr and "--transparent" in p.stderr, \
+    rank = tmp_path / "rank.py"
+    rank.write_text(BATCH_RANK)
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(SOLAR), "..", "..", "python"))
+    budget = str(sum(sizes) // 2)
+    for extra in ([], ["--no-agent"]):
+        stats = tmp_path / f"stats{len(extra)}.json"
+        p = run(SOLAR, "run", "--nodes", "2", "--ranks-per-node", "2", "--dataset",
+                f"{data}/*.npz", "--buffer", budget, "--epochs", "2", "--batch", "4",
+                *(extra or ["--stats-out", stats]), *extra, "--", PY, rank, data, env=env)
+        lines = [l for l in p.stdout.splitlines() if l.startswith("rank ")]
+        assert len(lines) == 4, p.stdout + p.stderr
+        assert all(l.endswith("checked 24") for l in lines), p.stdout
+        assert all(("agent True" in l) == (not extra) for l in lines), p.stdout
+        if not extra:
+            nodes = json.loads(stats.read_text())["nodes"]
+            assert sum(e["hits"] for n in nodes for e in n["epochs"]) > 0, nodes
+            assert all(n["mode"] == "zero_copy" and n["buffer"]["sized"] for n in nodes), nodes
+    p = run(SOLAR, "run", "--nodes", "2", "--dataset", f"{data}/*.npz", "--buffer", "50%",
+            "--epochs", "1", "--batch", "4", "--peers", "--", PY, "-c", "pass", check=False)
+    assert p.returncode == 2 and "whole-file samples" in p.stderr and "--peers" in p.stderr, \
         p.stderr
     info = json.loads(run(SOLAR, "dataset-info", f"{data}/*.npz", "--labels", "").stdout)
     assert info["whole_files"] is True and info["samples"] == 96, info

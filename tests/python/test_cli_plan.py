@@ -197,7 +197,7 @@ def test_sized_plan_refusals_name_what_is_wrong(solar, tmp_path):
     assert "left out" in p.stderr
 
 
-def test_sized_plans_are_repeatable_and_refused_by_the_agent(solar, tmp_path):
+def test_sized_plans_are_repeatable_and_refused_by_an_agent_of_one_size_samples(solar, tmp_path):
     a, b = tmp_path / "a.plan", tmp_path / "b.plan"
     args = [*SIZED, "--samples", "300", "--size-spread", "30%", "--sample-bytes", "4K",
             "--buffer", "50%", "--seed", "3"]
@@ -207,11 +207,13 @@ def test_sized_plans_are_repeatable_and_refused_by_the_agent(solar, tmp_path):
     import subprocess
     import testlib
     assert os.access(testlib.AGENT, os.X_OK), f"no agent at {testlib.AGENT}: build first"
+    solar("gen", tmp_path / "one.h5", "--samples", "300", "--shape", "4096", "--dtype", "uint8",
+          "--no-progress")
     p = subprocess.run([testlib.AGENT, "--plan", str(a), "--node", "0",
-                        "--dataset", str(tmp_path / "none.h5"),
+                        "--dataset", str(tmp_path / "one.h5"),
                         "--socket", str(tmp_path / "s.sock")],
                        capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and "differing sizes" in p.stderr, p.stderr
+    assert p.returncode != 0 and "differing sizes" in p.stderr and "one size" in p.stderr, p.stderr
 
 
 def test_local_tier_plans_meet_both_bounds_and_are_replayed(solar):

@@ -69,7 +69,14 @@ SOLAR_API const char* solar_last_error(void);
 SOLAR_API int solar_using_agent(const solar_loader* loader);
 SOLAR_API uint32_t solar_epochs(const solar_loader* loader);
 SOLAR_API uint32_t solar_steps_per_epoch(const solar_loader* loader);
+/* Bytes of one sample; with samples of differing sizes, the largest (each one's own:
+ * solar_batch_sample_bytes). */
 SOLAR_API uint64_t solar_sample_bytes(const solar_loader* loader);
+/* 1 when samples differ in size: a dataset of whole files (`*.npz`, `*.jpg`, any file: one
+ * sample is one file's bytes, which the program decodes itself), planned by bytes. Such a batch's
+ * sample i is solar_batch_sample_bytes(batch, i) bytes long; there are no labels, and the
+ * shape is unknown (solar_sample_shape gives the largest sample's bytes as uint8). */
+SOLAR_API int solar_sample_sizes_differ(const solar_loader* loader);
 /* Bytes of one sample's label; 0 when the dataset has none. */
 SOLAR_API uint64_t solar_label_bytes(const solar_loader* loader);
 SOLAR_API uint64_t solar_dataset_samples(const solar_loader* loader);
@@ -126,13 +133,17 @@ SOLAR_API uint32_t solar_batch_epoch(const solar_batch* batch);
 /* Sample i of the batch: its index in the dataset, its bytes, its label bytes (NULL if none). */
 SOLAR_API uint64_t solar_batch_index(const solar_batch* batch, size_t i);
 SOLAR_API const void* solar_batch_sample(const solar_batch* batch, size_t i);
+/* Bytes of sample i of the batch (solar_sample_bytes unless samples differ in size) and of all
+ * its samples together (what solar_batch_gather needs). */
+SOLAR_API uint64_t solar_batch_sample_bytes(const solar_batch* batch, size_t i);
+SOLAR_API uint64_t solar_batch_bytes(const solar_batch* batch);
 SOLAR_API const void* solar_batch_label(const solar_batch* batch, size_t i);
 /* Mean per-rank batch of this batch's step (the step's global batch / world size). With an
  * imbalance bound δ > 0 ranks get b-δ..b+δ samples; weighting a rank's loss by
  * solar_batch_size / this keeps averaged gradients unbiased. */
 SOLAR_API double solar_batch_mean_size(const solar_batch* batch);
-/* Copies the batch's samples back to back into `data` (at least size × sample bytes; NULL to
- * skip) and their labels into `labels` (size × label bytes; NULL to skip): one contiguous batch
+/* Copies the batch's samples back to back into `data` (at least solar_batch_bytes: size ×
+ * sample bytes, or the samples' own lengths when they differ; NULL to skip) and their labels into `labels` (size × label bytes; NULL to skip): one contiguous batch
  * (a framework's tensor) in one call. 0 on success, -1 with solar_last_error() (a buffer too
  * small, labels asked of a dataset without). */
 SOLAR_API int solar_batch_gather(const solar_batch* batch, void* data, size_t data_bytes,
@@ -142,7 +153,7 @@ SOLAR_API int solar_batch_gather(const solar_batch* batch, void* data, size_t da
  * solar_cuda_available: 1 when this libsolar has CUDA and a GPU is usable, else 0 with the
  * reason in solar_last_error() ("built without CUDA", "no GPU: ...").
  * solar_batch_copy_to_device: copies the batch's samples back to back to device memory `dst`
- * (at least size × sample bytes) with cudaMemcpyAsync on `stream` (a cudaStream_t, or NULL for
+ * (at least solar_batch_bytes) with cudaMemcpyAsync on `stream` (a cudaStream_t, or NULL for
  * the default stream); the node's shared buffer is registered (pinned, read-only) on first use,
  * so the copies are DMA straight from it. 0 on success, -1 with solar_last_error() otherwise;
  * the batch stays valid and usable from the CPU either way. */

@@ -37,8 +37,10 @@ class Batch {
   std::uint64_t index(std::size_t i) const { return solar_batch_index(batch_, i); }
   std::span<const std::byte> sample(std::size_t i) const {
     return {static_cast<const std::byte*>(solar_batch_sample(batch_, i)),
-            static_cast<std::size_t>(solar_sample_bytes(loader_))};
+            static_cast<std::size_t>(solar_batch_sample_bytes(batch_, i))};
   }
+  // Bytes of all its samples (what gather needs; samples of differing sizes each count their own).
+  std::uint64_t bytes() const { return solar_batch_bytes(batch_); }
   const void* label(std::size_t i) const { return solar_batch_label(batch_, i); }
   const solar_batch* raw() const { return batch_; }
   // The samples back to back into `data` (and the labels into `labels`, if not empty): one
@@ -93,7 +95,8 @@ class Loader {
   bool using_agent() const { return solar_using_agent(l_) != 0; }
   std::uint32_t epochs() const { return solar_epochs(l_); }
   std::uint32_t steps_per_epoch() const { return solar_steps_per_epoch(l_); }
-  std::uint64_t sample_bytes() const { return solar_sample_bytes(l_); }
+  std::uint64_t sample_bytes() const { return solar_sample_bytes(l_); }  // the largest if they differ
+  bool sample_sizes_differ() const { return solar_sample_sizes_differ(l_) != 0; }
   std::uint64_t label_bytes() const { return solar_label_bytes(l_); }
   std::uint64_t dataset_samples() const { return solar_dataset_samples(l_); }
   // One sample's shape; empty when unknown (and for scalar samples: see solar_sample_shape).

@@ -45,10 +45,13 @@
 namespace solar::protocol {
 
 inline constexpr std::uint32_t kMagic = 0x524c4f53;  // "SOLR"
-inline constexpr std::uint16_t kVersion = 7;
+inline constexpr std::uint16_t kVersion = 8;
 // Version 5: the transparent mode's index (solar/transparent.h) carries the file's ctime and the
 // watch's lease. Version 6: a table of the dataset's files (solar_xfile) instead of one file's
-// identity, and solar_xstats::opens.
+// identity, and solar_xstats::opens. Version 8: batches of samples of differing sizes (whole
+// files; a sized plan): HelloOk::slot_bytes is 64, a sample lies at slot × 64 over its own
+// length (the rank knows each one's from the dataset), and BatchEntry::slot kReadItYourself
+// means the agent holds no copy of it: the rank reads that sample from the dataset itself.
 // `next` requests one rank may have unanswered (version 3; 8 since version 4); a further one
 // is refused.
 inline constexpr std::uint32_t kMaxStepsAsked = 8;
@@ -162,6 +165,9 @@ struct BatchEntry {
   std::uint32_t sample = 0;
   std::uint32_t slot = 0;
 };
+// BatchEntry::slot of a sample the rank reads itself (version 8, sized plans only: the agent's
+// cache found no extent for it in time).
+inline constexpr std::uint32_t kReadItYourself = 0xFFFFFFFFU;
 
 struct Release {
   std::uint64_t step = 0;

@@ -72,7 +72,7 @@ extern "C" {
  * reading it from the storage the reader would read it from. */
 #define SOLAR_XINDEX_WAIT_NS 1000000000ULL
 /* solar/protocol.h's kVersion (checked there at compile time). */
-#define SOLAR_PROTO_VERSION 7
+#define SOLAR_PROTO_VERSION 8
 #define SOLAR_OP_XHELLO 11
 #define SOLAR_OP_XHELLO_OK 12
 

@@ -53,18 +53,19 @@ PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t 
                              std::uint64_t label_bytes, std::uint64_t budget_bytes,
                              bool peers = false, bool rings = true);
 
-// The transparent mode over samples of differing sizes as they lie in their files (whole files,
+// Samples of differing sizes as they lie in their files (whole files; in the transparent mode also
 // filtered chunks): the agent's buffer is one arena of 64-byte units in which each sample takes
 // its bytes rounded up to 64 (agent_sample_slot_bytes), and the plan counts those bytes.
 // `sizes`: each sample's bytes (storage::stored_sample_sizes); `budget_bytes` per node holds the
 // plan's resident set (buffer_bytes) and kAgentStagingSteps steps of the node's ranks at the
 // largest sample (samples evicted while a rank still reads them). The agent adds to it what its
 // node's schedule needs beyond buffer_bytes as extents (arena_for_node, solar/core/extents.h).
-// Sets samples, sample_sizes, sample_bytes (their mean) and buffer_bytes; policy solar, then
-// follow_the_script as for any transparent plan. Throws ConfigError("--buffer") naming the
+// Sets samples, sample_sizes, sample_bytes (their mean) and buffer_bytes; policy solar (a
+// transparent plan then takes follow_the_script as any does; batch mode serves such a plan zero
+// copy: whole files, each sample its file's bytes). Throws ConfigError("--buffer") naming the
 // largest sample and the least budget when the budget is too small.
-PlanConfig config_for_sized_transparent(PlanConfig c, const std::vector<std::uint64_t>& sizes,
-                                        std::uint64_t budget_bytes);
+PlanConfig config_for_sized_samples(PlanConfig c, const std::vector<std::uint64_t>& sizes,
+                                    std::uint64_t budget_bytes);
 // The bytes `sizes` take in such a buffer (each rounded up to 64): what --buffer 64% is of.
 std::uint64_t sized_buffer_bytes(const std::vector<std::uint64_t>& sizes);
 // Bytes of staging room of config `c` (sized): kAgentStagingSteps steps of its node's ranks at
