@@ -655,7 +655,8 @@ class FilesSource final : public SampleSource, public DatasetFiles {
     if (x_.whole_files)
       throw StorageError(fmt::format(
           "dataset '{}' is whole-file samples ({}): each sample is its file's bytes, of its own "
-          "length, read as stored (read_stored), not as a row of one size",
+          "length, read as stored (read_stored) by solar's loader and by the agents, in batch "
+          "mode as with --transparent, never as rows of one size",
           x_.spec, x_.info.layout));
     check_runs(x_.info, runs, x_.spec);
     run_parts(split(runs, dst, x_.info.sample_bytes),

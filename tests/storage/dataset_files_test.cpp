@@ -466,12 +466,13 @@ TEST(DatasetFiles, FilesThatAreNotHdf5AreWholeFileSamplesOfTheirOwnSizes) {
     EXPECT_EQ(std::string(got, want.size()), want) << "sample " << order[j];
     for (std::size_t k = want.size(); k < stride; ++k) ASSERT_EQ(got[k], '\0');
   }
-  // read() refuses: a batch has no place for each sample's length yet.
+  // read() refuses: rows of one size; whole files are read as stored (their own lengths).
   std::vector<std::byte> dec(5 * 248);
   const SampleRun all{0, 5};
   const std::string why = error_of([&] { src->read({&all, 1}, dec.data()); });
   EXPECT_NE(why.find("whole-file samples"), std::string::npos) << why;
   EXPECT_NE(why.find("--transparent"), std::string::npos) << why;
+  EXPECT_NE(why.find("read_stored"), std::string::npos) << why;
 }
 
 TEST(DatasetFiles, WholeFileRefusalsNameTheFile) {
