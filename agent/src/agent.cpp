@@ -164,10 +164,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
     // Each sample's bytes as stored, as the plan counted them (rounded up to 64).
     const std::vector<std::uint64_t> sizes = storage::stored_sample_sizes(*source_);
     const std::vector<std::uint64_t>& planned = *header_.config.sample_sizes;
-    std::size_t differ = 0;
-    while (differ < sizes.size() && differ < planned.size() &&
-           agent_sample_slot_bytes(sizes[differ]) == planned[differ])
-      ++differ;
+    const std::size_t differ = first_size_unlike_planned(sizes, planned);
     if (sizes.empty())
       throw AgentError(fmt::format("the plan {} is of samples of differing sizes as stored, but "
                                    "{} holds samples of one size; recompute the plan for this "

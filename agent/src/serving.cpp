@@ -39,10 +39,10 @@ void ControlServer::put_batch_locked(RankState& rs, std::uint32_t r,
     hits += acc[i] >> 31;
     // Samples of differing sizes: one the cache had no extent for (Prefetcher's unplaced) is
     // the rank's to read itself (protocol::kReadItYourself).
-    const std::uint32_t slot = a_.buf_.ring_depth            ? a_.ring_slot(r, t, i)
-                               : a_.table_.resident(x)       ? a_.table_.slot_of(x)
-                               : a_.table_.sized()           ? protocol::kReadItYourself
-                                                             : a_.table_.slot_of(x);
+    const std::uint32_t slot = a_.buf_.ring_depth ? a_.ring_slot(r, t, i)
+                               : a_.table_.sized() && !a_.table_.resident(x)
+                                   ? protocol::kReadItYourself
+                                   : a_.table_.slot_of(x);
     const protocol::BatchEntry e{x, slot};
     std::memcpy(m + kHead + i * sizeof e, &e, sizeof e);
   }

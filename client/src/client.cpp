@@ -225,8 +225,6 @@ int solar_next_batch(solar_loader* l, solar_batch** out) {
     for (std::size_t i = 0; i < want.size(); ++i) b.samples[i] = want[i] & solar::kSampleMask;
     l->holding_from_agent = l->next_from_agent();
     if (!l->holding_from_agent) l->next_direct();
-    b.bytes = 0;
-    for (std::uint32_t x : b.samples) b.bytes += l->length_of(x);
     ++l->cursor;
     l->holding = true;
     *out = &b;
@@ -313,7 +311,7 @@ const void* solar_batch_sample(const solar_batch* b, size_t i) { return b->data[
 uint64_t solar_batch_sample_bytes(const solar_batch* b, size_t i) {
   return b->loader->length_of(b->samples[i]);
 }
-uint64_t solar_batch_bytes(const solar_batch* b) { return b->bytes; }
+uint64_t solar_batch_bytes(const solar_batch* b) { return b->bytes(); }
 int solar_sample_sizes_differ(const solar_loader* l) { return l && !l->lengths.empty(); }
 const void* solar_batch_label(const solar_batch* b, size_t i) { return b->labels[i]; }
 double solar_batch_mean_size(const solar_batch* b) { return b->mean_size; }
@@ -327,15 +325,16 @@ int solar_batch_gather(const solar_batch* b, void* data, size_t data_bytes, void
   const solar_loader* l = b->loader;
   const std::size_t n = b->samples.size();
   const std::uint64_t lb = l->format.label_bytes;
-  if (data && data_bytes < b->bytes) {
+  const std::uint64_t need = data ? b->bytes() : 0;
+  if (data && data_bytes < need) {
     g_last_error =
         l->lengths.empty()
             ? fmt::format("solar_batch_gather: the data buffer has {} bytes, the batch needs {} "
                           "({} samples of {})",
-                          data_bytes, b->bytes, n, l->format.sample_bytes)
+                          data_bytes, need, n, l->format.sample_bytes)
             : fmt::format("solar_batch_gather: the data buffer has {} bytes, the batch needs {} "
                           "({} samples of differing sizes: solar_batch_bytes)",
-                          data_bytes, b->bytes, n);
+                          data_bytes, need, n);
     return -1;
   }
   if (labels && !lb) {

@@ -88,14 +88,18 @@ void solar_loader::open_source() {
   }
 }
 
+std::uint64_t solar_batch::bytes() const {
+  if (loader->lengths.empty()) return samples.size() * loader->format.sample_bytes;
+  std::uint64_t n = 0;
+  for (std::uint32_t x : samples) n += loader->lengths[x];
+  return n;
+}
+
 void solar_loader::read_lengths() {
   open_source();
   lengths = solar::storage::stored_sample_sizes(*source);
   const std::vector<std::uint64_t>& planned = *header.config.sample_sizes;
-  std::size_t x = 0;
-  while (x < lengths.size() && x < planned.size() &&
-         solar::agent_sample_slot_bytes(lengths[x]) == planned[x])
-    ++x;
+  const std::size_t x = solar::first_size_unlike_planned(lengths, planned);
   if (lengths.size() != planned.size() || x != planned.size())
     throw ClientError(fmt::format(
         "{} does not hold the samples the plan was made for ({}); recompute the plan for this "

@@ -31,7 +31,7 @@ struct solar_batch {
   std::vector<const std::byte*> data;
   std::vector<const std::byte*> labels;
   std::vector<std::byte> own, own_labels;  // the direct path's memory
-  std::uint64_t bytes = 0;                 // its samples' bytes in all (solar_batch_bytes)
+  std::uint64_t bytes() const;             // its samples' bytes in all (solar_batch_bytes)
 };
 
 struct solar_loader {

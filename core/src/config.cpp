@@ -336,6 +336,14 @@ std::uint64_t sized_staging_bytes(const PlanConfig& c) {
   return std::uint64_t{kAgentStagingSteps} * c.ranks_per_node * (c.batch + c.imbalance) * most;
 }
 
+std::size_t first_size_unlike_planned(const std::vector<std::uint64_t>& sizes,
+                                      const std::vector<std::uint64_t>& planned) {
+  std::size_t x = 0;
+  while (x < sizes.size() && x < planned.size() && agent_sample_slot_bytes(sizes[x]) == planned[x])
+    ++x;
+  return x;
+}
+
 std::uint64_t sized_buffer_bytes(const std::vector<std::uint64_t>& sizes) {
   std::uint64_t total = 0;
   for (std::uint64_t v : sizes) total += agent_sample_slot_bytes(v);

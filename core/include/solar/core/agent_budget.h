@@ -66,6 +66,11 @@ PlanConfig config_for_agents(PlanConfig c, std::uint64_t samples, std::uint64_t 
 // largest sample and the least budget when the budget is too small.
 PlanConfig config_for_sized_samples(PlanConfig c, const std::vector<std::uint64_t>& sizes,
                                     std::uint64_t budget_bytes);
+// The first sample whose bytes `sizes` (as stored) are not what a sized plan counts for it
+// (`planned`: agent_sample_slot_bytes of each); the shorter length when all those agree. So
+// a dataset matches its plan exactly when this is sizes.size() == planned.size().
+std::size_t first_size_unlike_planned(const std::vector<std::uint64_t>& sizes,
+                                      const std::vector<std::uint64_t>& planned);
 // The bytes `sizes` take in such a buffer (each rounded up to 64): what --buffer 64% is of.
 std::uint64_t sized_buffer_bytes(const std::vector<std::uint64_t>& sizes);
 // Bytes of staging room of config `c` (sized): kAgentStagingSteps steps of its node's ranks at
