@@ -22,6 +22,7 @@
 #include "solar/core/extents.h"
 #include "solar/core/order_file.h"
 #include "solar/core/plan_file.h"
+#include "solar/core/plan_stream.h"
 #include "solar/core/planner.h"
 #include "solar/core/replay.h"
 #include "solar/core/rng.h"
@@ -48,6 +49,8 @@ struct PlanOptions {
   std::string out;
   bool json = false;
   bool progress = true;
+  // Streamed (plan_stream.h): only this node's share, computed a window of steps at a time.
+  std::optional<std::string> node, window;
 };
 
 // Peak resident memory of this process since the last reset_peak_rss() (Linux VmHWM).
@@ -188,15 +191,18 @@ PlanConfig build_config(const PlanOptions& o) {
 }
 
 struct Result {
-  Policy policy;
+  Policy policy = Policy::solar;
   Metrics metrics;
-  double seconds;
-  std::uint64_t peak_rss;
+  double seconds = 0;
+  std::uint64_t peak_rss = 0;
   // Sized plans: the smallest arena holding each node's samples as best-fit extents
   // (core/extents.h), 0 otherwise.
   std::uint64_t extent_arena = 0;
   // With a local tier: the tiers' metrics, recounted by the replay (replay_tiers).
   TierMetrics tiers;
+  // Streamed (--node): when the node's first step was ready, and what its share came to.
+  double first_step_seconds = 0;
+  std::uint64_t node_accesses = 0, node_fetches = 0, node_steps = 0;
 };
 
 nlohmann::json config_json(const PlanConfig& c) {
@@ -317,9 +323,36 @@ void print_table(const PlanConfig& c, const std::string& scenario,
   }
 }
 
+// One node's share of the plan, streamed: every step taken as the agent would take it and
+// dropped, so the memory is the planner's state and one window, not the plan.
+Result stream_plan(const PlanConfig& c, std::uint32_t node, std::uint64_t window, bool progress) {
+  Result r;
+  r.policy = c.policy;
+  ProgressBar bar(fmt::format("planning {} for node {}", to_string(c.policy), node), progress);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  NodePlanStream stream(c, node, window);
+  const std::uint64_t total = stream.total_steps();
+  for (std::uint64_t t = 0; t < total; ++t) {
+    const NodeStep s = stream.next();
+    if (t == 0) r.first_step_seconds = since();
+    for (const auto& rank : s.ranks) r.node_accesses += rank.size();
+    for (const FetchRun& f : s.fetches) r.node_fetches += f.count;
+    if ((t + 1) % 64 == 0 || t + 1 == total) bar(t + 1, total);
+  }
+  r.metrics = stream.metrics();
+  r.seconds = since();
+  r.node_steps = total;
+  return r;
+}
+
 void run_plan(const PlanOptions& o) {
   PlanConfig base;
   std::vector<Policy> policies;
+  std::optional<std::uint64_t> stream_node;
+  std::uint64_t window = NodePlanStream::kDefaultWindow;
   try {
     base = build_config(o);
     if (o.compare || o.policy == "all") {
@@ -340,6 +373,21 @@ void run_plan(const PlanOptions& o) {
     }
     if (!o.out.empty() && policies.size() != 1)
       throw ConfigError("--out", "writes one plan; choose a single --policy");
+    if (o.window && !o.node)
+      throw ConfigError("--window", "is the window of a streamed plan: give --node too");
+    if (o.node) {
+      if (!o.out.empty())
+        throw ConfigError("--out", "writes the whole plan; --node streams one node's share and "
+                                   "writes nothing: drop one of them");
+      stream_node = parse_count(*o.node, "--node", 0, ~std::uint32_t{0});
+      if (*stream_node >= base.nodes)
+        throw ConfigError("--node", fmt::format("{} is not one of the plan's nodes (0..{})",
+                                                *stream_node, base.nodes - 1));
+      if (o.window) window = parse_count(*o.window, "--window", 1, std::uint64_t{1} << 32);
+      if (base.tiered())
+        throw ConfigError("--node", "a plan with a local tier (--local-buffer) is computed whole "
+                                    "only: drop --node");
+    }
     for (Policy p : policies) {
       PlanConfig c = base;
       c.policy = p;
@@ -356,12 +404,22 @@ void run_plan(const PlanOptions& o) {
     PlanConfig c = base;
     c.policy = p;
     reset_peak_rss();
+    if (stream_node) {
+      results.push_back(stream_plan(c, static_cast<std::uint32_t>(*stream_node), window,
+                                    o.progress));
+      results.back().peak_rss = peak_rss_bytes();
+      continue;
+    }
     ProgressBar bar(fmt::format("planning {}", to_string(p)), o.progress);
     const auto t0 = std::chrono::steady_clock::now();
     Plan plan = make_plan(c, [&](std::uint64_t d, std::uint64_t t) { bar(d, t); });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!o.out.empty()) write_plan_file(plan, o.out);
-    results.push_back({p, plan.metrics, s, peak_rss_bytes()});
+    Result& r = results.emplace_back();
+    r.policy = p;
+    r.metrics = plan.metrics;
+    r.seconds = s;
+    r.peak_rss = peak_rss_bytes();
     if (c.tiered()) {
       // The replay recounts the plan and its tiers; a difference is a planner bug.
       try {
@@ -390,6 +448,14 @@ void run_plan(const PlanOptions& o) {
         j["extent_arena_over_buffer"] = double(r.extent_arena) / double(base.buffer_bytes);
       }
       j["peak_rss_bytes"] = r.peak_rss;
+      if (stream_node)
+        j["streamed"] = {{"node", *stream_node},
+                         {"window_steps", window},
+                         {"first_step_seconds", r.first_step_seconds},
+                         {"steps", r.node_steps},
+                         {"node_accesses", r.node_accesses},
+                         {"node_fetches", r.node_fetches},
+                         {"bytes_written", 0}};
       if (base.tiered())
         j["local_tier"] = {{"memory_hits", r.tiers.memory_hits},
                            {"local_reads", r.tiers.local_reads},
@@ -405,6 +471,17 @@ void run_plan(const PlanOptions& o) {
     fmt::print("{}\n", out.dump(2));
   } else {
     print_table(base, o.scenario, results);
+    if (stream_node) {
+      fmt::print("\nstreamed: node {}'s share only, {} steps ahead at most; nothing written\n",
+                 *stream_node, window);
+      fmt::print("{:<12} {:>16} {:>14} {:>10} {:>14} {:>14} {:>12}\n", "policy",
+                 "first step (s)", "all steps (s)", "steps", "node accesses", "node fetches",
+                 "peak RSS");
+      for (const auto& r : results)
+        fmt::print("{:<12} {:>16.3f} {:>14.2f} {:>10} {:>14} {:>14} {:>12}\n",
+                   to_string(r.policy), r.first_step_seconds, r.seconds, r.node_steps,
+                   r.node_accesses, r.node_fetches, format_bytes(r.peak_rss));
+    }
     if (!o.out.empty()) fmt::print("\nplan written to {}\n", o.out);
   }
 }
@@ -539,6 +616,13 @@ void add_plan_commands(CLI::App& app) {
   plan->add_flag("--compare", o->compare, "Same as --policy all");
   plan->add_option("--out", o->out, "Write the plan file here (one policy only)")
       ->type_name(kFile);
+  plan->add_option("--node", o->node,
+                   "Compute only this node's share, step by step as its agent would (a window "
+                   "of steps ahead; nothing written): time to its first step, peak memory")
+      ->type_name(kUint);
+  plan->add_option("--window", o->window,
+                   "With --node: steps computed ahead of the reader at most [256]")
+      ->type_name(kUint);
   plan->add_flag("--json", o->json, "Print machine-readable results");
   plan->add_flag_callback("--no-progress", [o] { o->progress = false; }, "No progress bar");
   plan->callback([o] { run_plan(*o); });

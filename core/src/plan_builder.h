@@ -106,21 +106,35 @@ struct StepRecord {
   std::vector<std::vector<std::uint32_t>> misses;   // per node: fetched from remote storage
   std::vector<std::vector<PeerFetch>> peers;        // per node: taken from a peer's buffer
   std::vector<std::vector<std::uint32_t>> evicted;  // per node: evicted before the fetches
+  // Per node, filled by PlanRecorder::commit: the misses, sorted, as coalesced storage reads.
+  std::vector<std::vector<FetchRun>> runs;
 
   void reset(std::uint64_t world, std::uint32_t nodes);
 };
 
+// Where a streamed plan's steps go (plan_stream.h): handed each step once committed, in order,
+// with every node's misses and peer reads sorted and the misses coalesced into rec.runs.
+class StepSink {
+ public:
+  virtual ~StepSink() = default;
+  virtual void step(std::uint64_t t, const StepRecord& rec) = 0;
+};
+
+// Turns a policy's steps into a Plan (its arrays and metrics), or, given a sink, hands each
+// step to it and keeps the metrics only: memory then stays O(one step), whatever the epochs.
 class PlanRecorder {
  public:
   PlanRecorder(const PlanConfig& c, std::vector<std::uint32_t> epoch_order,
-               const ProgressFn& progress);
+               const ProgressFn& progress, StepSink* sink = nullptr);
   // Appends step t (steps must come in order) and accounts its metrics in epoch `position`.
   void commit(std::uint32_t position, StepRecord& rec);
+  // The plan; with a sink its per-step arrays are empty (the metrics are whole).
   Plan finish();
 
  private:
   Plan plan_;
   const ProgressFn& progress_;
+  StepSink* sink_;
   std::uint64_t steps_done_ = 0;
 };
 

@@ -79,19 +79,25 @@ void StepRecord::reset(std::uint64_t world, std::uint32_t nodes) {
   misses.resize(nodes);
   peers.resize(nodes);
   evicted.resize(nodes);
+  runs.resize(nodes);
   for (std::uint32_t m = 0; m < nodes; ++m) {
     misses[m].clear();
     peers[m].clear();
     evicted[m].clear();
+    runs[m].clear();
   }
 }
 
 PlanRecorder::PlanRecorder(const PlanConfig& c, std::vector<std::uint32_t> epoch_order,
-                           const ProgressFn& progress)
-    : progress_(progress) {
+                           const ProgressFn& progress, StepSink* sink)
+    : progress_(progress), sink_(sink) {
   plan_.config = c;
   plan_.layout = EpochLayout::of(c);
   plan_.epoch_order = std::move(epoch_order);
+  plan_.metrics.per_epoch.resize(c.epochs);
+  plan_.metrics.lower_bound_fetches = lower_bound_fetches(c);
+  plan_.metrics.lower_bound_bytes = lower_bound_bytes(c);
+  if (sink_) return;  // streamed: no per-step arrays
   const std::uint64_t steps = plan_.total_steps();
   plan_.rank_offsets.reserve(steps * plan_.layout.world + 1);
   plan_.rank_offsets.push_back(0);
@@ -105,43 +111,53 @@ PlanRecorder::PlanRecorder(const PlanConfig& c, std::vector<std::uint32_t> epoch
     n.peer_offsets.reserve(steps + 1);
     n.evict_offsets.reserve(steps + 1);
   }
-  plan_.metrics.per_epoch.resize(c.epochs);
-  plan_.metrics.lower_bound_fetches = lower_bound_fetches(c);
-  plan_.metrics.lower_bound_bytes = lower_bound_bytes(c);
 }
 
 void PlanRecorder::commit(std::uint32_t position, StepRecord& rec) {
   Metrics& m = plan_.metrics;
   EpochMetrics& em = m.per_epoch[position];
-  for (auto& r : rec.ranks) {
-    for (std::uint32_t a : r) {
-      plan_.accesses.push_back(a);
-      ++em.accesses;
+  const PlanConfig& c = plan_.config;
+  for (const auto& r : rec.ranks) {
+    em.accesses += r.size();
+    for (std::uint32_t a : r)
       if (a & kHitBit) ++em.hits;
-    }
-    plan_.rank_offsets.push_back(plan_.accesses.size());
   }
-  for (std::uint32_t node = 0; node < plan_.nodes.size(); ++node) {
-    NodeSchedule& ns = plan_.nodes[node];
+  for (std::uint32_t node = 0; node < c.nodes; ++node) {
     auto& miss = rec.misses[node];
     std::sort(miss.begin(), miss.end());
     em.remote_fetches += miss.size();
+    auto& runs = rec.runs[node];
+    runs.clear();
     for (std::size_t i = 0; i < miss.size();) {
       std::size_t j = i + 1;
       while (j < miss.size() && miss[j] == miss[j - 1] + 1) ++j;
-      ns.fetch_runs.push_back({miss[i], static_cast<std::uint32_t>(j - i)});
+      runs.push_back({miss[i], static_cast<std::uint32_t>(j - i)});
       i = j;
     }
-    ns.fetch_offsets.push_back(ns.fetch_runs.size());
-    auto& peers = rec.peers[node];
-    std::sort(peers.begin(), peers.end(), [](const PeerFetch& a, const PeerFetch& b) {
-      return a.sample < b.sample;
-    });
-    em.peer_fetches += peers.size();
-    ns.peer_fetches.insert(ns.peer_fetches.end(), peers.begin(), peers.end());
-    ns.peer_offsets.push_back(ns.peer_fetches.size());
-    ns.evicts.insert(ns.evicts.end(), rec.evicted[node].begin(), rec.evicted[node].end());
-    ns.evict_offsets.push_back(ns.evicts.size());
+    m.remote_runs += runs.size();
+    if (c.sized())
+      for (std::uint32_t x : miss) m.remote_bytes += c.size_of(x);
+    std::sort(rec.peers[node].begin(), rec.peers[node].end(),
+              [](const PeerFetch& a, const PeerFetch& b) { return a.sample < b.sample; });
+    em.peer_fetches += rec.peers[node].size();
+  }
+  if (sink_) {
+    sink_->step(steps_done_, rec);
+  } else {
+    for (const auto& r : rec.ranks) {
+      plan_.accesses.insert(plan_.accesses.end(), r.begin(), r.end());
+      plan_.rank_offsets.push_back(plan_.accesses.size());
+    }
+    for (std::uint32_t node = 0; node < c.nodes; ++node) {
+      NodeSchedule& ns = plan_.nodes[node];
+      ns.fetch_runs.insert(ns.fetch_runs.end(), rec.runs[node].begin(), rec.runs[node].end());
+      ns.fetch_offsets.push_back(ns.fetch_runs.size());
+      ns.peer_fetches.insert(ns.peer_fetches.end(), rec.peers[node].begin(),
+                             rec.peers[node].end());
+      ns.peer_offsets.push_back(ns.peer_fetches.size());
+      ns.evicts.insert(ns.evicts.end(), rec.evicted[node].begin(), rec.evicted[node].end());
+      ns.evict_offsets.push_back(ns.evicts.size());
+    }
   }
   ++steps_done_;
   if (progress_ && (steps_done_ % 64 == 0 || steps_done_ == plan_.total_steps()))
@@ -156,43 +172,35 @@ Plan PlanRecorder::finish() {
     m.remote_fetches += e.remote_fetches;
     m.peer_fetches += e.peer_fetches;
   }
-  const PlanConfig& c = plan_.config;
-  m.remote_bytes = m.remote_fetches * c.sample_bytes;
-  if (c.sized()) {
-    m.remote_bytes = 0;
-    for (const auto& n : plan_.nodes)
-      for (const FetchRun& r : n.fetch_runs)
-        for (std::uint32_t x = r.first; x < r.first + r.count; ++x) m.remote_bytes += c.size_of(x);
-  }
-  for (const auto& n : plan_.nodes) m.remote_runs += n.fetch_runs.size();
+  // Sized plans summed each fetched sample's bytes as it was committed.
+  if (!plan_.config.sized()) m.remote_bytes = m.remote_fetches * plan_.config.sample_bytes;
   return std::move(plan_);
 }
 
 }  // namespace detail
 
-namespace {
-Plan plan_by_policy(const PlanConfig& config, const ProgressFn& progress) {
+Plan detail::plan_by_policy(const PlanConfig& config, const ProgressFn& progress,
+                            detail::StepSink* sink) {
   switch (config.policy) {
-    case Policy::none: return detail::plan_none(config, progress);
-    case Policy::lru: return detail::plan_lru(config, progress);
-    case Policy::solar_paper: return detail::plan_solar_paper(config, progress);
-    case Policy::nopfs: return detail::plan_nopfs(config, progress);
-    case Policy::solar: return detail::plan_solar(config, progress);
-    case Policy::sampler: return detail::plan_sampler(config, progress);
+    case Policy::none: return detail::plan_none(config, progress, sink);
+    case Policy::lru: return detail::plan_lru(config, progress, sink);
+    case Policy::solar_paper: return detail::plan_solar_paper(config, progress, sink);
+    case Policy::nopfs: return detail::plan_nopfs(config, progress, sink);
+    case Policy::solar: return detail::plan_solar(config, progress, sink);
+    case Policy::sampler: return detail::plan_sampler(config, progress, sink);
   }
   throw ConfigError("--policy", "unknown policy");
 }
-}  // namespace
 
 Plan make_plan(const PlanConfig& config, const ProgressFn& progress) {
   config.validate();
-  if (!config.tiered()) return plan_by_policy(config, progress);
+  if (!config.tiered()) return detail::plan_by_policy(config, progress);
   // A local tier: the policy plans the resident set as one buffer of both tiers' samples, then
   // the set is placed in memory and on the local disk (tiers.h).
   PlanConfig resident = config;
   resident.buffer_bytes = (config.buffer_samples() + config.local_samples()) * config.sample_bytes;
   resident.local_bytes = 0;
-  Plan plan = plan_by_policy(resident, progress);
+  Plan plan = detail::plan_by_policy(resident, progress);
   plan.config = config;
   place_in_tiers(plan);
   return plan;

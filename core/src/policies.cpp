@@ -16,12 +16,12 @@ namespace {
 // The common loop of the policies whose assignment ignores the buffers (none, lru, nopfs; and
 // sampler, which runs the same loop with next uses: plan_sampler).
 template <class KeyFn>
-Plan run_static(const PlanConfig& c, const ProgressFn& progress, std::uint64_t capacity,
-                KeyFn&& key, bool keep_between_steps = true) {
+Plan run_static(const PlanConfig& c, const ProgressFn& progress, StepSink* sink,
+                std::uint64_t capacity, KeyFn&& key, bool keep_between_steps = true) {
   const EpochLayout layout = EpochLayout::of(c);
   const auto order = identity_order(c.epochs);
   EpochStream stream(c, layout, order, false);
-  PlanRecorder recorder(c, order, progress);
+  PlanRecorder recorder(c, order, progress, sink);
   auto bufs = make_buffers(c, capacity);
   StepRecord rec;
   Assignment a;
@@ -43,20 +43,20 @@ Plan run_static(const PlanConfig& c, const ProgressFn& progress, std::uint64_t c
 
 }  // namespace
 
-Plan plan_none(const PlanConfig& c, const ProgressFn& progress) {
+Plan plan_none(const PlanConfig& c, const ProgressFn& progress, StepSink* sink) {
   // No buffer: a sample lives only while its step runs.
   return run_static(
-      c, progress, effective_capacity(c), [](std::uint32_t, std::uint32_t, std::uint32_t) { return 0; },
-      false);
+      c, progress, sink, effective_capacity(c),
+      [](std::uint32_t, std::uint32_t, std::uint32_t) { return 0; }, false);
 }
 
-Plan plan_lru(const PlanConfig& c, const ProgressFn& progress) {
+Plan plan_lru(const PlanConfig& c, const ProgressFn& progress, StepSink* sink) {
   std::uint32_t clock = 0;
-  return run_static(c, progress, effective_capacity(c),
+  return run_static(c, progress, sink, effective_capacity(c),
                     [&](std::uint32_t, std::uint32_t, std::uint32_t) { return ++clock; });
 }
 
-Plan plan_nopfs(const PlanConfig& c, const ProgressFn& progress) {
+Plan plan_nopfs(const PlanConfig& c, const ProgressFn& progress, StepSink* sink) {
   // NoPFS: with the access stream known, each node keeps the samples it will read most often
   // (static assignment) for the whole run; the rest of its buffer stages the current step.
   const EpochLayout layout = EpochLayout::of(c);
@@ -121,13 +121,13 @@ Plan plan_nopfs(const PlanConfig& c, const ProgressFn& progress) {
     }
   }
   std::uint32_t clock = 0;
-  return run_static(c, progress, c.buffer_samples(),
+  return run_static(c, progress, sink, c.buffer_samples(),
                     [&](std::uint32_t m, std::uint32_t, std::uint32_t x) {
                       return pinned[m].count(x) ? kEvictLast : ++clock;
                     });
 }
 
-Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress) {
+Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress, StepSink* sink) {
   // What an unmodified script gets (job-transparent mode): DistributedSampler's assignment and
   // epoch order, exactly as lru; each node evicts clairvoyantly, the resident sample whose next
   // use BY THAT NODE is farthest. Under DistributedSampler, epoch position q belongs to rank
@@ -142,11 +142,11 @@ Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress) {
   // stream of steps.
   //
   // Keys: key_for_next_use (plan_builder.h).
-  if (c.peer_fetch) return plan_sampler_peers(c, progress);
+  if (c.peer_fetch) return plan_sampler_peers(c, progress, sink);
   const EpochLayout layout = EpochLayout::of(c);
   const auto order = identity_order(c.epochs);
   EpochStream stream(c, layout, order, true);
-  PlanRecorder recorder(c, order, progress);
+  PlanRecorder recorder(c, order, progress, sink);
   auto bufs = make_buffers(c, effective_capacity(c));
   const std::uint64_t W = layout.world, R = c.ranks_per_node;
   StepRecord rec;
@@ -182,7 +182,7 @@ Plan plan_sampler(const PlanConfig& c, const ProgressFn& progress) {
   return recorder.finish();
 }
 
-Plan plan_solar_paper(const PlanConfig& c, const ProgressFn& progress) {
+Plan plan_solar_paper(const PlanConfig& c, const ProgressFn& progress, StepSink* sink) {
   // The published SOLAR artifact (ANL-FAIR-SBI/SOLAR, utils/solar_shuffle.py and the dataset
   // class), re-implemented:
   //  - epoch order: PSO over the cost "first K of epoch j not in last K of epoch i", K = the
@@ -194,7 +194,7 @@ Plan plan_solar_paper(const PlanConfig& c, const ProgressFn& progress) {
   const EpochLayout layout = EpochLayout::of(c);
   const auto order = paper_epoch_order(c);
   EpochStream stream(c, layout, order, false);
-  PlanRecorder recorder(c, order, progress);
+  PlanRecorder recorder(c, order, progress, sink);
   auto bufs = make_buffers(c, c.buffer_samples());
   const std::uint64_t W = layout.world, used = layout.used();
   const std::uint64_t K = std::min<std::uint64_t>(std::uint64_t{c.nodes} * c.buffer_samples(), used);

@@ -23,11 +23,11 @@
 
 namespace solar::detail {
 
-Plan plan_sampler_peers(const PlanConfig& c, const ProgressFn& progress) {
+Plan plan_sampler_peers(const PlanConfig& c, const ProgressFn& progress, StepSink* sink) {
   const EpochLayout layout = EpochLayout::of(c);
   const auto order = identity_order(c.epochs);
   EpochStream stream(c, layout, order, true);
-  PlanRecorder recorder(c, order, progress);
+  PlanRecorder recorder(c, order, progress, sink);
   const std::uint64_t capacity = c.buffer_samples();
   auto bufs = make_buffers(c, capacity);
   const std::uint64_t R = c.ranks_per_node;

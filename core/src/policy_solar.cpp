@@ -25,12 +25,12 @@ namespace {
 
 class SolarPlanner {
  public:
-  SolarPlanner(const PlanConfig& c, const ProgressFn& progress)
+  SolarPlanner(const PlanConfig& c, const ProgressFn& progress, StepSink* sink)
       : c_(c),
         layout_(EpochLayout::of(c)),
         order_(identity_order(c.epochs)),
         stream_(c, layout_, order_, true),
-        recorder_(c, order_, progress),
+        recorder_(c, order_, progress, sink),
         bufs_(make_buffers(c, effective_capacity(c))),
         M_(c.nodes),
         R_(c.ranks_per_node),
@@ -256,8 +256,8 @@ class SolarPlanner {
 
 }  // namespace
 
-Plan plan_solar(const PlanConfig& c, const ProgressFn& progress) {
-  return SolarPlanner(c, progress).run();
+Plan plan_solar(const PlanConfig& c, const ProgressFn& progress, StepSink* sink) {
+  return SolarPlanner(c, progress, sink).run();
 }
 
 }  // namespace solar::detail

@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+// A plan computed where it is used, as it is needed: one node's share of it, step by step, a
+// bounded window ahead of its reader (issue 40).
+//
+// A plan is a deterministic function of its PlanConfig (portable RNG, golden-tested), so every
+// node can compute it itself instead of reading it from a plan file: the planner runs forward
+// over the steps as make_plan does, on a thread of its own, and hands over only this node's
+// part of each step. Nothing of the run's length is kept: memory is the planner's state
+// (O(N + M·C): each sample's holder, the nodes' buffers, two epochs' sequences) plus at most
+// `window` steps of this node's share; time is the whole plan's, spread over the run, and the
+// first step is ready after the first epoch's sequences are drawn (O(N)).
+//
+// The steps are exactly those of make_plan(config) for that node, bit for bit (tested against
+// the whole plan for every policy), and metrics() is the whole plan's.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "solar/core/plan.h"
+
+namespace solar {
+
+// One global step of one node's share of a plan: what the node's NodePlan holds for step t.
+struct NodeStep {
+  std::uint64_t t = 0;                            // the global step
+  std::vector<std::vector<std::uint32_t>> ranks;  // per local rank: sample | kHitBit
+  std::vector<std::uint32_t> evicts;              // evicted before the fetches
+  std::vector<FetchRun> fetches;                  // from storage, coalesced
+  std::vector<PeerFetch> peers;                   // taken from other nodes' buffers
+  // What other nodes take from this node's buffer in this step: PeerFetch::from_node is the
+  // node that reads the sample here (ordered by that node, then sample).
+  std::vector<PeerFetch> serves;
+  bool operator==(const NodeStep&) const = default;
+};
+
+class NodePlanStream {
+ public:
+  static constexpr std::uint64_t kDefaultWindow = 256;
+
+  // Validates `config` (throws ConfigError) and starts computing its plan, keeping `node`'s
+  // steps only, never more than `window` (≥ 1) of them ahead of the reader. A plan with a
+  // local tier is refused (its placement needs the node's whole schedule: make_plan).
+  NodePlanStream(const PlanConfig& config, std::uint32_t node,
+                 std::uint64_t window = kDefaultWindow);
+  // Stops the computation (the thread ends within one step) and waits for it.
+  ~NodePlanStream();
+  NodePlanStream(const NodePlanStream&) = delete;
+  NodePlanStream& operator=(const NodePlanStream&) = delete;
+
+  std::uint64_t total_steps() const;
+  // Steps handed out so far: the next one is step taken().
+  std::uint64_t taken() const;
+  // Steps computed and not yet taken (at most the window).
+  std::uint64_t ready() const;
+  // The next step (0, 1, ..., total_steps() - 1), waiting until it is computed. Rethrows what
+  // the planner threw; std::out_of_range after the last step.
+  NodeStep next();
+  // The whole plan's metrics (every node's), waiting until the last step is computed (take the
+  // steps first: the planner stops `window` steps ahead of the reader).
+  const Metrics& metrics();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace solar
