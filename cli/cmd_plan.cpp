@@ -527,7 +527,7 @@ void run_dump(const DumpOptions& o) {
   const std::uint32_t R = c.ranks_per_node;
   const std::uint32_t from = o.node.value_or(0), to = o.node ? *o.node + 1 : c.nodes;
   for (std::uint32_t n = from; n < to; ++n) {
-    const NodePlan np = pf.node(n);
+    const NodePlan np = node_plan(pf, n);
     for (std::uint64_t t = 0; t < std::uint64_t{h.layout.steps} * c.epochs; ++t) {
       const std::uint64_t p = t / h.layout.steps, j = t % h.layout.steps;
       for (std::uint32_t r = 0; r < R; ++r) {

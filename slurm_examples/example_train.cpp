@@ -25,6 +25,8 @@
 #include <dlfcn.h>
 
 #include "solar/core/plan_file.h"
+#include "solar/core/plan_stream.h"
+#include "solar/core/plan_stream.h"
 #include "solar/solar.hpp"
 #include "solar/storage/content.h"
 #include "solar/storage/sample_source.h"
@@ -93,7 +95,7 @@ class BaselineReader {
     header_ = pf.header();
     node_ = static_cast<std::uint32_t>(std::stoul(need("SOLAR_NODE")));
     local_ = static_cast<std::uint32_t>(std::stoul(need("SOLAR_LOCAL_RANK")));
-    plan_ = pf.node(node_);
+    plan_ = solar::node_plan(pf, node_);
     R_ = header_.config.ranks_per_node;
     T_ = std::uint64_t{header_.layout.steps} * header_.config.epochs;
     solar::storage::SourceOptions so;

@@ -19,6 +19,7 @@
 
 #include "agent_impl.h"
 #include "solar/core/extents.h"
+#include "solar/core/plan_stream.h"
 #include "solar/storage/dataset_files.h"
 #include "solar/sys/meminfo.h"
 #include "solar/unix_socket.h"
@@ -107,7 +108,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
     throw AgentError(fmt::format("--node {}: the plan {} has nodes 0..{}", o.node, o.plan,
                                  header_.config.nodes - 1));
   try {
-    plan_ = pf.node(o.node);
+    plan_ = node_plan(pf, o.node);
   } catch (const PlanFileError& e) {
     throw AgentError(e.what());
   }

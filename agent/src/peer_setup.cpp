@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "peer_state.h"
+#include "solar/core/plan_stream.h"
 #include "solar/storage/fabric_address.h"  // in hex, as solar-stored sends them
 #include "solar/sys/atomic_file.h"
 
@@ -88,7 +89,7 @@ void PeerSharing::setup(const PlanFile& pf) {
   try {
     for (std::uint32_t n = 0; n < M; ++n) {
       if (n == me) continue;
-      const NodePlan np = pf.node(n);
+      const NodePlan np = node_plan(pf, n);
       for (std::uint64_t t = 0; t < a_.T_; ++t)
         for (const PeerFetch& f : np.schedule.peers_at(t))
           if (f.from_node == me) {

@@ -21,6 +21,7 @@
 #include "environment.h"
 #include "loader.h"
 #include "solar/core/plan_file.h"
+#include "solar/core/plan_stream.h"
 #include "solar/solar.h"
 
 using solar::client::agent_timeout_from_env;
@@ -143,7 +144,7 @@ solar_loader* solar_open_env(void) {
     if (l->local_rank >= l->R)
       throw ClientError(fmt::format("SOLAR_LOCAL_RANK={} but the plan has {} ranks per node",
                                     l->local_rank, l->R));
-    l->plan = pf.node(l->node);
+    l->plan = solar::node_plan(pf, l->node);
     // Samples of differing sizes (whole files): each one's length is its file's size.
     if (l->header.config.sized()) l->read_lengths();
     l->T = std::uint64_t{l->header.layout.steps} * l->header.config.epochs;

@@ -291,6 +291,11 @@ PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::
   // tiers are not in the file: its agent computes them, tiers.h place_node_in_tiers).
   c.local_bytes = r.get<std::uint64_t>();
   check_inputs(c);
+  const auto flags = r.get<std::uint64_t>();  // v5
+  if (flags & ~plan_layout::kFlagStreamed) r.fail(fmt::format("unknown flags {:#x}", flags));
+  h.streamed = (flags & plan_layout::kFlagStreamed) != 0;
+  if (h.streamed && c.tiered()) r.fail("a streamed plan with a local tier");
+  if (h.streamed && c.order == OrderMode::file) r.fail("a streamed plan of an order file");
   h.directory.resize(c.nodes);
   for (auto& d : h.directory) {
     d.offset = r.get<std::uint64_t>();
@@ -305,7 +310,8 @@ PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::
   if (r.pos() > header_size) r.fail("header is longer than its recorded size");
   for (std::uint32_t n = 0; n < c.nodes; ++n) {
     const auto& d = h.directory[n];
-    if (d.offset < header_size || d.length < 56 || d.offset % 8 != 0)
+    if (h.streamed ? (d.offset || d.length || d.crc)
+                   : (d.offset < header_size || d.length < 56 || d.offset % 8 != 0))
       r.fail(fmt::format("directory entry of node {} is malformed", n));
   }
   return h;
@@ -421,6 +427,10 @@ void check_across_nodes(const Plan& p, const std::string& name) {
 
 Plan decode_plan(const std::uint8_t* data, std::size_t size, const std::string& name) {
   PlanHeader h = decode_header(data, size, name);
+  if (h.streamed)
+    throw PlanFileError(fmt::format("{}: a streamed plan (each node computes its share): "
+                                    "compute the whole plan with `solar plan` instead",
+                                    name));
   Plan p;
   p.config = h.config;
   p.layout = h.layout;
@@ -502,6 +512,10 @@ NodePlan PlanFile::node(std::uint32_t node) const {
   if (node >= header_.config.nodes)
     throw PlanFileError(fmt::format("{}: no node {} (the plan has nodes 0..{})", name, node,
                                     header_.config.nodes - 1));
+  if (header_.streamed)
+    throw PlanFileError(fmt::format("{}: a streamed plan has no node sections (each node "
+                                    "computes its share: node_plan(), plan_stream.h)",
+                                    name));
   Fd f{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0)
     throw PlanFileError(fmt::format("{}: cannot open plan file: {}", name, std::strerror(errno)));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <bit>
+#include <cstdint>
 
 namespace solar::plan_layout {
 
@@ -12,5 +13,7 @@ static_assert(std::endian::native == std::endian::little,
 
 inline constexpr char kMagic[8] = {'S', 'O', 'L', 'A', 'R', 'P', 'L', 'N'};
 inline constexpr char kNodeMagic[8] = {'S', 'O', 'L', 'A', 'R', 'N', 'O', 'D'};
+// The header's flags (v5).
+inline constexpr std::uint64_t kFlagStreamed = 1;  // no node sections: each node computes its own
 
 }  // namespace solar::plan_layout

@@ -36,7 +36,7 @@ class Writer {
   std::vector<std::uint8_t> out;
 };
 
-void encode_header_body(const Plan& p, Writer& w) {
+void encode_header_body(const Plan& p, bool streamed, Writer& w) {
   const PlanConfig& c = p.config;
   w.put_bytes(kMagic, 8);
   w.put<std::uint32_t>(kPlanFileVersion);
@@ -77,6 +77,36 @@ void encode_header_body(const Plan& p, Writer& w) {
     w.put<std::uint64_t>(0);
   }
   w.put<std::uint64_t>(c.local_bytes);  // v4
+  w.put<std::uint64_t>(streamed ? plan_layout::kFlagStreamed : 0);  // v5
+}
+
+// The directory (zeros, patched by the caller) and the header's end; returns where the
+// directory starts.
+std::size_t put_directory(std::uint32_t nodes, Writer& w) {
+  const std::size_t dir_at = w.out.size();
+  for (std::uint32_t m = 0; m < nodes; ++m) {
+    w.put<std::uint64_t>(0);
+    w.put<std::uint64_t>(0);
+    w.put<std::uint32_t>(0);
+    w.put<std::uint32_t>(0);
+  }
+  w.put<std::uint32_t>(0);  // header crc
+  w.align8();
+  const auto header_size = static_cast<std::uint32_t>(w.out.size());
+  std::memcpy(&w.out[12], &header_size, 4);
+  return dir_at;
+}
+
+void put_header_crc(std::size_t dir_at, std::uint32_t nodes, Writer& w) {
+  const std::size_t crc_at = dir_at + std::size_t{nodes} * 24;
+  const std::uint32_t hcrc = crc32(w.out.data(), crc_at);
+  std::memcpy(&w.out[crc_at], &hcrc, 4);
+}
+
+void write_bytes(const std::vector<std::uint8_t>& bytes, const std::filesystem::path& path) {
+  if (const char* failed = sys::write_file_atomically(
+          path, {reinterpret_cast<const char*>(bytes.data()), bytes.size()}, 0644))
+    throw PlanFileError(fmt::format("{}: {}: {}", path.string(), failed, std::strerror(errno)));
 }
 
 std::vector<std::uint8_t> encode_node(const Plan& p, std::uint32_t node) {
@@ -122,19 +152,9 @@ std::vector<std::uint8_t> encode_node(const Plan& p, std::uint32_t node) {
 
 std::vector<std::uint8_t> encode_plan(const Plan& p) {
   Writer w;
-  encode_header_body(p, w);
-  const std::size_t dir_at = w.out.size();
-  for (std::uint32_t m = 0; m < p.config.nodes; ++m) {
-    w.put<std::uint64_t>(0);
-    w.put<std::uint64_t>(0);
-    w.put<std::uint32_t>(0);
-    w.put<std::uint32_t>(0);
-  }
-  w.put<std::uint32_t>(0);  // header crc
-  w.align8();
-  const auto header_size = static_cast<std::uint32_t>(w.out.size());
-  std::memcpy(&w.out[12], &header_size, 4);
-  for (std::uint32_t m = 0; m < p.config.nodes; ++m) {
+  encode_header_body(p, p.streamed, w);
+  const std::size_t dir_at = put_directory(p.config.nodes, w);
+  for (std::uint32_t m = 0; m < p.config.nodes && !p.streamed; ++m) {
     const std::uint64_t offset = w.out.size();
     auto section = encode_node(p, m);
     const std::uint64_t length = section.size();
@@ -145,17 +165,12 @@ std::vector<std::uint8_t> encode_plan(const Plan& p) {
     std::memcpy(e + 8, &length, 8);
     std::memcpy(e + 16, &crc, 4);
   }
-  const std::size_t crc_at = dir_at + std::size_t{p.config.nodes} * 24;
-  const std::uint32_t hcrc = crc32(w.out.data(), crc_at);
-  std::memcpy(&w.out[crc_at], &hcrc, 4);
+  put_header_crc(dir_at, p.config.nodes, w);
   return std::move(w.out);
 }
 
 void write_plan_file(const Plan& plan, const std::filesystem::path& path) {
-  const auto bytes = encode_plan(plan);
-  if (const char* failed = sys::write_file_atomically(
-          path, {reinterpret_cast<const char*>(bytes.data()), bytes.size()}, 0644))
-    throw PlanFileError(fmt::format("{}: {}: {}", path.string(), failed, std::strerror(errno)));
+  write_bytes(encode_plan(plan), path);
 }
 
 }  // namespace solar

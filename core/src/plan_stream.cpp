@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "solar/core/plan_stream.h"
+#include "solar/core/plan_file.h"
 
 #include <condition_variable>
 #include <deque>
@@ -11,6 +12,7 @@
 #include "plan_builder.h"
 #include "policies.h"
 #include "solar/core/config_error.h"
+#include "solar/core/planner.h"
 
 namespace solar {
 
@@ -129,6 +131,66 @@ const Metrics& NodePlanStream::metrics() {
   s_->cv.wait(lk, [&] { return s_->finished; });
   if (s_->error) std::rethrow_exception(s_->error);
   return s_->metrics;
+}
+
+bool can_stream(const PlanConfig& config) {
+  return !config.tiered() && config.order != OrderMode::file;
+}
+
+Plan make_streamed_plan(const PlanConfig& config) {
+  config.validate();
+  if (config.tiered())
+    throw ConfigError("--local-buffer", "a plan with a local tier is computed whole only (the "
+                                        "tiers' placement needs each node's whole schedule)");
+  if (config.order == OrderMode::file)
+    throw ConfigError("--order-file", "a streamed plan does not carry an order file's order "
+                                      "(every node would need the whole list): plan it whole");
+  Plan p;
+  p.streamed = true;
+  p.config = config;
+  p.layout = EpochLayout::of(config);
+  p.epoch_order = config.policy == Policy::solar_paper ? paper_epoch_order(config)
+                                                       : detail::identity_order(config.epochs);
+  p.metrics.per_epoch.resize(config.epochs);
+  p.metrics.lower_bound_fetches = lower_bound_fetches(config);
+  p.metrics.lower_bound_bytes = lower_bound_bytes(config);
+  return p;
+}
+
+NodePlan collect_node_plan(const PlanConfig& config, std::uint32_t node) {
+  NodePlanStream stream(config, node);
+  const std::uint64_t T = stream.total_steps();
+  NodePlan np;
+  np.node = node;
+  NodeSchedule& ns = np.schedule;
+  np.rank_offsets.reserve(T * config.ranks_per_node + 1);
+  np.rank_offsets.push_back(0);
+  for (auto* o : {&ns.fetch_offsets, &ns.peer_offsets, &ns.evict_offsets}) {
+    o->reserve(T + 1);
+    o->push_back(0);
+  }
+  for (std::uint64_t t = 0; t < T; ++t) {
+    const NodeStep s = stream.next();
+    for (const auto& r : s.ranks) {
+      np.accesses.insert(np.accesses.end(), r.begin(), r.end());
+      np.rank_offsets.push_back(np.accesses.size());
+    }
+    ns.fetch_runs.insert(ns.fetch_runs.end(), s.fetches.begin(), s.fetches.end());
+    ns.fetch_offsets.push_back(ns.fetch_runs.size());
+    ns.peer_fetches.insert(ns.peer_fetches.end(), s.peers.begin(), s.peers.end());
+    ns.peer_offsets.push_back(ns.peer_fetches.size());
+    ns.evicts.insert(ns.evicts.end(), s.evicts.begin(), s.evicts.end());
+    ns.evict_offsets.push_back(ns.evicts.size());
+  }
+  return np;
+}
+
+NodePlan node_plan(const PlanFile& file, std::uint32_t node) {
+  if (!file.header().streamed) return file.node(node);
+  if (node >= file.header().config.nodes)
+    throw PlanFileError("no node " + std::to_string(node) + " (the plan has nodes 0.." +
+                        std::to_string(file.header().config.nodes - 1) + ")");
+  return collect_node_plan(file.header().config, node);
 }
 
 }  // namespace solar

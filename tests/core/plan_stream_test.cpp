@@ -5,12 +5,16 @@
 // when its reader goes away.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <stdexcept>
 #include <thread>
 
 #include "random_config.h"
 #include "solar/core/config_error.h"
+#include "solar/core/plan_file.h"
 #include "solar/core/plan_stream.h"
 #include "solar/core/planner.h"
 #include "solar/core/rng.h"
@@ -185,6 +189,78 @@ TEST(PlanStream, KeepsAtMostItsWindowAheadAndStopsWhenItsReaderGoesAway) {
   EXPECT_EQ(s.ready(), 2U);
   EXPECT_EQ(s.next().t, 3U);
   EXPECT_LE(s.ready(), 2U);
+}
+
+TEST(PlanStream, AStreamedPlanFileIsItsHeaderAndEachNodeComputesItsSection) {
+  // s1's shape over 30 epochs: the whole plan's file holds every access; the streamed one, its
+  // header only, from which every node's section comes out as the whole file's.
+  PlanConfig c;
+  c.samples = 8192;
+  c.epochs = 30;
+  c.nodes = 4;
+  c.ranks_per_node = 4;
+  c.batch = 16;
+  c.sample_bytes = 1 << 20;
+  c.buffer_bytes = 1843 * c.sample_bytes;
+  c.imbalance = 1;
+  c.peer_fetch = true;
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("solar-plan-stream-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct Cleanup {
+    std::filesystem::path p;
+    ~Cleanup() { std::filesystem::remove_all(p); }
+  } cleanup{dir};
+  for (Policy p : {Policy::solar, Policy::sampler, Policy::solar_paper}) {
+    c.policy = p;
+    SCOPED_TRACE(to_string(p));
+    Plan whole = make_plan(c);
+    whole.dataset_identity = "test-identity";
+    Plan streamed = make_streamed_plan(c);
+    streamed.dataset_identity = "test-identity";
+    EXPECT_EQ(streamed.epoch_order, whole.epoch_order);
+    write_plan_file(whole, dir / "whole");
+    write_plan_file(streamed, dir / "streamed");
+    const auto whole_bytes = std::filesystem::file_size(dir / "whole");
+    const auto streamed_bytes = std::filesystem::file_size(dir / "streamed");
+    EXPECT_GT(whole_bytes, std::uint64_t{c.epochs} * c.samples * 4);  // every access record
+    EXPECT_LT(streamed_bytes, 4096U);
+    const PlanFile wf = PlanFile::open(dir / "whole"), sf = PlanFile::open(dir / "streamed");
+    EXPECT_FALSE(wf.header().streamed);
+    ASSERT_TRUE(sf.header().streamed);
+    EXPECT_EQ(sf.header().dataset_identity, "test-identity");
+    EXPECT_EQ(sf.header().epoch_order, wf.header().epoch_order);
+    EXPECT_EQ(sf.header().metrics.lower_bound_fetches, wf.header().metrics.lower_bound_fetches);
+    EXPECT_EQ(sf.header().metrics.remote_fetches, 0U);  // not known before it is computed
+    EXPECT_THROW((void)sf.node(0), PlanFileError);
+    const auto sbytes = encode_plan(streamed);
+    EXPECT_THROW((void)decode_plan(sbytes.data(), sbytes.size(), "streamed"), PlanFileError);
+    for (std::uint32_t m = 0; m < c.nodes; ++m) {
+      const NodePlan a = wf.node(m), b = node_plan(sf, m);
+      EXPECT_EQ(b.node, m);
+      EXPECT_EQ(a.rank_offsets, b.rank_offsets);
+      EXPECT_EQ(a.accesses, b.accesses);
+      EXPECT_EQ(a.schedule.fetch_offsets, b.schedule.fetch_offsets);
+      EXPECT_EQ(a.schedule.fetch_runs, b.schedule.fetch_runs);
+      EXPECT_EQ(a.schedule.peer_offsets, b.schedule.peer_offsets);
+      EXPECT_EQ(a.schedule.peer_fetches, b.schedule.peer_fetches);
+      EXPECT_EQ(a.schedule.evict_offsets, b.schedule.evict_offsets);
+      EXPECT_EQ(a.schedule.evicts, b.schedule.evicts);
+    }
+    EXPECT_THROW((void)node_plan(sf, c.nodes), PlanFileError);
+  }
+  // What a streamed file cannot carry is refused by name.
+  PlanConfig tiered = c;
+  tiered.policy = Policy::solar;
+  tiered.peer_fetch = false;
+  tiered.local_bytes = 1000 * c.sample_bytes;
+  try {
+    (void)make_streamed_plan(tiered);
+    ADD_FAILURE() << "a tiered plan streamed";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--local-buffer");
+  }
+  EXPECT_FALSE(can_stream(tiered));
 }
 
 }  // namespace

@@ -151,6 +151,10 @@ struct Plan {
   // reading, so a replaced or rewritten file is refused instead of mixed into training.
   // Empty: not tied to a dataset (`solar plan` on its own); no check.
   std::string dataset_identity;
+  // A streamed plan (make_streamed_plan, plan_stream.h): the inputs, the epoch order and the
+  // lower bounds only; no per-step arrays, no nodes. Its file is the header alone, and each
+  // node computes its own share from the inputs.
+  bool streamed = false;
 
   std::uint64_t total_steps() const { return std::uint64_t{layout.steps} * config.epochs; }
   std::span<const std::uint32_t> rank_batch(std::uint64_t t, std::uint64_t rank) const {

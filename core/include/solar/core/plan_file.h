@@ -2,18 +2,21 @@
 // The plan file: how a plan travels from the planner (solar plan, solar run, the SPANK plugin)
 // to the node agents.
 //
-// Layout (little-endian, version 4):
+// Layout (little-endian, version 5):
 //   header     magic "SOLARPLN", version, header size, the PlanConfig, the epoch layout, the
 //              metrics (total and per epoch), the epoch order, the dataset's identity (u32
 //              length, bytes, padding to 8), the samples' sizes (u64 count, 0 or N, then one
 //              u64 per sample: sized samples only), the local tier's bytes per node
-//              (u64, 0: none; version 4), and a directory with one entry
-//              per node: {offset, length, crc32}; the header ends with its own crc32.
+//              (u64, 0: none; version 4), flags (u64; version 5: bit 0, streamed), and a
+//              directory with one entry per node: {offset, length, crc32}; the header ends
+//              with its own crc32.
 //   node i     magic "SOLARNOD", node id, then for every global step t: each local rank's
 //              access count and records (sample | kHitBit); and the node's fetch runs, peer
 //              fetches and evictions with per-step offsets.
 // A node section is self-contained and checksummed, so an agent reads the header and its own
-// section only. Nothing time- or host-dependent is stored: identical inputs give identical
+// section only. A streamed plan (version 5) is the header alone, its directory zeros, its
+// metrics the lower bounds only: each node computes its share itself (plan_stream.h), so
+// nothing of the run's length is written. Nothing time- or host-dependent is stored: identical inputs give identical
 // bytes.
 #pragma once
 
@@ -29,7 +32,7 @@
 
 namespace solar {
 
-inline constexpr std::uint32_t kPlanFileVersion = 4;
+inline constexpr std::uint32_t kPlanFileVersion = 5;
 inline constexpr std::uint32_t kMaxIdentityBytes = 4096;
 
 // A plan file that cannot be used: names the file and what is wrong with it.
@@ -50,6 +53,9 @@ struct PlanHeader {
     std::uint32_t crc = 0;
   };
   std::vector<NodeEntry> directory;
+  // No node sections: each node computes its share (NodePlanStream); the metrics hold only the
+  // lower bounds.
+  bool streamed = false;
   // The header's CRC-32, which covers the inputs, metrics, dataset identity and every node
   // section's CRC: the plan's identity (peer cards name it, so agents of other plans refuse
   // each other's).
@@ -65,7 +71,8 @@ struct NodePlan {
   NodeSchedule schedule;
 };
 
-// Serialises a plan (also used to compare plans byte for byte).
+// Serialises a plan (also used to compare plans byte for byte); a streamed plan (Plan::streamed)
+// as its header alone: O(nodes + epochs) bytes, and the samples' sizes if they differ.
 std::vector<std::uint8_t> encode_plan(const Plan& plan);
 // Writes atomically (sys::write_file_atomically, mode 0644). Throws PlanFileError.
 void write_plan_file(const Plan& plan, const std::filesystem::path& path);
@@ -84,7 +91,9 @@ PlanHeader decode_header(const std::uint8_t* data, std::size_t size, const std::
 NodePlan decode_node(const PlanHeader& h, std::uint32_t node, const std::uint8_t* data,
                      std::size_t size, const std::string& name);
 
-// Reads a plan file; open() reads only the header, node() only that node's section.
+// Reads a plan file; open() reads only the header, node() only that node's section (a streamed
+// plan has none: node() throws; node_plan() in plan_stream.h computes the node's share then,
+// and a reader that takes steps in order uses NodePlanStream and keeps a window of them).
 class PlanFile {
  public:
   static PlanFile open(const std::filesystem::path& path);

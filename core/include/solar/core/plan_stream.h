@@ -66,4 +66,22 @@ class NodePlanStream {
   std::unique_ptr<State> s_;
 };
 
+// The streamed plan of `config` (Plan::streamed): validated (throws ConfigError), with its epoch
+// order and lower bounds. A local tier and an order file are refused: the tiers' placement
+// needs each node's whole schedule, and the order would have to travel whole to every node.
+Plan make_streamed_plan(const PlanConfig& config);
+// Whether make_streamed_plan takes `config` (no local tier, no order file).
+bool can_stream(const PlanConfig& config);
+// Plans of more accesses than this are streamed by `solar run` and `srun` unless told
+// otherwise (--plan, --solar-plan): 2^24 accesses, a 64 MiB plan file and more.
+inline constexpr std::uint64_t kStreamAboveAccesses = std::uint64_t{1} << 24;
+
+// One node's whole share of config's plan, computed (NodePlanStream) and gathered: what the
+// node's section of the whole plan's file holds. O(the node's accesses over the run) memory.
+struct NodePlan;
+class PlanFile;
+NodePlan collect_node_plan(const PlanConfig& config, std::uint32_t node);
+// A plan file's node: its section, or for a streamed plan collect_node_plan.
+NodePlan node_plan(const PlanFile& file, std::uint32_t node);
+
 }  // namespace solar
