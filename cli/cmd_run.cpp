@@ -24,6 +24,7 @@
 #include "solar/core/job_params.h"
 #include "solar/core/order_file.h"
 #include "solar/core/plan_file.h"
+#include "solar/core/plan_stream.h"
 #include "solar/core/planner.h"
 #include "solar/node_summary.h"
 #include "solar/storage/dataset_files.h"
@@ -38,6 +39,7 @@ struct RunOptions {
   std::string nodes = "1", epochs, batch, seed = "0", imbalance = "0";
   std::string dataset, labels = "/label", buffer, order = "solar";
   std::string plan_out, stats_out, read_gap, order_file;
+  std::string plan_mode = "auto";  // --plan: whole, streamed or auto (plan_stream.h)
   std::string local_buffer, local_dir;  // a local-disk tier below --buffer
   std::optional<std::string> start_epoch, start_step;  // resume (--start-epoch, --start-step)
   std::string resume_from;                             // resume: a loader's state_dict as JSON
@@ -234,6 +236,7 @@ std::uint64_t resume_start(const RunOptions& o, const Plan& plan) {
 void run_run(const RunOptions& o) {
   const RunTimes times;
   PlanConfig c;
+  PlanDelivery delivery = PlanDelivery::automatic;
   std::unique_ptr<storage::SampleSource> src;
   std::optional<storage::DatasetIndex> index;  // a dataset of many files
   BufferSpec buffer;
@@ -325,12 +328,18 @@ void run_run(const RunOptions& o) {
       follow_order_file(c, o.order_file);
     }
     if (o.transparent) follow_the_script(c, o.order_given);
+    const auto d = parse_plan_delivery(o.plan_mode);
+    if (!d)
+      throw ConfigError("--plan", fmt::format("'{}' is not auto, whole or streamed", o.plan_mode));
+    delivery = *d;
+    if (delivery == PlanDelivery::streamed && !can_stream(c))
+      (void)make_streamed_plan(c);  // says why not, naming the option in the way
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "solar run: %s\n", e.what());
     exit_code() = kExitUsage;
     return;
   }
-  Plan plan = make_plan(c);
+  Plan plan = plan_for_job(c, delivery);
   plan.dataset_identity = src->identity();  // agents and ranks refuse any other data
   src.reset();
   std::uint64_t start = 0;
@@ -345,7 +354,12 @@ void run_run(const RunOptions& o) {
     fmt::print(stderr, "solar run: starting at step {} (epoch {}, step {} of it) of {}\n", start,
                start / plan.layout.steps, start % plan.layout.steps, plan.total_steps());
   if (!o.plan_out.empty()) write_plan_file(plan, o.plan_out);
-  if (o.verbose)
+  if (o.verbose && plan.streamed)
+    fmt::print(stderr, "solar run: plan: streamed (each node computes its share as the run goes; "
+                       "the lower bound is {} remote fetches), {} per node for the resident "
+                       "set\n",
+               plan.metrics.lower_bound_fetches, format_bytes(c.buffer_bytes));
+  else if (o.verbose)
     fmt::print(stderr, "solar run: plan: {} remote fetches for {} accesses ({:.3f}× the lower "
                        "bound), {} per node for the resident set\n",
                plan.metrics.remote_fetches, plan.metrics.accesses,
@@ -483,6 +497,12 @@ void add_run_commands(CLI::App& app) {
                 "mixed (up to 1 MiB a line)");
   run->add_option("--plan-out", o->plan_out, "Also save the plan here (for plan-dump)")
       ->type_name(kFile);
+  run->add_option("--plan", o->plan_mode,
+                  "How the plan reaches the agents and ranks: whole (computed here, every "
+                  "access in its file), streamed (its file is the inputs alone; each node "
+                  "computes its share as the run goes: no plan-sized file or memory, start-up "
+                  "independent of the epochs), auto (streamed above 2^24 accesses) [auto]")
+      ->type_name("MODE");
   run->add_option("--stats-out", o->stats_out,
                   "Write every node's measured statistics here when the job ends (JSON: per "
                   "epoch hits, fetched samples and bytes, storage read time, ranks' stall, wall "

@@ -157,6 +157,21 @@ Plan make_streamed_plan(const PlanConfig& config) {
   return p;
 }
 
+std::optional<PlanDelivery> parse_plan_delivery(std::string_view text) {
+  if (text == "auto") return PlanDelivery::automatic;
+  if (text == "whole") return PlanDelivery::whole;
+  if (text == "streamed") return PlanDelivery::streamed;
+  return std::nullopt;
+}
+
+Plan plan_for_job(const PlanConfig& config, PlanDelivery delivery, const ProgressFn& progress) {
+  const std::uint64_t accesses = std::uint64_t{config.epochs} * EpochLayout::of(config).used();
+  const bool stream =
+      delivery == PlanDelivery::streamed ||
+      (delivery == PlanDelivery::automatic && accesses > kStreamAboveAccesses && can_stream(config));
+  return stream ? make_streamed_plan(config) : make_plan(config, progress);
+}
+
 NodePlan collect_node_plan(const PlanConfig& config, std::uint32_t node) {
   NodePlanStream stream(config, node);
   const std::uint64_t T = stream.total_steps();

@@ -16,9 +16,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "solar/core/plan.h"
+#include "solar/core/planner.h"
 
 namespace solar {
 
@@ -75,6 +78,16 @@ bool can_stream(const PlanConfig& config);
 // Plans of more accesses than this are streamed by `solar run` and `srun` unless told
 // otherwise (--plan, --solar-plan): 2^24 accesses, a 64 MiB plan file and more.
 inline constexpr std::uint64_t kStreamAboveAccesses = std::uint64_t{1} << 24;
+
+// How a job's plan goes to its nodes (solar run --plan, srun --solar-plan): streamed above
+// kStreamAboveAccesses when it can be (automatic), or as told.
+enum class PlanDelivery { automatic, whole, streamed };
+// "auto", "whole", "streamed"; nullopt for anything else.
+std::optional<PlanDelivery> parse_plan_delivery(std::string_view text);
+// The job's plan as its file carries it: make_streamed_plan or make_plan. Throws ConfigError
+// (a streamed plan asked for that cannot be: make_streamed_plan).
+Plan plan_for_job(const PlanConfig& config, PlanDelivery delivery,
+                  const ProgressFn& progress = {});
 
 // One node's whole share of config's plan, computed (NodePlanStream) and gathered: what the
 // node's section of the whole plan's file holds. O(the node's accesses over the run) memory.
