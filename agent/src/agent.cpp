@@ -107,11 +107,25 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   if (o.node >= header_.config.nodes)
     throw AgentError(fmt::format("--node {}: the plan {} has nodes 0..{}", o.node, o.plan,
                                  header_.config.nodes - 1));
+  // A streamed plan is computed here a window of steps ahead (plan_steps.h), unless the agent
+  // needs the node's whole schedule up front: the extents of samples of differing sizes, and
+  // what peers read from this node.
   try {
-    plan_ = node_plan(pf, o.node);
+    if (header_.streamed && !sized && o.peer_dir.empty())
+      steps_.open_streamed(header_.config, o.node);
+    else
+      steps_.open_whole(node_plan(pf, o.node), header_.config.ranks_per_node,
+                        header_.config.samples);
   } catch (const PlanFileError& e) {
     throw AgentError(e.what());
+  } catch (const ConfigError& e) {
+    throw AgentError(fmt::format("the plan {}: {}", o.plan, e.what()));
   }
+  if (header_.streamed)
+    spdlog::info("node {}: the plan is streamed: {}", o.node,
+                 steps_.streamed() ? "its steps are computed here as the run goes"
+                                   : "its whole share is computed here first (samples of "
+                                     "differing sizes or peer sharing need it)");
   R_ = header_.config.ranks_per_node;
   T_ = std::uint64_t{header_.layout.steps} * header_.config.epochs;
   if (o.start_step > T_)
@@ -210,7 +224,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   if (o.transparent) count_file_tables(*source_, bo);
   // Sized: the arena this node's schedule needs as extents (fragmentation, with the best fit
   // the slot table allocates with; agent/README.md "The buffer").
-  if (sized) bo.arena_bytes = arena_for_node(plan_.schedule, header_.config, T_, ExtentFit::best);
+  if (sized) bo.arena_bytes = arena_for_node(steps_.whole().schedule, header_.config, T_, ExtentFit::best);
   arena_bytes_ = bo.arena_bytes;
   buf_ = buffer_layout(header_.config, label_bytes_, bo);
   const std::uint64_t bytes = buf_.map_bytes;

@@ -20,7 +20,7 @@
 // Locking: `mu_` guards every member below that is not const after start-up (the slot table,
 // start_/admitted_/ready_, ranks_, stopping_, fatal_, exit_code_, stats_), and the parts' own
 // members where their headers say so. Const after start-up (read without it): opt_, header_,
-// plan_'s offsets, source_, R_, T_, sample_bytes_, label_bytes_, buf_, memfd_, base_. The
+// a whole plan's offsets (steps_), source_, R_, T_, sample_bytes_, label_bytes_, buf_, memfd_, base_. The
 // parts hold a back-reference to this class and are its friends; they take `mu_` themselves
 // (methods named *_locked are called with it held).
 // Internal to solar-agent.
@@ -51,6 +51,7 @@
 #include "local_tier.h"
 #include "node_stats.h"
 #include "peer_sharing.h"
+#include "plan_steps.h"
 #include "prefetcher.h"
 #include "slot_table.h"
 #include "transparent_pacer.h"
@@ -122,11 +123,17 @@ class Agent::Impl {
     return rs.released + (defer_releases() && rs.cursor > rs.released ? 1 : 0);
   }
 
-  // Plan access.
+  // Plan access: rank r's records at step t (held: see PlanSteps).
   std::span<const std::uint32_t> accesses(std::uint64_t t, std::uint32_t r) const {
-    const std::uint64_t i = t * R_ + r;
-    return {plan_.accesses.data() + plan_.rank_offsets[i],
-            plan_.rank_offsets[i + 1] - plan_.rank_offsets[i]};
+    return steps_.accesses(t, r);
+  }
+  // The oldest step a rank may still need the records of (mu_ held): a streamed plan's steps
+  // before it are dropped.
+  std::uint64_t oldest_step_needed_locked() const {
+    std::uint64_t least = admitted_;
+    for (const RankState& rs : ranks_)
+      if (!rs.gone) least = std::min(least, rs.released);
+    return least;
   }
 
   // A use of `sample` dropped (mu_ held): a slot it frees wakes the prefetch engine.
@@ -147,7 +154,9 @@ class Agent::Impl {
 
   AgentOptions opt_;
   PlanHeader header_;
-  NodePlan plan_;  // its hit bits are rewritten at admission (Prefetcher), under mu_
+  // The node's plan, whole or streamed; its hit bits are rewritten at admission (Prefetcher),
+  // and a streamed plan's steps come and go (plan_steps.h), under mu_.
+  PlanSteps steps_;
   std::unique_ptr<storage::SampleSource> source_;
   std::uint32_t R_ = 0;
   std::uint64_t T_ = 0;

@@ -63,7 +63,7 @@ void LocalTier::setup(const std::string& dir) {
   const std::uint32_t R = a_.R_;
   try {
     moves_ = place_node_in_tiers(
-        a_.plan_.schedule, a_.T_, R,
+        a_.steps_.whole().schedule, a_.T_, R,
         [&](std::uint64_t t, std::uint32_t k) { return a_.accesses(t, k); },
         a_.header_.layout.steps, c.buffer_samples(), c.local_samples(), a_.opt_.node);
   } catch (const std::logic_error& e) {

@@ -101,7 +101,7 @@ void PeerSharing::setup(const PlanFile& pf) {
     throw AgentError(e.what());
   }
   for (std::uint64_t t = 0; t < a_.T_; ++t)
-    for (const PeerFetch& f : a_.plan_.schedule.peers_at(t))
+    for (const PeerFetch& f : a_.steps_.whole().schedule.peers_at(t))
       if (f.from_node < M && f.from_node != me) ps->remote[f.from_node].needed = true;
 
   CardIdentity id;
@@ -215,7 +215,7 @@ void PeerSharing::setup(const PlanFile& pf) {
   }
   std::uint64_t reads = 0, serves = 0;
   for (std::uint64_t t = 0; t < a_.T_; ++t) {
-    reads += a_.plan_.schedule.peers_at(t).size();
+    reads += a_.steps_.whole().schedule.peers_at(t).size();
     serves += ps->served[t].size();
   }
   spdlog::info("node {}: peer sharing over {} ({}): {} peer reads planned from other nodes, {} "

@@ -66,13 +66,21 @@ void Prefetcher::prefetch_loop() {
   try {
     for (std::uint64_t t = a_.start_; t < a_.T_; ++t) {
       incoming.clear();
+      // A streamed plan: step t is computed now (waiting for the planner, without the lock),
+      // and the steps no rank can need again are dropped.
+      std::optional<PlanSteps::Taken> taken;
+      if (a_.steps_.streamed()) taken = a_.steps_.take(t);
       std::unique_lock lk(a_.mu_);
       if (a_.stopping_ || !a_.fatal_.empty()) return;
+      if (taken) {
+        a_.steps_.forget_before_locked(a_.oldest_step_needed_locked());
+        a_.steps_.add_locked(std::move(*taken));
+      }
       // What other nodes read from this one in step t stays until they are done (peer_sharing.cpp),
       // even when the plan evicts it now (a handover).
       if (a_.peers_.on()) a_.peers_.pin_served_locked(t);
       // The plan's evictions: free now, or once the ranks still using them release them.
-      for (std::uint32_t y : a_.plan_.schedule.evicts_at(t)) {
+      for (std::uint32_t y : a_.steps_.evicts_at(t)) {
         if (a_.table_.evict(y)) slot_freed_locked();
         a_.local_.evict_locked(y);
       }
@@ -87,11 +95,11 @@ void Prefetcher::prefetch_loop() {
       };
       if (a_.local_.on())
         for (std::uint32_t x : a_.local_.reads_at(t)) want(x, kLocal);
-      for (const FetchRun& run : a_.plan_.schedule.fetches_at(t))
+      for (const FetchRun& run : a_.steps_.fetches_at(t))
         for (std::uint32_t x = run.first; x < run.first + run.count; ++x) want(x, kStorage);
       // Peer reads: from the peer's buffer (peer_sharing.cpp), or from storage without peer sharing
       // (or with that peer unreachable).
-      for (const PeerFetch& pf : a_.plan_.schedule.peers_at(t))
+      for (const PeerFetch& pf : a_.steps_.peers_at(t))
         want(pf.sample, a_.peers_.usable_locked(pf.from_node) ? pf.from_node : kStorage);
       // Every sample the step uses must be here or coming. The plan guarantees it for a run
       // from step 0; an agent started later (--start-step) lacks what the plan kept from
@@ -154,9 +162,7 @@ void Prefetcher::prefetch_loop() {
       std::sort(reading.begin(), reading.end());
       for (std::uint32_t r = 0; r < a_.R_; ++r) {
         if (a_.ranks_[r].gone) continue;
-        const std::uint64_t i = t * a_.R_ + r;
-        for (std::uint64_t k = a_.plan_.rank_offsets[i]; k < a_.plan_.rank_offsets[i + 1]; ++k) {
-          std::uint32_t& a = a_.plan_.accesses[k];
+        for (std::uint32_t& a : a_.steps_.accesses_mut(t, r)) {
           const std::uint32_t x = a & kSampleMask;
           a_.table_.add_use(x);
           if (a & kHitBit) a_.stats_.note_plan_hit();  // the plan's

@@ -135,14 +135,12 @@ void TransparentPacer::setup() {
   xconsumed_ = reinterpret_cast<std::uint32_t*>(a_.base_ + x->consumed_offset);
   std::atomic_ref<std::uint64_t>(x->magic).store(SOLAR_XINDEX_MAGIC, std::memory_order_release);
   xindex_ = x;
-  // need_[i]: how many times access i's sample has been used on this node up to and including
-  // access i, in plan order; once its consumed counter reaches that, access i has happened.
-  std::vector<std::uint32_t> count(N, 0);
+  // need(t, r)[k]: how many times the access's sample has been used on this node up to and
+  // including it, in plan order; once its consumed counter reaches that, the access has
+  // happened.
   a_.stats_.attach_xstats(&x->stats);
   a_.stats_.track_landing();
-  need_.resize(a_.plan_.accesses.size());
-  for (std::size_t i = 0; i < a_.plan_.accesses.size(); ++i)
-    need_[i] = ++count[a_.plan_.accesses[i] & kSampleMask];
+  a_.steps_.count_uses();
 }
 
 void TransparentPacer::start() {
@@ -217,12 +215,12 @@ void TransparentPacer::loop() {
       for (std::uint32_t r = 0; r < a_.R_; ++r) {
         RankState& rs = a_.ranks_[r];
         while (rs.released < a_.admitted_) {
-          const std::uint64_t at = a_.plan_.rank_offsets[rs.released * a_.R_ + r];
           const auto acc = a_.accesses(rs.released, r);
+          const auto need = a_.steps_.need(rs.released, r);
           bool done = true;
           for (std::size_t k = 0; k < acc.size() && done; ++k)
             done = std::atomic_ref<std::uint32_t>(xconsumed_[acc[k] & kSampleMask])
-                       .load(std::memory_order_relaxed) >= need_[at + k];
+                       .load(std::memory_order_relaxed) >= need[k];
           if (!done) break;
           // Begun and done within one pass: begun now, as far as we can tell.
           a_.stats_.note_begun(rs.released,
@@ -243,12 +241,12 @@ void TransparentPacer::loop() {
         }
         // A step begun (any of its samples consumed) starts its epoch and the head start, and
         // is the moment its lead is measured at.
-        if (rs.released < a_.T_ && rs.begun_at < 0) {
-          const std::uint64_t at = a_.plan_.rank_offsets[rs.released * a_.R_ + r];
+        if (rs.released < a_.T_ && rs.begun_at < 0 && a_.steps_.has_locked(rs.released)) {
           const auto acc = a_.accesses(rs.released, r);
+          const auto need = a_.steps_.need(rs.released, r);
           for (std::size_t k = 0; k < acc.size(); ++k)
             if (std::atomic_ref<std::uint32_t>(xconsumed_[acc[k] & kSampleMask])
-                    .load(std::memory_order_relaxed) >= need_[at + k]) {
+                    .load(std::memory_order_relaxed) >= need[k]) {
               const auto now = Clock::now();
               rs.begun_at = a_.stats_.since_ready();
               a_.stats_.note_request(rs.released, now, a_.ready_);

@@ -12,8 +12,8 @@
 // - setup() runs once at start-up, before any thread; without it (batch mode) index() is null
 //   and only withdraw_*() may be called (they do nothing then).
 // - The index header and the consumed counters live in the shared buffer: the interposers
-//   read and write them with atomics, and so does the pacer (no lock). need_ is written by
-//   setup() only. paced_steps_ and the ranks' progress are guarded by the agent's lock
+//   read and write them with atomics, and so does the pacer (no lock). setup() turns on the
+//   plan's per-access use counts (PlanSteps::count_uses). paced_steps_ and the ranks' progress are guarded by the agent's lock
 //   `Agent::Impl::mu_`, which the pace thread takes itself; paced_steps_locked() is called
 //   with it held.
 // - The pace thread stops once the agent is stopping or has failed (it polls every 1 ms);
@@ -68,7 +68,6 @@ class TransparentPacer {
   Agent::Impl& a_;  // the agent that owns this part
   solar_xindex* xindex_ = nullptr;
   std::uint32_t* xconsumed_ = nullptr;
-  std::vector<std::uint32_t> need_;  // per plan access: uses of its sample on this node so far
   std::uint64_t paced_steps_ = 0;    // steps every rank has consumed
   std::thread thread_;
 };

@@ -144,7 +144,11 @@ solar_loader* solar_open_env(void) {
     if (l->local_rank >= l->R)
       throw ClientError(fmt::format("SOLAR_LOCAL_RANK={} but the plan has {} ranks per node",
                                     l->local_rank, l->R));
-    l->plan = solar::node_plan(pf, l->node);
+    // A streamed plan: this node's steps are computed here, a window ahead of the cursor.
+    if (l->header.streamed)
+      l->stream = std::make_unique<solar::NodePlanStream>(l->header.config, l->node);
+    else
+      l->plan = pf.node(l->node);
     // Samples of differing sizes (whole files): each one's length is its file's size.
     if (l->header.config.sized()) l->read_lengths();
     l->T = std::uint64_t{l->header.layout.steps} * l->header.config.epochs;

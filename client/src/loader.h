@@ -18,6 +18,7 @@
 
 #include "environment.h"
 #include "solar/core/plan_file.h"
+#include "solar/core/plan_stream.h"
 #include "solar/protocol.h"
 #include "solar/solar.h"
 #include "solar/storage/sample_source.h"
@@ -37,7 +38,12 @@ struct solar_batch {
 struct solar_loader {
   using ClientError = solar::client::ClientError;
   solar::PlanHeader header;
-  solar::NodePlan plan;
+  solar::NodePlan plan;  // a whole plan: the node's section
+  // A streamed plan (PlanHeader::streamed): the node's steps computed here as the cursor
+  // reaches them (plan_stream.h), and the one at the cursor.
+  std::unique_ptr<solar::NodePlanStream> stream;
+  solar::NodeStep step_here;
+  bool have_step = false;
   std::uint32_t node = 0, local_rank = 0, R = 0;
   std::uint64_t T = 0;
   // Where the samples are: the dataset spec and labels dataset (direct reads) and the agent's socket.
@@ -102,7 +108,15 @@ struct solar_loader {
   solar_batch batch;
   std::vector<std::size_t> scratch_mine;  // next_from_agent: the samples left to this rank
 
-  std::span<const std::uint32_t> planned(std::uint64_t t) const {
+  // This rank's batch of step t; a streamed plan's steps are asked in order (t never goes back).
+  std::span<const std::uint32_t> planned(std::uint64_t t) {
+    if (stream) {
+      while (!have_step || step_here.t < t) {
+        step_here = stream->next();
+        have_step = true;
+      }
+      return step_here.ranks[local_rank];
+    }
     const std::uint64_t i = t * R + local_rank;
     return {plan.accesses.data() + plan.rank_offsets[i],
             plan.rank_offsets[i + 1] - plan.rank_offsets[i]};
