@@ -144,11 +144,8 @@ solar_loader* solar_open_env(void) {
     if (l->local_rank >= l->R)
       throw ClientError(fmt::format("SOLAR_LOCAL_RANK={} but the plan has {} ranks per node",
                                     l->local_rank, l->R));
-    // A streamed plan: this node's steps are computed here, a window ahead of the cursor.
-    if (l->header.streamed)
-      l->stream = std::make_unique<solar::NodePlanStream>(l->header.config, l->node);
-    else
-      l->plan = pf.node(l->node);
+    // A streamed plan: this node's steps are computed here when needed (planned()).
+    if (!l->header.streamed) l->plan = pf.node(l->node);
     // Samples of differing sizes (whole files): each one's length is its file's size.
     if (l->header.config.sized()) l->read_lengths();
     l->T = std::uint64_t{l->header.layout.steps} * l->header.config.epochs;
@@ -225,11 +222,22 @@ int solar_next_batch(solar_loader* l, solar_batch** out) {
     b.epoch = static_cast<std::uint32_t>(l->cursor / l->header.layout.steps);
     b.mean_size = l->header.layout.rank_batch(
         static_cast<std::uint32_t>(l->cursor % l->header.layout.steps));
-    const auto want = l->planned(l->cursor);
-    b.samples.resize(want.size());
-    for (std::size_t i = 0; i < want.size(); ++i) b.samples[i] = want[i] & solar::kSampleMask;
+    // A streamed plan's batch from the agent is the agent's (next_from_agent fills it).
+    const bool agents_batch = l->header.streamed && l->sock >= 0;
+    if (!agents_batch) {
+      const auto want = l->planned(l->cursor);
+      b.samples.resize(want.size());
+      for (std::size_t i = 0; i < want.size(); ++i) b.samples[i] = want[i] & solar::kSampleMask;
+    }
     l->holding_from_agent = l->next_from_agent();
-    if (!l->holding_from_agent) l->next_direct();
+    if (!l->holding_from_agent) {
+      if (agents_batch) {  // the agent is gone: the plan's batch, computed here
+        const auto want = l->planned(l->cursor);
+        b.samples.resize(want.size());
+        for (std::size_t i = 0; i < want.size(); ++i) b.samples[i] = want[i] & solar::kSampleMask;
+      }
+      l->next_direct();
+    }
     ++l->cursor;
     l->holding = true;
     *out = &b;

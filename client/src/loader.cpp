@@ -384,12 +384,20 @@ bool solar_loader::next_from_agent() {
     return false;
   }
   std::memcpy(&bh, payload.data(), sizeof bh);
-  const auto want = planned(cursor);
-  if (bh.step != cursor || bh.count != want.size() ||
+  // A streamed plan: the batch is the agent's (the plan is not computed here while it serves),
+  // within the plan's bounds: the step's batch size b ± δ, samples of the dataset.
+  const bool agents_batch = header.streamed;
+  const std::uint32_t bj = header.layout.rank_batch(static_cast<std::uint32_t>(cursor % header.layout.steps));
+  const std::uint32_t lo = bj > header.config.imbalance ? bj - header.config.imbalance : 1;
+  const auto want = agents_batch ? std::span<const std::uint32_t>() : planned(cursor);
+  if (bh.step != cursor ||
+      (agents_batch ? bh.count < lo || bh.count > bj + header.config.imbalance
+                    : bh.count != want.size()) ||
       payload.size() != sizeof bh + bh.count * sizeof(solar::protocol::BatchEntry)) {
     drop_agent("the agent's batch does not match the plan");
     return false;
   }
+  if (agents_batch) batch.samples.resize(bh.count);
   batch.data.resize(bh.count);
   batch.labels.resize(bh.count);
   std::vector<std::size_t>& mine = scratch_mine;
@@ -398,7 +406,10 @@ bool solar_loader::next_from_agent() {
     solar::protocol::BatchEntry e;
     std::memcpy(&e, payload.data() + sizeof bh + i * sizeof e, sizeof e);
     const bool yours = e.slot == solar::protocol::kReadItYourself && header.config.sized();
-    if (e.sample != (want[i] & solar::kSampleMask) || (!yours && e.slot >= hello.slots) ||
+    if (agents_batch) batch.samples[i] = e.sample;
+    if ((agents_batch ? e.sample >= header.config.samples
+                      : e.sample != (want[i] & solar::kSampleMask)) ||
+        (!yours && e.slot >= hello.slots) ||
         (!yours && header.config.sized() &&
          (e.slot + (length_of(e.sample) + 63) / 64 > hello.slots))) {
       drop_agent("the agent's batch does not match the plan");

@@ -39,8 +39,10 @@ struct solar_loader {
   using ClientError = solar::client::ClientError;
   solar::PlanHeader header;
   solar::NodePlan plan;  // a whole plan: the node's section
-  // A streamed plan (PlanHeader::streamed): the node's steps computed here as the cursor
-  // reaches them (plan_stream.h), and the one at the cursor.
+  // A streamed plan (PlanHeader::streamed): with an agent, each batch is the agent's (its
+  // sample ids; the agent computed the plan); without one, or once it is gone, the node's
+  // steps are computed here as the cursor reaches them (plan_stream.h), and the one at the
+  // cursor kept.
   std::unique_ptr<solar::NodePlanStream> stream;
   solar::NodeStep step_here;
   bool have_step = false;
@@ -110,7 +112,8 @@ struct solar_loader {
 
   // This rank's batch of step t; a streamed plan's steps are asked in order (t never goes back).
   std::span<const std::uint32_t> planned(std::uint64_t t) {
-    if (stream) {
+    if (header.streamed) {
+      if (!stream) stream = std::make_unique<solar::NodePlanStream>(header.config, node);
       while (!have_step || step_here.t < t) {
         step_here = stream->next();
         have_step = true;
