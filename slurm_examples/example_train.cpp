@@ -203,6 +203,8 @@ int main(int argc, char** argv) {
   bool verify = false, quiet = false, touch = false, device_copy = false, direct_io = false;
   double compute_ms = 0;
   unsigned baseline = 0;
+  std::uint64_t max_batches = 0;
+  const auto started = std::chrono::steady_clock::now();
   std::string record, report;
   CLI::App app{"solar-example-train: a rank program that reads its batches through libsolar.\n"
                "Run it under `solar run` or `srun --solar-*` (it reads SOLAR_* variables).",
@@ -210,6 +212,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "solar-example-train " SOLAR_PROJECT_VERSION);
   app.add_flag("--verify", verify, "Check every sample's content (datasets made by solar gen)");
   app.add_option("--compute-ms", compute_ms, "Milliseconds of compute per batch [0]");
+  app.add_option("--batches", max_batches,
+                 "Stop after this many batches (0: all of them); with --report, the time from "
+                 "this program's start to its first batch is measured either way [0]");
   app.add_option("--record", record, "Write each step's samples to this file (%r: the rank)");
   app.add_flag("--quiet", quiet, "Print nothing but errors (use --report)");
   app.add_option("--baseline", baseline,
@@ -328,7 +333,11 @@ int main(int argc, char** argv) {
       else device.emplace();
     }
     using Clock = std::chrono::steady_clock;
+    double first_batch_s = -1;  // this program's start to its first batch (--report)
     for (;;) {
+      if (batches == 1 && first_batch_s < 0)
+        first_batch_s = std::chrono::duration<double>(Clock::now() - started).count();
+      if (max_batches && batches >= max_batches) break;
       const auto t0 = Clock::now();
       if (loader) {
         auto b = loader->next();
@@ -418,6 +427,7 @@ int main(int argc, char** argv) {
                           {"samples", samples},     {"epoch_samples", epoch_samples},
                           {"wrong", bad},           {"touched_bytes", touched},
                           {"touch_seconds", touch_s}, {"memcpy_seconds", memcpy_s},
+                          {"first_batch_seconds", first_batch_s},
                           {"batches", batches},     {"max_load_seconds", max_load_s}}
                .dump()
         << "\n";

@@ -148,6 +148,11 @@ const std::vector<OptionSpec>& option_specs() {
        "solar: write the step's measured statistics (per node and epoch: hits, fetches, bytes, "
        "read time, stall; the agents' head start) to this JSON file when the step ends; %j and %s "
        "are the job and step ids"},
+      {"plan", "SOLAR_PLAN_MODE", "auto|whole|streamed",
+       "solar: how the plan reaches the nodes: whole (computed in srun, every access in its "
+       "file in plan_dir), streamed (the file is the inputs alone; each node computes its share "
+       "as the step goes: no plan-sized file, start-up independent of the epochs), auto "
+       "(streamed above 2^24 accesses) [auto]"},
       {"", "SOLAR", "off", "solar: --solar=off disables solar for this step"},
   };
   return specs;
@@ -177,6 +182,10 @@ void JobOptions::set(int field, const std::string& text) {
       break;
     case order_file:
       if (text.empty()) throw ConfigError(flag, "is empty; give the order's .npy or text file");
+      break;
+    case plan:
+      if (!parse_plan_delivery(text))
+        throw ConfigError(flag, fmt::format("'{}' is not auto, whole or streamed", text));
       break;
     case enable:
       if (text != "off" && text != "on")
@@ -219,7 +228,7 @@ bool JobOptions::active() const {
   if (off()) return false;
   for (int f = 0; f < kFields; ++f)
     if (f != enable && f != verbose && f != transparent && f != peers && f != stats &&
-        f != start_epoch &&
+        f != start_epoch && f != plan &&
         f != start_step && value[f])
       return true;
   return false;
@@ -234,6 +243,10 @@ void JobOptions::validate() const {
       throw ConfigError(fmt::format("--solar-{}", option_specs()[f].name),
                         fmt::format("is required with --solar-dataset ({})",
                                     option_specs()[f].arginfo));
+}
+
+PlanDelivery JobOptions::plan_delivery() const {
+  return value[plan] ? *parse_plan_delivery(*value[plan]) : PlanDelivery::automatic;
 }
 
 PlanConfig JobOptions::partial_config() const {

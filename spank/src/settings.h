@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "solar/core/config.h"
+#include "solar/core/plan_stream.h"
 
 namespace solar::spank {
 
@@ -75,7 +76,7 @@ const std::vector<OptionSpec>& option_specs();
 struct JobOptions {
   enum Field : int { dataset, labels, buffer, epochs, batch, seed, order, order_file, imbalance,
                      transparent, peers, local_buffer, start_epoch, start_step, verbose, stats,
-                     enable, kFields };
+                     plan, enable, kFields };
   // Raw text per field, and where it came from (command line beats environment).
   std::optional<std::string> value[kFields];
   bool from_command_line[kFields] = {};
@@ -110,6 +111,8 @@ struct JobOptions {
   // The plan's inputs except the dataset's shape and the step's nodes and ranks.
   PlanConfig partial_config() const;
   BufferSpec buffer_spec() const;
+  // --solar-plan: how the step's plan reaches its nodes (auto unless given).
+  PlanDelivery plan_delivery() const;
 };
 
 // The plan a step runs: the dataset's shape, the step's nodes and ranks, and the per-node

@@ -267,7 +267,16 @@ int plan_step(spank_t sp, State& s) {
                       s.config.plan_dir));
     return -1;
   }
-  Plan plan = make_plan(c);
+  const PlanDelivery delivery = s.options.plan_delivery();
+  if (delivery == PlanDelivery::streamed && !can_stream(c)) {
+    error(fmt::format("--solar-plan=streamed: {} is computed whole only (the local tier's "
+                      "placement needs each node's whole schedule, an order file's order the "
+                      "whole list); drop --solar-plan or give whole",
+                      c.tiered() ? "a plan with a local tier (--solar-local-buffer)"
+                                 : "a plan of an order file (--solar-order-file)"));
+    return -1;
+  }
+  Plan plan = plan_for_job(c, delivery);
   s.plan_metrics = protocol::plan_metrics_record(plan.metrics).dump();  // for --solar-stats
   plan.dataset_identity = s.dataset->identity;
   std::uint64_t start = 0;  // resume: --solar-start-epoch / --solar-start-step
@@ -350,12 +359,19 @@ int plan_step(spank_t sp, State& s) {
   }
   if (s.options.is_verbose()) {
     if (!note.empty()) info(note);
-    info(fmt::format("plan {} for {} nodes x {} ranks, batch {}, {} epochs: {} remote fetches for "
-                     "{} accesses ({:.3f}x the lower bound), {} per node resident; planned in "
-                     "{:.0f} ms",
-                     path, nodes, tasks / nodes, c.batch, c.epochs, plan.metrics.remote_fetches,
-                     plan.metrics.accesses, plan.metrics.ratio_to_lower_bound(),
-                     format_bytes(c.buffer_bytes), ms));
+    if (plan.streamed)
+      info(fmt::format("plan {} for {} nodes x {} ranks, batch {}, {} epochs: streamed (each "
+                       "node computes its share as the step goes; the lower bound is {} remote "
+                       "fetches), {} per node resident; written in {:.0f} ms",
+                       path, nodes, tasks / nodes, c.batch, c.epochs,
+                       plan.metrics.lower_bound_fetches, format_bytes(c.buffer_bytes), ms));
+    else
+      info(fmt::format("plan {} for {} nodes x {} ranks, batch {}, {} epochs: {} remote fetches "
+                       "for {} accesses ({:.3f}x the lower bound), {} per node resident; "
+                       "planned in {:.0f} ms",
+                       path, nodes, tasks / nodes, c.batch, c.epochs,
+                       plan.metrics.remote_fetches, plan.metrics.accesses,
+                       plan.metrics.ratio_to_lower_bound(), format_bytes(c.buffer_bytes), ms));
     if (start > 0)
       info(fmt::format("starting at step {} (epoch {}, step {} of it) of {}", start,
                        start / plan.layout.steps, start % plan.layout.steps,
