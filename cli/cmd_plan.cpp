@@ -51,6 +51,7 @@ struct PlanOptions {
   bool progress = true;
   // Streamed (plan_stream.h): only this node's share, computed a window of steps at a time.
   std::optional<std::string> node, window;
+  bool streamed = false;  // --streamed: the streamed plan (its inputs alone), as srun writes it
 };
 
 // Peak resident memory of this process since the last reset_peak_rss() (Linux VmHWM).
@@ -373,6 +374,13 @@ void run_plan(const PlanOptions& o) {
     }
     if (!o.out.empty() && policies.size() != 1)
       throw ConfigError("--out", "writes one plan; choose a single --policy");
+    if (o.streamed && o.node)
+      throw ConfigError("--streamed", "is the plan srun writes (its inputs alone); --node computes "
+                                      "one node's share: give one of them");
+    if (o.streamed && policies.size() != 1)
+      throw ConfigError("--streamed", "writes one plan; choose a single --policy");
+    if (o.streamed && !can_stream(base))
+      (void)make_streamed_plan(base);  // says why not, naming the option in the way
     if (o.window && !o.node)
       throw ConfigError("--window", "is the window of a streamed plan: give --node too");
     if (o.node) {
@@ -410,11 +418,34 @@ void run_plan(const PlanOptions& o) {
       results.back().peak_rss = peak_rss_bytes();
       continue;
     }
-    ProgressBar bar(fmt::format("planning {}", to_string(p)), o.progress);
+    ProgressBar bar(fmt::format("planning {}", to_string(p)), o.progress && !o.streamed);
     const auto t0 = std::chrono::steady_clock::now();
-    Plan plan = make_plan(c, [&](std::uint64_t d, std::uint64_t t) { bar(d, t); });
+    Plan plan = o.streamed ? make_streamed_plan(c)
+                           : make_plan(c, [&](std::uint64_t d, std::uint64_t t) { bar(d, t); });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!o.out.empty()) write_plan_file(plan, o.out);
+    if (o.streamed) {  // nothing computed: what srun does and writes, and no more
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::uint64_t bytes = encode_plan(plan).size();
+      if (o.json)
+        fmt::print("{}\n", nlohmann::json{{"scenario", o.scenario},
+                                          {"config", config_json(base)},
+                                          {"streamed",
+                                           {{"seconds", seconds},
+                                            {"peak_rss_bytes", peak_rss_bytes()},
+                                            {"bytes", bytes},
+                                            {"lower_bound_fetches",
+                                             plan.metrics.lower_bound_fetches}}}}
+                                .dump(2));
+      else
+        fmt::print("streamed plan ({} policy): its inputs alone, {} bytes{}, made in {:.3f} s, "
+                   "peak memory {}; each node computes its share (solar plan --node M shows "
+                   "one); the lower bound is {} remote fetches\n",
+                   to_string(p), bytes, o.out.empty() ? "" : " written to " + o.out, seconds,
+                   format_bytes(peak_rss_bytes()), plan.metrics.lower_bound_fetches);
+      return;
+    }
     Result& r = results.emplace_back();
     r.policy = p;
     r.metrics = plan.metrics;
@@ -620,6 +651,10 @@ void add_plan_commands(CLI::App& app) {
                    "Compute only this node's share, step by step as its agent would (a window "
                    "of steps ahead; nothing written): time to its first step, peak memory")
       ->type_name(kUint);
+  plan->add_flag("--streamed", o->streamed,
+                 "Make the streamed plan instead, as srun and solar run do for large jobs: its "
+                 "inputs alone (with --out, written there), each node computing its share; "
+                 "prints its size, time and peak memory");
   plan->add_option("--window", o->window,
                    "With --node: steps computed ahead of the reader at most [256]")
       ->type_name(kUint);
