@@ -548,6 +548,7 @@ void run_dump(const DumpOptions& o) {
                            {"steps_per_epoch", h.layout.steps},
                            {"epoch_order", h.epoch_order},
                            {"dataset_identity", h.dataset_identity},
+                           {"streamed", h.streamed},  // metrics: the lower bounds only
                            {"metrics", protocol::plan_metrics_record(h.metrics)}};
     if (c.sized()) head["sample_sizes"] = *c.sample_sizes;  // bytes per sample id
     std::string s = head.dump();

@@ -400,8 +400,10 @@ LaunchResult launch(const LaunchSpec& spec) {
     stop_agents(true);
     result.times.agents_stopped = Clock::now();
     if (!spec.stats_out.empty())
+      // A streamed plan's metrics are not known here (each node computed its share).
       write_run_stats(spec.stats_out, dir, c.nodes, spec.agents,
-                      protocol::plan_metrics_record(plan.metrics));
+                      plan.streamed ? nlohmann::json()
+                                    : protocol::plan_metrics_record(plan.metrics));
   } catch (...) {
     for (pid_t p : ranks) ::kill(p, SIGKILL);
     for (pid_t p : ranks) ::waitpid(p, nullptr, 0);

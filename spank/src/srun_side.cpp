@@ -277,7 +277,8 @@ int plan_step(spank_t sp, State& s) {
     return -1;
   }
   Plan plan = plan_for_job(c, delivery);
-  s.plan_metrics = protocol::plan_metrics_record(plan.metrics).dump();  // for --solar-stats
+  // For --solar-stats (a streamed plan's are not known here: each node computes its share).
+  if (!plan.streamed) s.plan_metrics = protocol::plan_metrics_record(plan.metrics).dump();
   plan.dataset_identity = s.dataset->identity;
   std::uint64_t start = 0;  // resume: --solar-start-epoch / --solar-start-step
   try {

@@ -83,7 +83,9 @@ def big_dataset(tmp_path_factory):
 def test_run_interrupted_while_planning_says_so_and_ends_by_sigint(big_dataset, tmp_path):
     p = subprocess.Popen([SOLAR, "run", "-n", "2", "--nodes", "2", "--dataset", big_dataset,
                           "--labels", "", "--buffer", "10%", "--epochs", "60", "--batch", "4",
-                          "--", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          # computed whole (a streamed plan, the default at this size, is not
+                          # computed in solar run)
+                          "--plan", "whole", "--", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, TMPDIR=str(tmp_path)))
     busy(p)
     p.send_signal(signal.SIGINT)
