@@ -111,11 +111,16 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   // needs the node's whole schedule up front: the extents of samples of differing sizes, and
   // what peers read from this node.
   try {
-    if (header_.streamed && !sized && o.peer_dir.empty())
+    if (header_.streamed && !sized && o.peer_dir.empty()) {
       steps_.open_streamed(header_.config, o.node);
-    else
-      steps_.open_whole(node_plan(pf, o.node), header_.config.ranks_per_node,
-                        header_.config.samples);
+    } else if (header_.streamed) {  // with what the other nodes read from this one, one pass
+      std::vector<std::vector<PeerFetch>> served;
+      NodePlan np = collect_node_plan(header_.config, o.node, &served);
+      steps_.open_whole(std::move(np), header_.config.ranks_per_node, header_.config.samples,
+                        std::move(served));
+    } else {
+      steps_.open_whole(pf.node(o.node), header_.config.ranks_per_node, header_.config.samples);
+    }
   } catch (const PlanFileError& e) {
     throw AgentError(e.what());
   } catch (const ConfigError& e) {

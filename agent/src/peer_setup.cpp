@@ -15,7 +15,6 @@
 #include <thread>
 
 #include "peer_state.h"
-#include "solar/core/plan_stream.h"
 #include "solar/storage/fabric_address.h"  // in hex, as solar-stored sends them
 #include "solar/sys/atomic_file.h"
 
@@ -86,10 +85,18 @@ void PeerSharing::setup(const PlanFile& pf) {
   }
   // Who reads what from us (the other nodes' sections of the plan), and whom we read from.
   ps->served.resize(a_.T_);
+  if (a_.header_.streamed) {  // computed with this node's share (PlanSteps::whole_served)
+    const auto& served = a_.steps_.whole_served();
+    for (std::uint64_t t = 0; t < a_.T_ && t < served.size(); ++t)
+      for (const PeerFetch& f : served[t]) {
+        ps->served[t].emplace_back(f.sample, f.from_node);
+        ps->remote[f.from_node].needed = true;
+      }
+  }
   try {
-    for (std::uint32_t n = 0; n < M; ++n) {
+    for (std::uint32_t n = 0; n < M && !a_.header_.streamed; ++n) {
       if (n == me) continue;
-      const NodePlan np = node_plan(pf, n);
+      const NodePlan np = pf.node(n);
       for (std::uint64_t t = 0; t < a_.T_; ++t)
         for (const PeerFetch& f : np.schedule.peers_at(t))
           if (f.from_node == me) {

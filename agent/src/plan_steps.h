@@ -26,10 +26,14 @@ namespace solar::agent {
 
 class PlanSteps {
  public:
-  void open_whole(NodePlan plan, std::uint32_t ranks, std::uint64_t samples) {
+  // `served`: a streamed plan's, what other nodes read from this one per step (computed with
+  // the node's share: collect_node_plan), so that peer sharing need not compute their shares.
+  void open_whole(NodePlan plan, std::uint32_t ranks, std::uint64_t samples,
+                  std::vector<std::vector<PeerFetch>> served = {}) {
     whole_ = std::move(plan);
     R_ = ranks;
     samples_ = samples;
+    whole_served_ = std::move(served);
   }
   void open_streamed(const PlanConfig& c, std::uint32_t node) {
     stream_ = std::make_unique<NodePlanStream>(c, node);
@@ -39,6 +43,8 @@ class PlanSteps {
   bool streamed() const { return stream_ != nullptr; }
   // The whole node plan (not streamed only).
   const NodePlan& whole() const { return whole_; }
+  // A streamed plan computed whole (open_whole's `served`): per step, {sample, reading node}.
+  const std::vector<std::vector<PeerFetch>>& whole_served() const { return whole_served_; }
 
   // The transparent mode's per-access counts (need()): how many times the access's sample has
   // been used on this node up to and including it, in plan order from step 0. Before any step
@@ -150,6 +156,7 @@ class PlanSteps {
   Entry& at_mut(std::uint64_t t) { return const_cast<Entry&>(std::as_const(*this).at(t)); }
 
   NodePlan whole_;
+  std::vector<std::vector<PeerFetch>> whole_served_;
   std::vector<std::uint32_t> whole_need_;
   std::unique_ptr<NodePlanStream> stream_;
   std::uint32_t R_ = 0;

@@ -172,9 +172,11 @@ Plan plan_for_job(const PlanConfig& config, PlanDelivery delivery, const Progres
   return stream ? make_streamed_plan(config) : make_plan(config, progress);
 }
 
-NodePlan collect_node_plan(const PlanConfig& config, std::uint32_t node) {
+NodePlan collect_node_plan(const PlanConfig& config, std::uint32_t node,
+                           std::vector<std::vector<PeerFetch>>* serves) {
   NodePlanStream stream(config, node);
   const std::uint64_t T = stream.total_steps();
+  if (serves) serves->assign(T, {});
   NodePlan np;
   np.node = node;
   NodeSchedule& ns = np.schedule;
@@ -196,6 +198,7 @@ NodePlan collect_node_plan(const PlanConfig& config, std::uint32_t node) {
     ns.peer_offsets.push_back(ns.peer_fetches.size());
     ns.evicts.insert(ns.evicts.end(), s.evicts.begin(), s.evicts.end());
     ns.evict_offsets.push_back(ns.evicts.size());
+    if (serves) (*serves)[t] = std::move(s.serves);
   }
   return np;
 }

@@ -93,7 +93,10 @@ Plan plan_for_job(const PlanConfig& config, PlanDelivery delivery,
 // node's section of the whole plan's file holds. O(the node's accesses over the run) memory.
 struct NodePlan;
 class PlanFile;
-NodePlan collect_node_plan(const PlanConfig& config, std::uint32_t node);
+// With `serves`, also what other nodes read from this node's buffer, per step (NodeStep::serves):
+// what a whole plan's other sections say of this node, in the same pass.
+NodePlan collect_node_plan(const PlanConfig& config, std::uint32_t node,
+                           std::vector<std::vector<PeerFetch>>* serves = nullptr);
 // A plan file's node: its section, or for a streamed plan collect_node_plan.
 NodePlan node_plan(const PlanFile& file, std::uint32_t node);
 
