@@ -77,12 +77,7 @@ TEST(PlanStream, EveryNodesStepsAreTheWholePlansOnRandomConfigs) {
     const std::uint64_t window = 1 + g.bounded(5);
     for (Policy p : all_policies()) {
       c.policy = p;
-      SCOPED_TRACE(::testing::Message()
-                   << "policy " << to_string(p) << " N=" << c.samples << " E=" << c.epochs
-                   << " M=" << c.nodes << " R=" << c.ranks_per_node << " b=" << c.batch
-                   << " δ=" << c.imbalance << " C=" << c.buffer_samples()
-                   << " drop_last=" << c.drop_last << " order=" << to_string(c.order)
-                   << " peer=" << c.peer_fetch << " window=" << window);
+      SCOPED_TRACE(describe_random_config(c) + " window=" + std::to_string(window));
       compared += expect_streams_equal_plan(c, window);
     }
   }

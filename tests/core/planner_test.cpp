@@ -43,12 +43,7 @@ TEST(Planner, EveryPolicyKeepsEveryInvariantOnRandomConfigs) {
     PlanConfig c = random_config(g);
     for (Policy p : all_policies()) {
       c.policy = p;
-      SCOPED_TRACE(::testing::Message()
-                   << "policy " << to_string(p) << " N=" << c.samples << " E=" << c.epochs
-                   << " M=" << c.nodes << " R=" << c.ranks_per_node << " b=" << c.batch
-                   << " δ=" << c.imbalance << " C=" << c.buffer_samples()
-                   << " drop_last=" << c.drop_last << " order=" << to_string(c.order)
-                   << " peer=" << c.peer_fetch);
+      SCOPED_TRACE(describe_random_config(c));
       const Plan plan = make_plan(c);
       const ReplayReport rep = replay_plan(plan);  // throws on any violation
       EXPECT_LE(rep.peak_occupancy, effective_capacity(c));

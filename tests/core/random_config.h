@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "solar/core/config.h"
 #include "solar/core/rng.h"
@@ -28,6 +29,16 @@ inline PlanConfig random_config(Xoshiro256& g) {
   const std::uint64_t buf = min_buf + g.bounded(c.samples);
   c.buffer_bytes = buf * c.sample_bytes + g.bounded(c.sample_bytes);
   return c;
+}
+
+// The inputs of a random config, for a test's trace.
+inline std::string describe_random_config(const PlanConfig& c) {
+  return "policy " + std::string(to_string(c.policy)) + " N=" + std::to_string(c.samples) +
+         " E=" + std::to_string(c.epochs) + " M=" + std::to_string(c.nodes) +
+         " R=" + std::to_string(c.ranks_per_node) + " b=" + std::to_string(c.batch) +
+         " δ=" + std::to_string(c.imbalance) + " C=" + std::to_string(c.buffer_samples()) +
+         " drop_last=" + std::to_string(c.drop_last) + " order=" +
+         std::string(to_string(c.order)) + " peer=" + std::to_string(c.peer_fetch);
 }
 
 }  // namespace solar
