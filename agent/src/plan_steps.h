@@ -97,8 +97,6 @@ class PlanSteps {
       ++first_;
     }
   }
-  // Steps held (streamed): what the window costs; with a whole plan, 0.
-  std::uint64_t held_locked() const { return streamed() ? steps_.size() : 0; }
   // Whether step t's records are here (with a whole plan: every step).
   bool has_locked(std::uint64_t t) const {
     return !streamed() || (t >= first_ && t - first_ < steps_.size());

@@ -222,20 +222,17 @@ int solar_next_batch(solar_loader* l, solar_batch** out) {
     b.epoch = static_cast<std::uint32_t>(l->cursor / l->header.layout.steps);
     b.mean_size = l->header.layout.rank_batch(
         static_cast<std::uint32_t>(l->cursor % l->header.layout.steps));
-    // A streamed plan's batch from the agent is the agent's (next_from_agent fills it).
-    const bool agents_batch = l->header.streamed && l->sock >= 0;
-    if (!agents_batch) {
+    auto from_the_plan = [&] {
       const auto want = l->planned(l->cursor);
       b.samples.resize(want.size());
       for (std::size_t i = 0; i < want.size(); ++i) b.samples[i] = want[i] & solar::kSampleMask;
-    }
+    };
+    // A streamed plan's batch from the agent is the agent's (next_from_agent fills it).
+    const bool agents_batch = l->header.streamed && l->sock >= 0;
+    if (!agents_batch) from_the_plan();
     l->holding_from_agent = l->next_from_agent();
     if (!l->holding_from_agent) {
-      if (agents_batch) {  // the agent is gone: the plan's batch, computed here
-        const auto want = l->planned(l->cursor);
-        b.samples.resize(want.size());
-        for (std::size_t i = 0; i < want.size(); ++i) b.samples[i] = want[i] & solar::kSampleMask;
-      }
+      if (agents_batch) from_the_plan();  // the agent is gone: the plan's batch, computed here
       l->next_direct();
     }
     ++l->cursor;

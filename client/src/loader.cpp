@@ -387,7 +387,8 @@ bool solar_loader::next_from_agent() {
   // A streamed plan: the batch is the agent's (the plan is not computed here while it serves),
   // within the plan's bounds: the step's batch size b ± δ, samples of the dataset.
   const bool agents_batch = header.streamed;
-  const std::uint32_t bj = header.layout.rank_batch(static_cast<std::uint32_t>(cursor % header.layout.steps));
+  const std::uint32_t bj =
+      header.layout.rank_batch(static_cast<std::uint32_t>(cursor % header.layout.steps));
   const std::uint32_t lo = bj > header.config.imbalance ? bj - header.config.imbalance : 1;
   const auto want = agents_batch ? std::span<const std::uint32_t>() : planned(cursor);
   if (bh.step != cursor ||
