@@ -255,3 +255,48 @@ def test_local_tier_refusals_name_what_is_wrong(solar, tmp_path, extra, says):
     line = p.stderr.strip()
     assert len(line.splitlines()) == 1 and says in line, line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_node_share_streamed_has_the_whole_plans_metrics_and_writes_nothing(solar, tmp_path):
+    """`solar plan --node M` computes node M's share step by step (issue 40): the metrics are the
+    whole plan's, the node's accesses are its ranks' share of them, and no file appears."""
+    whole = json.loads(solar("plan", *BASE, "--peer-fetch", "--json").stdout)["results"][0]
+    for node in (0, 1):
+        out = json.loads(solar("plan", *BASE, "--peer-fetch", "--node", str(node), "--window",
+                               "3", "--json").stdout)["results"][0]
+        for key in ("remote_fetches", "hits", "accesses", "peer_fetches", "per_epoch"):
+            assert out[key] == whole[key], key
+        s = out["streamed"]
+        assert s["node"] == node and s["window_steps"] == 3 and s["bytes_written"] == 0
+        assert s["first_step_seconds"] > 0 and s["node_accesses"] == whole["accesses"] // 2
+
+
+def test_streamed_file_is_the_inputs_alone_and_dumps_as_the_whole_plan(solar, tmp_path):
+    whole, streamed = tmp_path / "whole.plan", tmp_path / "streamed.plan"
+    solar("plan", *BASE, "--out", whole)
+    p = solar("plan", *BASE, "--streamed", "--out", streamed, "--json")
+    info = json.loads(p.stdout)["streamed"]
+    assert info["bytes"] == os.path.getsize(streamed) < 4096 < os.path.getsize(whole)
+    assert solar("plan-dump", streamed).stdout == solar("plan-dump", whole).stdout
+    head = json.loads(solar("plan-dump", streamed, "--format", "json").stdout)
+    assert head["streamed"] is True and head["metrics"]["remote_fetches"] == 0
+    assert head["metrics"]["lower_bound_fetches"] > 0
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--node", "2"], "--node"),
+    (["--window", "4"], "--window"),
+    (["--node", "0", "--window", "0"], "--window"),
+    (["--node", "0", "--out", "OUT"], "--out"),
+    (["--node", "0", "--streamed"], "--streamed"),
+    (["--streamed", "--compare"], "--streamed"),
+    (["--streamed", "--local-buffer", "40K"], "--local-buffer"),
+    (["--node", "0", "--local-buffer", "40K"], "--node"),
+])
+def test_streamed_refusals_name_the_option(solar, tmp_path, args, flag):
+    out = tmp_path / "x.plan"
+    p = solar("plan", *BASE, *[out if a == "OUT" else a for a in args], check=False)
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0], p.stderr
+    assert not out.exists()
