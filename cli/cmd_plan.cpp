@@ -379,8 +379,7 @@ void run_plan(const PlanOptions& o) {
                                       "one node's share: give one of them");
     if (o.streamed && policies.size() != 1)
       throw ConfigError("--streamed", "writes one plan; choose a single --policy");
-    if (o.streamed && !can_stream(base))
-      (void)make_streamed_plan(base);  // says why not, naming the option in the way
+    if (o.streamed) require_streamable(base);
     if (o.window && !o.node)
       throw ConfigError("--window", "is the window of a streamed plan: give --node too");
     if (o.node) {

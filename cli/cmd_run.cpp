@@ -332,8 +332,7 @@ void run_run(const RunOptions& o) {
     if (!d)
       throw ConfigError("--plan", fmt::format("'{}' is not auto, whole or streamed", o.plan_mode));
     delivery = *d;
-    if (delivery == PlanDelivery::streamed && !can_stream(c))
-      (void)make_streamed_plan(c);  // says why not, naming the option in the way
+    if (delivery == PlanDelivery::streamed) require_streamable(c);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "solar run: %s\n", e.what());
     exit_code() = kExitUsage;

@@ -122,6 +122,19 @@ class StepSink {
 
 // Turns a policy's steps into a Plan (its arrays and metrics), or, given a sink, hands each
 // step to it and keeps the metrics only: memory then stays O(one step), whatever the epochs.
+// Appends one step's schedule to ns (its offsets begin with {0}): what PlanRecorder records for
+// each node, and what collect_node_plan gathers from a stream.
+inline void append_schedule_step(NodeSchedule& ns, std::span<const FetchRun> runs,
+                                 std::span<const PeerFetch> peers,
+                                 std::span<const std::uint32_t> evicts) {
+  ns.fetch_runs.insert(ns.fetch_runs.end(), runs.begin(), runs.end());
+  ns.fetch_offsets.push_back(ns.fetch_runs.size());
+  ns.peer_fetches.insert(ns.peer_fetches.end(), peers.begin(), peers.end());
+  ns.peer_offsets.push_back(ns.peer_fetches.size());
+  ns.evicts.insert(ns.evicts.end(), evicts.begin(), evicts.end());
+  ns.evict_offsets.push_back(ns.evicts.size());
+}
+
 class PlanRecorder {
  public:
   PlanRecorder(const PlanConfig& c, std::vector<std::uint32_t> epoch_order,

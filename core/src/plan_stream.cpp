@@ -137,14 +137,18 @@ bool can_stream(const PlanConfig& config) {
   return !config.tiered() && config.order != OrderMode::file;
 }
 
-Plan make_streamed_plan(const PlanConfig& config) {
-  config.validate();
+void require_streamable(const PlanConfig& config) {
   if (config.tiered())
     throw ConfigError("--local-buffer", "a plan with a local tier is computed whole only (the "
                                         "tiers' placement needs each node's whole schedule)");
   if (config.order == OrderMode::file)
     throw ConfigError("--order-file", "a streamed plan does not carry an order file's order "
                                       "(every node would need the whole list): plan it whole");
+}
+
+Plan make_streamed_plan(const PlanConfig& config) {
+  config.validate();
+  require_streamable(config);
   Plan p;
   p.streamed = true;
   p.config = config;
@@ -187,17 +191,12 @@ NodePlan collect_node_plan(const PlanConfig& config, std::uint32_t node,
     o->push_back(0);
   }
   for (std::uint64_t t = 0; t < T; ++t) {
-    const NodeStep s = stream.next();
+    NodeStep s = stream.next();
     for (const auto& r : s.ranks) {
       np.accesses.insert(np.accesses.end(), r.begin(), r.end());
       np.rank_offsets.push_back(np.accesses.size());
     }
-    ns.fetch_runs.insert(ns.fetch_runs.end(), s.fetches.begin(), s.fetches.end());
-    ns.fetch_offsets.push_back(ns.fetch_runs.size());
-    ns.peer_fetches.insert(ns.peer_fetches.end(), s.peers.begin(), s.peers.end());
-    ns.peer_offsets.push_back(ns.peer_fetches.size());
-    ns.evicts.insert(ns.evicts.end(), s.evicts.begin(), s.evicts.end());
-    ns.evict_offsets.push_back(ns.evicts.size());
+    detail::append_schedule_step(ns, s.fetches, s.peers, s.evicts);
     if (serves) (*serves)[t] = std::move(s.serves);
   }
   return np;

@@ -148,16 +148,8 @@ void PlanRecorder::commit(std::uint32_t position, StepRecord& rec) {
       plan_.accesses.insert(plan_.accesses.end(), r.begin(), r.end());
       plan_.rank_offsets.push_back(plan_.accesses.size());
     }
-    for (std::uint32_t node = 0; node < c.nodes; ++node) {
-      NodeSchedule& ns = plan_.nodes[node];
-      ns.fetch_runs.insert(ns.fetch_runs.end(), rec.runs[node].begin(), rec.runs[node].end());
-      ns.fetch_offsets.push_back(ns.fetch_runs.size());
-      ns.peer_fetches.insert(ns.peer_fetches.end(), rec.peers[node].begin(),
-                             rec.peers[node].end());
-      ns.peer_offsets.push_back(ns.peer_fetches.size());
-      ns.evicts.insert(ns.evicts.end(), rec.evicted[node].begin(), rec.evicted[node].end());
-      ns.evict_offsets.push_back(ns.evicts.size());
-    }
+    for (std::uint32_t node = 0; node < c.nodes; ++node)
+      append_schedule_step(plan_.nodes[node], rec.runs[node], rec.peers[node], rec.evicted[node]);
   }
   ++steps_done_;
   if (progress_ && (steps_done_ % 64 == 0 || steps_done_ == plan_.total_steps()))

@@ -73,8 +73,10 @@ class NodePlanStream {
 // order and lower bounds. A local tier and an order file are refused: the tiers' placement
 // needs each node's whole schedule, and the order would have to travel whole to every node.
 Plan make_streamed_plan(const PlanConfig& config);
-// Whether make_streamed_plan takes `config` (no local tier, no order file).
+// Whether make_streamed_plan takes `config` (no local tier, no order file), and the refusal
+// naming the option in the way when it does not (ConfigError).
 bool can_stream(const PlanConfig& config);
+void require_streamable(const PlanConfig& config);
 // Plans of more accesses than this are streamed by `solar run` and `srun` unless told
 // otherwise (--plan, --solar-plan): 2^24 accesses, a 64 MiB plan file and more.
 inline constexpr std::uint64_t kStreamAboveAccesses = std::uint64_t{1} << 24;
