@@ -27,7 +27,7 @@ struct AgentOptions {
   std::string dataset_index;  // many files: the index to read (else $SOLAR_DATASET_INDEX, a scan)
   std::string socket;        // Unix socket path (its directory should be private, 0700)
   unsigned io_threads = 8;   // parallel requests within one read
-  unsigned readers = 4;      // steps read concurrently
+  unsigned readers = 8;      // reader threads: storage reads and ring copies
   std::uint32_t staging_steps = kAgentStagingSteps;  // extra slots, in steps of its ranks
   bool zero_copy = false;  // ranks read cache slots directly (no per-rank rings)
   bool direct_io = false;  // HDF5 reads with O_DIRECT (bypass the page cache)

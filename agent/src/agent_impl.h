@@ -143,6 +143,8 @@ class Agent::Impl {
   // Stops the agent (any thread, without mu_): the first cause is logged and kept (fatal_),
   // every part is woken, and the ranks are told why (ControlServer's last words).
   void fail(const std::string& what);
+  // Set-up: the rings' pages made before the agent is ready (agent.cpp).
+  void populate_rings();
 
   // The stats document (stats.cpp): the node's state (ranks, slots, peers, error) and what
   // stats_ measured (the run totals, the per-epoch records, the head start and their totals).

@@ -38,7 +38,9 @@ int main(int argc, char** argv) {
                  "Resume: start at this global step (epoch x steps per epoch + step); earlier "
                  "steps are neither read nor served [0]");
   app.add_option("--io-threads", o.io_threads, "Parallel storage requests per read [8]");
-  app.add_option("--readers", o.readers, "Steps read concurrently [4]");
+  app.add_option("--readers", o.readers,
+                 "Reader threads: they read the steps' samples (each its share of a step) "
+                 "and copy batches into the ranks' rings [8]");
   app.add_option("--staging-steps", o.staging_steps,
                  "Batches in each rank's ring: its next batches are copied there ahead of "
                  "its requests (at least 1; rings of batches up to 512 KiB are at least 8 "

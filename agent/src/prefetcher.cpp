@@ -19,11 +19,27 @@ namespace solar::agent {
 
 // ---- prefetch engine -------------------------------------------------------------------
 
-void Prefetcher::start(unsigned readers) {
+void Prefetcher::prepare(unsigned readers) {
+  scratch_.resize(std::max(1U, readers));
+  // A reader's job is its share of a step's reads (prefetch_loop): at most the node's ranks'
+  // batches, split among the readers. Merged jobs (--read-gap) and a larger step grow it later.
+  const std::uint64_t step_samples =
+      std::uint64_t{a_.R_} * std::max<std::uint64_t>(1, a_.buf_.ring_batch);
+  const std::uint64_t per_job = (step_samples + scratch_.size() - 1) / scratch_.size();
+  constexpr std::uint64_t kMaxTouched = 64ULL << 20;  // per reader
+  const std::uint64_t bytes = std::min(per_job * a_.sample_bytes_, kMaxTouched);
+  for (ReaderScratch& s : scratch_) {
+    std::memset(s.samples.get(bytes), 0, bytes);
+    const std::uint64_t labels = std::min(per_job * a_.label_bytes_, kMaxTouched);
+    if (labels) std::memset(s.labels.get(labels), 0, labels);
+  }
+}
+
+void Prefetcher::start() {
   outstanding_.assign(a_.T_, 0);
+  if (scratch_.empty()) scratch_.resize(1);
   prefetch_ = std::thread([this] { prefetch_loop(); });
-  for (unsigned i = 0; i < std::max(1U, readers); ++i)
-    readers_.emplace_back([this] { reader_loop(); });
+  for (ReaderScratch& s : scratch_) readers_.emplace_back([this, &s] { reader_loop(s); });
 }
 
 void Prefetcher::wake_all() {
@@ -390,19 +406,9 @@ void Prefetcher::write_slot(std::uint32_t slot, const std::byte* sample, std::si
   else if (a_.label_bytes_) std::memcpy(a_.label_ptr(slot), label, a_.label_bytes_);
 }
 
-void Prefetcher::reader_loop() {
-  // Grown, never zero-filled: a std::vector would clear every byte it grows by.
-  struct Scratch {
-    std::unique_ptr<std::byte[]> p;
-    std::size_t cap = 0;
-    std::byte* get(std::size_t n) {
-      if (n > cap) {
-        p = std::make_unique_for_overwrite<std::byte[]>(n);
-        cap = n;
-      }
-      return p.get();
-    }
-  } staging_buf, label_buf;
+void Prefetcher::reader_loop(ReaderScratch& scratch) {
+  Scratch& staging_buf = scratch.samples;
+  Scratch& label_buf = scratch.labels;
   // With --read-gap (storage bound by requests), a reader takes the read jobs queued behind
   // its own as well, up to this many bytes, so that samples of several steps that lie close
   // together in the file become one request (the source merges them: Hdf5Options::read_gap).
