@@ -143,7 +143,9 @@ class Agent::Impl {
   // Stops the agent (any thread, without mu_): the first cause is logged and kept (fatal_),
   // every part is woken, and the ranks are told why (ControlServer's last words).
   void fail(const std::string& what);
-  // Set-up: the rings' pages made before the agent is ready (agent.cpp).
+  // Set-up (agent.cpp): every label at once where that is cheap; the rings' pages made before
+  // the agent is ready.
+  void read_all_labels();
   void populate_rings();
 
   // The stats document (stats.cpp): the node's state (ranks, slots, peers, error) and what
@@ -164,6 +166,9 @@ class Agent::Impl {
   std::uint64_t T_ = 0;
   std::uint64_t sample_bytes_ = 0, label_bytes_ = 0;  // what a slot holds of a sample
   bool stored_mode_ = false;  // slots hold samples as stored in their files (read_stored)
+  // Every sample's label, read once at set-up where that is one small read (read_all_labels);
+  // empty: each read job reads its samples' labels after them.
+  std::vector<std::byte> labels_;
   std::uint64_t arena_bytes_ = 0;  // sized plans: the resident set's arena (fragmentation)
   BufferLayout buf_;  // slots, rings, and where the transparent index goes
   int memfd_ = -1;

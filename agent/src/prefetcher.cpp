@@ -452,7 +452,15 @@ void Prefetcher::reader_loop(ReaderScratch& scratch) {
       std::byte* label_staging = label_buf.get(n * a_.label_bytes_);
       if (a_.stored_mode_) a_.source_->read_stored(runs, staging, a_.sample_bytes_);
       else a_.source_->read(runs, staging);
-      if (a_.label_bytes_) a_.source_->read_labels(runs, label_staging);
+      if (a_.label_bytes_ && a_.labels_.empty()) a_.source_->read_labels(runs, label_staging);
+      else if (a_.label_bytes_) {  // read at set-up (read_all_labels)
+        std::byte* out = label_staging;
+        for (const storage::SampleRun& run : runs) {
+          const std::uint64_t len = run.count * a_.label_bytes_;
+          std::memcpy(out, a_.labels_.data() + run.first * a_.label_bytes_, len);
+          out += len;
+        }
+      }
       // Into the slots through the memfd: the kernel fills its pages directly, without a page
       // fault per 4 KiB of a mapping touched for the first time.
       // (Sized samples: each its own bytes, rounded up to 64 with the stride's zeros, into its
