@@ -4,8 +4,9 @@
 agents writing and reading their tier files on this machine's disk. Every sample each rank gets
 is checked against the generator's content rule (solar-example-train --verify); the agents'
 stats say how many samples came back from the local disk, per epoch; nothing is left in the
-local folder after the run, after an agent is SIGKILLed, after copies corrupted on disk, or on
-a disk too small for the tier (which then degrades to storage reads, one warning)."""
+local folder after the run, after an agent is SIGKILLed, after copies corrupted on disk, on
+a disk too small for the tier, or on a disk whose reads fail with EIO (both then degrade to
+storage reads, one warning)."""
 import json
 import os
 import pathlib
@@ -195,6 +196,33 @@ def test_a_disk_too_small_for_the_tier_degrades_to_storage_with_one_warning(tmp_
                 run("rm", "-rf", k)
     finally:
         run("umount", small)
+
+
+def test_a_local_disk_returning_eio_degrades_to_storage_with_one_warning(tmp_path, data):
+    # The disk's reads fail (eio_shim.c, preloaded: every read of a tier file after each
+    # agent's first 12 returns EIO, as bad sectors do). No wrong byte, the job finishes, each
+    # agent warns once, stops using its tier and reads those samples from storage instead.
+    shim = tmp_path / "eio_shim.so"
+    run("cc", "-shared", "-fPIC", "-O2", "-o", shim,
+        pathlib.Path(__file__).with_name("eio_shim.c"), "-ldl")
+    env = dict(os.environ, LD_PRELOAD=str(shim), SOLAR_TEST_EIO_SUFFIX="/tier",
+               SOLAR_TEST_EIO_AFTER="12")
+    nvme = tmp_path / "nvme"
+    p = run(*job(tmp_path, data, "--keep-run-dir"), timeout=300, env=env)
+    kept = [line.split("kept ", 1)[1].strip() for line in p.stderr.splitlines() if "kept " in line]
+    try:
+        verified(p)
+        for n in tiers(tmp_path):
+            lt = n["local_tier"]
+            assert lt["off"] and lt["errors"] >= 1, lt
+            assert lt["reads"] <= 12 and lt["from_storage"] > 0, lt
+            log = (pathlib.Path(kept[0]) / f"node{n['node']}.log").read_text()
+            warned = [line for line in log.splitlines() if "local tier: reading sample" in line]
+            assert len(warned) == 1 and "Input/output error" in warned[0], log
+        assert list(nvme.iterdir()) == []
+    finally:
+        for k in kept:
+            run("rm", "-rf", k)
 
 
 def test_transparent_same_bytes_as_plain_and_samples_read_back(tmp_path, data):
