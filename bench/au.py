@@ -123,6 +123,10 @@ def data_files(path):
     return io.data_files(path)
 
 
+def nbytes_of(files):
+    return sum(os.path.getsize(f) for f in files)
+
+
 def drop_cache(path):
     """Cold storage: the page cache of every file of the dataset dropped."""
     for f in data_files(path):
@@ -222,6 +226,8 @@ def run_loader(tool, a, spec, loader, n, tmp, k):
             "--batch", str(a.batch), "--epochs", str(a.epochs), "--layout", a.layout,
             "--compute-per-byte", repr(a.compute_per_byte)]
     extra = {"baseline": ["--no-agent"], "transparent": ["--transparent"], "solar": []}[loader]
+    if a.local_buffer and loader != "baseline":
+        extra = [*extra, "--local-buffer", a.local_buffer, "--local-dir", a.local_dir]
     drop_cache(a.path)
     io.solar_run(tool, spec, a, argv, extra)
     reports = []
@@ -268,6 +274,15 @@ def main():
                     help="run every (N, loader) this many times, interleaved; the run of "
                          "median AU is reported [1]")
     ap.add_argument("--json", metavar="FILE", help="also write every figure here")
+    ap.add_argument("--local-buffer", metavar="SPEC",
+                    help="a local tier below solar's --buffer (solar run --local-buffer, e.g. "
+                         "80%% with --buffer 20%%: MLPerf Storage's dataset of 5x the memory); "
+                         "samples of one size only (not unet3d)")
+    ap.add_argument("--local-disk", metavar="BYTES/S",
+                    help="with --local-buffer and --throttle (root): the tier on an emulated "
+                         "local disk of its own, capped at this rate both ways "
+                         "(scripts/slow-storage --local-dir) [the tier in a folder of the "
+                         "dataset's disk]")
     ap.add_argument("--layout", help=argparse.SUPPRESS)  # rank: the dataset's layout
     ap.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)  # rank
     ap.add_argument("--compute-per-byte", type=float, help=argparse.SUPPRESS)  # rank
@@ -290,6 +305,12 @@ def main():
     if not loaders or not set(loaders) <= set(LOADERS):
         sys.exit(f"au: --loaders {a.loaders}: choose from {', '.join(LOADERS)}")
     skipped = []
+    if a.local_buffer and a.layout == "npz":
+        sys.exit("au: --local-buffer: the local tier holds samples of one size; unet3d's npz "
+                 "files differ (use cosmoflow or resnet50)")
+    if a.local_disk and not (a.local_buffer and a.throttle):
+        sys.exit("au: --local-disk needs --local-buffer and --throttle (the disk's cap is set "
+                 "on the throttle's cgroup)")
     if a.repeat < 1 or a.epochs < 1 or a.batch < 1 or a.samples < 1 or a.compute_scale <= 0:
         sys.exit("au: --repeat, --epochs, --batch, --samples and --compute-scale must be "
                  "positive")
@@ -304,16 +325,30 @@ def main():
         else:  # npz: no labels (whole-file samples); one file: solar's /label default
             a.labels = None
         io.THROTTLE = io.make_throttle(a.throttle, a.path)
+        a.local_dir = os.path.join(tmp, "local")
+        if a.local_disk:
+            try:
+                a.disk = io.slow_storage.LocalDisk(a.local_dir, 2 * nbytes_of(files) + (256 << 20))
+            except io.slow_storage.Unavailable as e:
+                sys.exit(f"au: --local-disk: {e}")
+            rate_local = io.slow_storage.parse_size(a.local_disk, "--local-disk")
+            io.THROTTLE.add_device(a.disk.majmin, rate_local, rate_local)
+        elif a.local_buffer:
+            os.makedirs(a.local_dir)
         storage = io.THROTTLE.bps if io.THROTTLE else UNCAPPED
         # The emulated accelerator: DLIO's bytes per second of compute, scaled by storage/link.
         rate = dlio_rate(w) * storage / link / a.compute_scale
         a.compute_per_byte = 1.0 / rate
-        nbytes = sum(os.path.getsize(f) for f in files)
+        nbytes = nbytes_of(files)
         mean = nbytes / max(a.samples, 1)
         print(f"au: {a.workload} ({a.layout}): {a.samples} samples, {nbytes / 2**20:.1f} MiB "
               f"({mean / 2**10:.0f} KiB a sample on average); batch {a.batch}, {a.epochs} "
               f"epochs, DataLoader num_workers {a.workers} (DLIO: {w['threads']} read "
-              f"threads), solar buffer {a.buffer}, cold storage every epoch; "
+              f"threads), solar buffer {a.buffer}"
+              + (f" and a local tier of {a.local_buffer} ("
+                 + (f"a disk capped at {a.local_disk}/s" if a.local_disk else "a folder on "
+                    "the dataset's disk") + ")" if a.local_buffer else "")
+              + ", cold storage every epoch; "
               + (io.THROTTLE.describe() if io.THROTTLE else "storage not capped (compute scaled "
                  "as if capped at 400M)"))
         print(f"au: an accelerator computes {rate / 1e6:.1f} MB/s of batches (DLIO on an H100: "
@@ -359,6 +394,8 @@ def main():
                            "threshold": w["threshold"], "accelerators": counts,
                            "config": {"samples": a.samples, "batch": a.batch,
                                       "epochs": a.epochs, "buffer": a.buffer,
+                                      "local_buffer": a.local_buffer,
+                                      "local_disk": a.local_disk,
                                       "throttle": a.throttle, "workers": a.workers,
                                       "link": link, "storage": storage,
                                       "compute_scale": a.compute_scale, "repeat": a.repeat,
@@ -368,6 +405,8 @@ def main():
                            "loaders": {m: {str(n): s for n, s in by.items()}
                                        for m, by in table.items()}}, f, indent=1)
     finally:
+        if getattr(a, "disk", None):  # unmounted before its folder goes
+            a.disk.close()
         shutil.rmtree(tmp, ignore_errors=True)
         if io.THROTTLE:
             io.THROTTLE.close()

@@ -98,7 +98,25 @@ def test_unet3d_like_npz_every_loader_solars_in_batch_mode_too(tmp_path):
     check_arithmetic(r, p.stdout)
 
 
+def test_cosmoflow_like_with_a_local_tier_below_the_buffer(tmp_path):
+    # MLPerf Storage's 5x rule: solar's memory a fifth of the dataset, a local tier for the rest.
+    pytest.importorskip("torch")
+    out = tmp_path / "au.json"
+    p = au_bench(tmp_path, "--workload", "cosmoflow", "--samples", "48", "--preset", "tiny",
+                 "--epochs", "2", "--accelerators", "1", "--buffer", "20%",
+                 "--local-buffer", "80%", "--json", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(out.read_text())
+    assert r["config"]["buffer"] == "20%" and r["config"]["local_buffer"] == "80%", r["config"]
+    assert "solar buffer 20% and a local tier of 80% (a folder on the dataset's disk)" in \
+        p.stdout, p.stdout
+    check_arithmetic(r, p.stdout)
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("solar-bench-")]
+
+
 @pytest.mark.parametrize("args,named", [
+    (["--workload", "unet3d", "--local-buffer", "80%"], "the local tier holds samples of one size"),
+    (["--local-disk", "2G"], "--local-disk needs --local-buffer and --throttle"),
     (["--accelerators", "0,2"], "--accelerators 0,2"),
     (["--loaders", "plain"], "--loaders plain"),
     (["--workload", "bert"], "invalid choice: 'bert'"),
