@@ -30,14 +30,15 @@ void Prefetcher::prepare(unsigned readers) {
   const std::uint64_t bytes = std::min(per_job * a_.sample_bytes_, kMaxTouched);
   for (ReaderScratch& s : scratch_) {
     std::memset(s.samples.get(bytes), 0, bytes);
-    const std::uint64_t labels = std::min(per_job * a_.label_bytes_, kMaxTouched);
+    // (Labels read at set-up are written into the slots from a_.labels_: no staging.)
+    const std::uint64_t labels =
+        a_.labels_.empty() ? std::min(per_job * a_.label_bytes_, kMaxTouched) : 0;
     if (labels) std::memset(s.labels.get(labels), 0, labels);
   }
 }
 
 void Prefetcher::start() {
   outstanding_.assign(a_.T_, 0);
-  if (scratch_.empty()) scratch_.resize(1);
   prefetch_ = std::thread([this] { prefetch_loop(); });
   for (ReaderScratch& s : scratch_) readers_.emplace_back([this, &s] { reader_loop(s); });
 }
@@ -449,18 +450,13 @@ void Prefetcher::reader_loop(ReaderScratch& scratch) {
       }
       const auto t0 = Clock::now();
       std::byte* staging = staging_buf.get(n * a_.sample_bytes_);
-      std::byte* label_staging = label_buf.get(n * a_.label_bytes_);
+      // Labels read at set-up (read_all_labels) go into the slots from there; others are read
+      // after the samples.
+      const std::byte* all_labels = a_.labels_.empty() ? nullptr : a_.labels_.data();
+      std::byte* label_staging = all_labels ? nullptr : label_buf.get(n * a_.label_bytes_);
       if (a_.stored_mode_) a_.source_->read_stored(runs, staging, a_.sample_bytes_);
       else a_.source_->read(runs, staging);
-      if (a_.label_bytes_ && a_.labels_.empty()) a_.source_->read_labels(runs, label_staging);
-      else if (a_.label_bytes_) {  // read at set-up (read_all_labels)
-        std::byte* out = label_staging;
-        for (const storage::SampleRun& run : runs) {
-          const std::uint64_t len = run.count * a_.label_bytes_;
-          std::memcpy(out, a_.labels_.data() + run.first * a_.label_bytes_, len);
-          out += len;
-        }
-      }
+      if (a_.label_bytes_ && !all_labels) a_.source_->read_labels(runs, label_staging);
       // Into the slots through the memfd: the kernel fills its pages directly, without a page
       // fault per 4 KiB of a mapping touched for the first time.
       // (Sized samples: each its own bytes, rounded up to 64 with the stride's zeros, into its
@@ -476,7 +472,8 @@ void Prefetcher::reader_loop(ReaderScratch& scratch) {
                                  std::size_t{a_.table_.units_of(static_cast<std::uint32_t>(x))} * 64,
                                  a_.sample_bytes_)
                            : a_.sample_bytes_,
-                       label_staging + i * a_.label_bytes_);
+                       all_labels ? all_labels + x * a_.label_bytes_
+                                  : label_staging + i * a_.label_bytes_);
       }
       const double secs = seconds_since(t0);
       std::lock_guard lk(a_.mu_);

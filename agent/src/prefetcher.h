@@ -47,7 +47,8 @@ class Prefetcher {
   // fault per 4 KiB, which in a VM cost the first step's reads 0.13 s instead of 0.02 (the
   // demo's bench loader), after the ranks had asked for it.
   void prepare(unsigned readers);
-  // Starts the prefetch thread and the reader threads prepare() made room for (at least one).
+  // Starts the prefetch thread and the reader threads prepare() made room for (at least one;
+  // prepare() comes first, in the agent's set-up).
   void start();
   // Wakes every thread waiting for slots or for jobs (the agent is stopping or has failed);
   // call after setting that, without the lock.
