@@ -263,6 +263,18 @@ bool LocalTier::read_copy(const Job& j, std::byte* staging, int& err, bool& corr
 void LocalTier::disk_failed(const char* what, std::uint32_t sample, int err) {
   // mu_ held by the caller.
   ++errors_;
+  if (err == ENOSPC && std::strcmp(what, "writing") == 0) {
+    // Full (a copy-on-write or thin-provisioned file system beneath the preallocated file):
+    // what is on the disk is still good, so only the writes stop.
+    full_ = true;
+    if (warned_full_) return;
+    warned_full_ = true;
+    spdlog::warn("node {}: local tier: writing sample {} in {}: {}; the local tier writes "
+                 "nothing more (the copies already on it are still read back) and the samples "
+                 "it would have held are read from storage instead",
+                 a_.opt_.node, sample, file_, std::strerror(err));
+    return;
+  }
   broken_ = true;
   if (warned_error_) return;
   warned_error_ = true;
@@ -296,7 +308,7 @@ void LocalTier::loop() {
     int err = 0;
     bool corrupt = false, ok = false;
     if (j.write) {
-      ok = !broken_ && write_copy(j, staging.get(), err);
+      ok = !broken_ && !full_ && write_copy(j, staging.get(), err);
       if (!ok) holder_[j.disk] = kNone;  // its reads back go to storage
     } else {
       ok = j.disk != kNone && !broken_ && holder_[j.disk] == j.sample &&
@@ -366,7 +378,8 @@ nlohmann::json LocalTier::stats_json_locked() const {
           {"from_storage", from_storage_},
           {"corrupt", corrupt_},
           {"errors", errors_},
-          {"off", broken_.load()}};
+          {"off", broken_.load()},
+          {"full", full_.load()}};
 }
 
 }  // namespace solar::agent

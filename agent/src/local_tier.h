@@ -123,12 +123,13 @@ class LocalTier {
   std::vector<std::uint64_t> arrived_;  // by sample: the step of its last read into memory
   // By disk slot, the sample whose good copy it holds (kNone: none) and that copy's CRC-32:
   // each slot's touched by the one job running on it (no lock). Whether the disk failed
-  // (nothing more is written).
+  // (nothing more is written or read back), and whether it is full (a write found no room:
+  // nothing more is written, the copies already on it are still read back).
   std::vector<std::uint32_t> holder_, crc_;
-  std::atomic<bool> broken_{false};
+  std::atomic<bool> broken_{false}, full_{false};
   std::vector<std::uint32_t> busy_;  // disk slots a job runs on (mu_)
   std::vector<std::uint32_t> scan_;  // take_job_locked's scratch (mu_)
-  bool warned_corrupt_ = false, warned_error_ = false;
+  bool warned_corrupt_ = false, warned_error_ = false, warned_full_ = false;
   // Counters (mu_).
   std::uint64_t reads_ = 0, writes_ = 0, from_storage_ = 0, corrupt_ = 0, errors_ = 0;
   std::uint64_t bytes_read_ = 0, bytes_written_ = 0;

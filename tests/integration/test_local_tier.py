@@ -5,8 +5,8 @@ agents writing and reading their tier files on this machine's disk. Every sample
 is checked against the generator's content rule (solar-example-train --verify); the agents'
 stats say how many samples came back from the local disk, per epoch; nothing is left in the
 local folder after the run, after an agent is SIGKILLed, after copies corrupted on disk, on
-a disk too small for the tier, or on a disk whose reads fail with EIO (both then degrade to
-storage reads, one warning)."""
+a disk too small for the tier, on a disk that fills up mid-run (ENOSPC on a write) or on a disk
+whose reads fail with EIO (each then degrades to storage reads, one warning)."""
 import json
 import os
 import pathlib
@@ -198,15 +198,46 @@ def test_a_disk_too_small_for_the_tier_degrades_to_storage_with_one_warning(tmp_
         run("umount", small)
 
 
+def failing_disk(tmp_path, **variables):
+    """The environment of a job whose programs see the tier files through eio_shim.c."""
+    shim = tmp_path / "eio_shim.so"
+    run("cc", "-shared", "-fPIC", "-O2", "-o", shim,
+        pathlib.Path(__file__).with_name("eio_shim.c"), "-ldl")
+    return dict(os.environ, LD_PRELOAD=str(shim), SOLAR_TEST_EIO_SUFFIX="/tier", **variables)
+
+
+def test_a_local_disk_filling_up_mid_run_degrades_to_storage_with_one_warning(tmp_path, data):
+    # The disk fills up beneath the preallocated tier file (eio_shim.c: every write of a tier
+    # file after each agent's first 20 returns ENOSPC, as on btrfs or ZFS). No wrong byte, the
+    # job finishes, each agent warns once and writes nothing more; the copies it made before
+    # are still read back (they are on the disk as written), the rest come from storage.
+    env = failing_disk(tmp_path, SOLAR_TEST_ENOSPC_AFTER="20")
+    nvme = tmp_path / "nvme"
+    p = run(*job(tmp_path, data, "--keep-run-dir"), timeout=300, env=env)
+    kept = [line.split("kept ", 1)[1].strip() for line in p.stderr.splitlines() if "kept " in line]
+    try:
+        verified(p)
+        for n in tiers(tmp_path):
+            lt = n["local_tier"]
+            assert lt["full"] and not lt["off"] and lt["errors"] >= 1, lt
+            # Each of the 20 copies is read back at most once in each later epoch.
+            assert lt["writes"] == 20 and 0 < lt["reads"] <= 20 * (EPOCHS - 1), lt
+            assert lt["from_storage"] > 0, lt
+            log = (pathlib.Path(kept[0]) / f"node{n['node']}.log").read_text()
+            warned = [line for line in log.splitlines() if "local tier: " in line
+                      and ("writing" in line or "reading" in line)]
+            assert len(warned) == 1 and "No space left on device" in warned[0], log
+        assert list(nvme.iterdir()) == []
+    finally:
+        for k in kept:
+            run("rm", "-rf", k)
+
+
 def test_a_local_disk_returning_eio_degrades_to_storage_with_one_warning(tmp_path, data):
     # The disk's reads fail (eio_shim.c, preloaded: every read of a tier file after each
     # agent's first 12 returns EIO, as bad sectors do). No wrong byte, the job finishes, each
     # agent warns once, stops using its tier and reads those samples from storage instead.
-    shim = tmp_path / "eio_shim.so"
-    run("cc", "-shared", "-fPIC", "-O2", "-o", shim,
-        pathlib.Path(__file__).with_name("eio_shim.c"), "-ldl")
-    env = dict(os.environ, LD_PRELOAD=str(shim), SOLAR_TEST_EIO_SUFFIX="/tier",
-               SOLAR_TEST_EIO_AFTER="12")
+    env = failing_disk(tmp_path, SOLAR_TEST_EIO_AFTER="12")
     nvme = tmp_path / "nvme"
     p = run(*job(tmp_path, data, "--keep-run-dir"), timeout=300, env=env)
     kept = [line.split("kept ", 1)[1].strip() for line in p.stderr.splitlines() if "kept " in line]
