@@ -283,6 +283,14 @@ std::vector<double> numbers(const json& a) {
   return v;
 }
 
+// An epoch's samples served from the buffer: its memory hits and, with a local tier, the
+// samples read back from the local disk (the agents count them apart, as local_samples; the
+// plan's hits are of both tiers). NAN where the epoch has no "hits".
+double buffer_hits(const json& e) {
+  const double local = num(e, "local_samples");
+  return num(e, "hits") + (std::isfinite(local) ? local : 0);
+}
+
 // "(<the values' sum> in all)" where there is one: a line's total, in its legend.
 std::string total_note(const std::vector<double>& y, const char* format) {
   double sum = 0;
@@ -357,7 +365,8 @@ LinePanel au_panel(const json& j, const std::string& path) {
   return p;
 }
 
-// Hit rate and stall per epoch, one series per node.
+// Hit rate, the local tier's share (where a node read any back) and stall per epoch, one
+// series per node.
 std::vector<LinePanel> stats_panels(const json& j, const std::string& path) {
   std::vector<json> nodes;
   if (j.contains("nodes")) {
@@ -373,7 +382,9 @@ std::vector<LinePanel> stats_panels(const json& j, const std::string& path) {
                   "seconds (slowest rank, summed over its batches)", "epoch", {}, 0, {}};
   std::size_t c = 0, missing = 0, epochs = 0;
   double all_hits = 0, all_fetched = 0;
-  bool any_stall = false;
+  LinePanel tier{"Local tier per epoch (" + file + ")",
+                  "% of samples read back from the local disk", "epoch", {}, 100, {}};
+  bool any_stall = false, any_local = false;
   for (const json& n : nodes) {
     if (n.contains("missing")) {
       ++missing;
@@ -383,13 +394,19 @@ std::vector<LinePanel> stats_panels(const json& j, const std::string& path) {
       bad(path, "a node's statistics need an \"epochs\" array (solar run --stats-out, "
                 "srun --solar-stats or solar-agent --stats-out)");
     const std::string name = fmt::format("node {}", n.value("node", json(0)).dump());
-    Series h{name, kColours[c % 8], {}, false, {}}, st{name, kColours[c % 8], {}, false, {}};
+    Series h{name, kColours[c % 8], {}, false, {}}, st{name, kColours[c % 8], {}, false, {}},
+        lt{name, kColours[c % 8], {}, false, {}};
     ++c;
-    double node_hits = 0, node_fetched = 0;
+    double node_hits = 0, node_fetched = 0, node_local = 0;
     for (const json& e : n["epochs"]) {
-      const double hits = num(e, "hits"), fetched = num(e, "fetched_samples");
+      const double hits = buffer_hits(e), fetched = num(e, "fetched_samples");
+      const double local = num(e, "local_samples");
       h.y.push_back(hits + fetched > 0 ? 100 * hits / (hits + fetched) : NAN);
+      lt.y.push_back(hits + fetched > 0 && std::isfinite(local) ? 100 * local / (hits + fetched)
+                                                                : NAN);
       if (std::isfinite(hits + fetched)) node_hits += hits, node_fetched += fetched;
+      if (std::isfinite(local + hits + fetched)) node_local += local;
+      any_local = any_local || (std::isfinite(local) && local > 0);
       const double s = num(e, "stall_max_rank_seconds");
       any_stall = any_stall || std::isfinite(s);
       st.y.push_back(s);
@@ -400,8 +417,11 @@ std::vector<LinePanel> stats_panels(const json& j, const std::string& path) {
     all_hits += node_hits;
     all_fetched += node_fetched;
     epochs = std::max(epochs, h.y.size());
+    if (node_hits + node_fetched > 0)
+      lt.note = fmt::format("({:.1f}% in all)", 100 * node_local / (node_hits + node_fetched));
     hit.series.push_back(std::move(h));
     stall.series.push_back(std::move(st));
+    tier.series.push_back(std::move(lt));
   }
   if (hit.series.size() > 1 && all_hits + all_fetched > 0)
     hit.title += fmt::format(": {:.1f}% over all nodes", 100 * all_hits / (all_hits + all_fetched));
@@ -431,6 +451,7 @@ std::vector<LinePanel> stats_panels(const json& j, const std::string& path) {
     bad(path, fmt::format("no node has statistics ({} missing: the agents did not run or were "
                           "killed)", missing));
   std::vector<LinePanel> out{std::move(hit)};
+  if (any_local) out.push_back(std::move(tier));
   if (any_stall) out.push_back(std::move(stall));
   return out;
 }
@@ -481,7 +502,7 @@ std::string summary(const json& j) {
       if (!n.is_object() || !n.contains("epochs") || !n["epochs"].is_array()) continue;
       epochs = std::max(epochs, n["epochs"].size());
       for (const json& e : n["epochs"]) {
-        const double h = num(e, "hits"), f = num(e, "fetched_samples");
+        const double h = buffer_hits(e), f = num(e, "fetched_samples");
         if (std::isfinite(h + f)) hits += h, fetched += f;
       }
     }

@@ -130,6 +130,30 @@ TEST(Report, OverlappingLinesStayDistinguishableWithTotalsAndTheLowerBound) {
   EXPECT_NE(report_svg({{"s.json", stats}}, "mine").svg.find(">mine</text>"), std::string::npos);
 }
 
+TEST(Report, ALocalTierCountsAsTheBufferAndGetsItsOwnPanel) {
+  // Node 0 read 6 of its second epoch's 10 samples back from the local disk and 2 from memory;
+  // node 1 has no tier. The hit rate counts both tiers (as the plan does), the tier's panel
+  // the disk's share.
+  const std::string stats = R"({"source": "solar run", "nodes": [
+      {"node": 0, "epochs": [{"hits": 0, "fetched_samples": 10, "local_samples": 0},
+                             {"hits": 2, "fetched_samples": 2, "local_samples": 6}]},
+      {"node": 1, "epochs": [{"hits": 0, "fetched_samples": 10},
+                             {"hits": 5, "fetched_samples": 5}]}]})";
+  const Report r = report_svg({{"s.json", stats}}, "");
+  EXPECT_EQ(r.panels, 2u);
+  EXPECT_NE(r.svg.find("data-title=\"Local tier per epoch (s.json)\""), std::string::npos);
+  EXPECT_NE(r.svg.find("Hit rate per epoch (s.json): 32.5% over all nodes"), std::string::npos);
+  EXPECT_NE(r.svg.find("(40.0% in all)"), std::string::npos);  // node 0's hits: 8 of 20
+  EXPECT_NE(r.svg.find("(30.0% in all)"), std::string::npos);  // node 0's tier: 6 of 20
+  EXPECT_NE(r.svg.find(">solar run: 2 nodes, 2 epochs, hit rate 32.5%</text>"),
+            std::string::npos);
+  // Without a tier (or with one that read nothing back) there is no such panel.
+  const Report none = report_svg({{"s.json", R"({"nodes": [{"node": 0, "epochs": [
+      {"hits": 1, "fetched_samples": 1, "local_samples": 0}]}]})"}}, "");
+  EXPECT_EQ(none.panels, 1u);
+  EXPECT_EQ(none.svg.find("Local tier"), std::string::npos);
+}
+
 TEST(Report, DefaultTitleNamesEachInputsHeadline) {
   const Report r = report_svg(
       {{"b.json", R"({"modes": {"baseline": {"per_epoch_s": [1, 1]},
