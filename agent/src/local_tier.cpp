@@ -260,10 +260,10 @@ bool LocalTier::read_copy(const Job& j, std::byte* staging, int& err, bool& corr
   return !corrupt;
 }
 
-void LocalTier::disk_failed(const char* what, std::uint32_t sample, int err) {
+void LocalTier::disk_failed(bool writing, std::uint32_t sample, int err) {
   // mu_ held by the caller.
   ++errors_;
-  if (err == ENOSPC && std::strcmp(what, "writing") == 0) {
+  if (writing && err == ENOSPC) {
     // Full (a copy-on-write or thin-provisioned file system beneath the preallocated file):
     // what is on the disk is still good, so only the writes stop.
     full_ = true;
@@ -280,7 +280,8 @@ void LocalTier::disk_failed(const char* what, std::uint32_t sample, int err) {
   warned_error_ = true;
   spdlog::warn("node {}: local tier: {} sample {} in {}: {}; the local tier writes nothing more "
                "and its samples are read from storage instead",
-               a_.opt_.node, what, sample, file_, std::strerror(err));
+               a_.opt_.node, writing ? "writing" : "reading", sample, file_,
+               std::strerror(err));
 }
 
 void LocalTier::loop() {
@@ -326,7 +327,7 @@ void LocalTier::loop() {
       holder_[j.disk] = kNone;
       free_disk_.push_back(j.disk);
     }
-    if (err) disk_failed(j.write ? "writing" : "reading", j.sample, err);
+    if (err) disk_failed(j.write, j.sample, err);
     if (corrupt) {
       ++corrupt_;
       holder_[j.disk] = kNone;

@@ -103,7 +103,9 @@ class LocalTier {
   // The loop's work; false: the disk failed (errno kept in `err`).
   bool write_copy(const Job& j, std::byte* staging, int& err);
   bool read_copy(const Job& j, std::byte* staging, int& err, bool& corrupt);
-  void disk_failed(const char* what, std::uint32_t sample, int err);
+  // A write (`writing`) or read of `sample` failed with `err`: the tier full (ENOSPC on a
+  // write) or off, one warning each.
+  void disk_failed(bool writing, std::uint32_t sample, int err);
 
   Agent::Impl& a_;
   bool on_ = false;

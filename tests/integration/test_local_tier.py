@@ -198,12 +198,27 @@ def test_a_disk_too_small_for_the_tier_degrades_to_storage_with_one_warning(tmp_
         run("umount", small)
 
 
-def failing_disk(tmp_path, **variables):
-    """The environment of a job whose programs see the tier files through eio_shim.c."""
+def on_a_failing_disk(tmp_path, data, check, **variables):
+    """Runs the job with its programs seeing the tier files through eio_shim.c (`variables`
+    say how they fail), checks every sample right and the local folder empty after, and calls
+    check(local_tier stats, the warnings of a failed read or write) for each node."""
     shim = tmp_path / "eio_shim.so"
     run("cc", "-shared", "-fPIC", "-O2", "-o", shim,
         pathlib.Path(__file__).with_name("eio_shim.c"), "-ldl")
-    return dict(os.environ, LD_PRELOAD=str(shim), SOLAR_TEST_EIO_SUFFIX="/tier", **variables)
+    env = dict(os.environ, LD_PRELOAD=str(shim), SOLAR_TEST_EIO_SUFFIX="/tier", **variables)
+    nvme = tmp_path / "nvme"
+    p = run(*job(tmp_path, data, "--keep-run-dir"), timeout=300, env=env)
+    kept = [line.split("kept ", 1)[1].strip() for line in p.stderr.splitlines() if "kept " in line]
+    try:
+        verified(p)
+        for n in tiers(tmp_path):
+            log = (pathlib.Path(kept[0]) / f"node{n['node']}.log").read_text()
+            check(n["local_tier"], [line for line in log.splitlines()
+                                    if re.search(r"local tier: (reading|writing) sample", line)])
+        assert list(nvme.iterdir()) == []
+    finally:
+        for k in kept:
+            run("rm", "-rf", k)
 
 
 def test_a_local_disk_filling_up_mid_run_degrades_to_storage_with_one_warning(tmp_path, data):
@@ -211,49 +226,27 @@ def test_a_local_disk_filling_up_mid_run_degrades_to_storage_with_one_warning(tm
     # file after each agent's first 20 returns ENOSPC, as on btrfs or ZFS). No wrong byte, the
     # job finishes, each agent warns once and writes nothing more; the copies it made before
     # are still read back (they are on the disk as written), the rest come from storage.
-    env = failing_disk(tmp_path, SOLAR_TEST_ENOSPC_AFTER="20")
-    nvme = tmp_path / "nvme"
-    p = run(*job(tmp_path, data, "--keep-run-dir"), timeout=300, env=env)
-    kept = [line.split("kept ", 1)[1].strip() for line in p.stderr.splitlines() if "kept " in line]
-    try:
-        verified(p)
-        for n in tiers(tmp_path):
-            lt = n["local_tier"]
-            assert lt["full"] and not lt["off"] and lt["errors"] >= 1, lt
-            # Each of the 20 copies is read back at most once in each later epoch.
-            assert lt["writes"] == 20 and 0 < lt["reads"] <= 20 * (EPOCHS - 1), lt
-            assert lt["from_storage"] > 0, lt
-            log = (pathlib.Path(kept[0]) / f"node{n['node']}.log").read_text()
-            warned = [line for line in log.splitlines() if "local tier: " in line
-                      and ("writing" in line or "reading" in line)]
-            assert len(warned) == 1 and "No space left on device" in warned[0], log
-        assert list(nvme.iterdir()) == []
-    finally:
-        for k in kept:
-            run("rm", "-rf", k)
+    def check(lt, warned):
+        assert lt["full"] and not lt["off"] and lt["errors"] >= 1, lt
+        # Each of the 20 copies is read back at most once in each later epoch.
+        assert lt["writes"] == 20 and 0 < lt["reads"] <= 20 * (EPOCHS - 1), lt
+        assert lt["from_storage"] > 0, lt
+        assert len(warned) == 1 and "No space left on device" in warned[0], warned
+
+    on_a_failing_disk(tmp_path, data, check, SOLAR_TEST_ENOSPC_AFTER="20")
 
 
 def test_a_local_disk_returning_eio_degrades_to_storage_with_one_warning(tmp_path, data):
     # The disk's reads fail (eio_shim.c, preloaded: every read of a tier file after each
     # agent's first 12 returns EIO, as bad sectors do). No wrong byte, the job finishes, each
     # agent warns once, stops using its tier and reads those samples from storage instead.
-    env = failing_disk(tmp_path, SOLAR_TEST_EIO_AFTER="12")
-    nvme = tmp_path / "nvme"
-    p = run(*job(tmp_path, data, "--keep-run-dir"), timeout=300, env=env)
-    kept = [line.split("kept ", 1)[1].strip() for line in p.stderr.splitlines() if "kept " in line]
-    try:
-        verified(p)
-        for n in tiers(tmp_path):
-            lt = n["local_tier"]
-            assert lt["off"] and lt["errors"] >= 1, lt
-            assert lt["reads"] <= 12 and lt["from_storage"] > 0, lt
-            log = (pathlib.Path(kept[0]) / f"node{n['node']}.log").read_text()
-            warned = [line for line in log.splitlines() if "local tier: reading sample" in line]
-            assert len(warned) == 1 and "Input/output error" in warned[0], log
-        assert list(nvme.iterdir()) == []
-    finally:
-        for k in kept:
-            run("rm", "-rf", k)
+    def check(lt, warned):
+        assert lt["off"] and lt["errors"] >= 1, lt
+        assert lt["reads"] <= 12 and lt["from_storage"] > 0, lt
+        assert len(warned) == 1 and "local tier: reading sample" in warned[0], warned
+        assert "Input/output error" in warned[0], warned
+
+    on_a_failing_disk(tmp_path, data, check, SOLAR_TEST_EIO_AFTER="12")
 
 
 def test_transparent_same_bytes_as_plain_and_samples_read_back(tmp_path, data):
