@@ -244,8 +244,23 @@ void run_run(const RunOptions& o) {
   try {
     parse_job_shape(o, 1, c);
     c.imbalance = parse_job_param32(o.imbalance, "--imbalance", job_params::kImbalance);
-    const auto order = parse_order_mode(o.order);
-    if (!order) throw ConfigError("--order", fmt::format("'{}' is not solar or torch", o.order));
+    // unknown: an unmodified script of its own order; the plan (torch order) lays the buffer
+    // out, and the agents keep what the ranks read (demand mode, agent/src/demand_cache.h).
+    const bool order_unknown = o.order == "unknown";
+    if (order_unknown) {
+      if (!o.transparent)
+        throw ConfigError("--order", "unknown is for an unmodified script (--transparent): "
+                                     "solar's own loader reads the plan's order");
+      if (!o.order_file.empty())
+        throw ConfigError("--order", "unknown and --order-file contradict: drop one");
+      if (o.peers || !o.local_buffer.empty())
+        throw ConfigError("--order", fmt::format("unknown (demand mode) is not built with {} yet: "
+                                                 "drop it, or give the order (--order-file)",
+                                                 o.peers ? "--peers" : "--local-buffer"));
+    }
+    const auto order = order_unknown ? OrderMode::torch : parse_order_mode(o.order);
+    if (!order)
+      throw ConfigError("--order", fmt::format("'{}' is not solar, torch or unknown", o.order));
     c.order = *order;
     if (o.transparent && o.no_agent)
       throw ConfigError("--transparent", "needs agents; drop --no-agent");
@@ -327,7 +342,7 @@ void run_run(const RunOptions& o) {
         throw ConfigError("--order-file", "gives the order itself: drop --order");
       follow_order_file(c, o.order_file);
     }
-    if (o.transparent) follow_the_script(c, o.order_given);
+    if (o.transparent) follow_the_script(c, o.order_given && !order_unknown);
     const auto d = parse_plan_delivery(o.plan_mode);
     if (!d)
       throw ConfigError("--plan", fmt::format("'{}' is not auto, whole or streamed", o.plan_mode));
@@ -374,6 +389,7 @@ void run_run(const RunOptions& o) {
   spec.direct_io = o.direct_io;
   spec.read_gap = read_gap;
   spec.transparent = o.transparent;
+  spec.order_unknown = o.order == "unknown";
   spec.peers = o.peers;
   spec.peer_provider = o.peer_provider;
   spec.peer_timeout = o.peer_timeout;
@@ -446,7 +462,11 @@ void add_run_commands(CLI::App& app) {
   run->add_option("--imbalance", o->imbalance, "δ: per-rank batch may be b-δ..b+δ [0]")
       ->type_name(kUint);
   run->add_option("--order", o->order,
-                  "solar or torch (= DistributedSampler) [solar; torch with --transparent]")
+                  "solar, torch (= DistributedSampler), or with --transparent unknown: the "
+                  "script reads an order of its own that solar is not told (its own sampler, "
+                  "weights, a list it draws), so the agents keep the samples the ranks read until "
+                  "their buffers are full (demand mode; without it they switch so themselves when "
+                  "the ranks' reads do not follow the plan) [solar; torch with --transparent]")
       ->type_name("ORDER")
       ->each([o](const std::string&) { o->order_given = true; });
   run->add_option("--order-file", o->order_file,

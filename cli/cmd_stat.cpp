@@ -167,7 +167,8 @@ std::string stat_block(const nlohmann::json& s, StatTrack& tr, double now, std::
       s["storage_reads"].get<std::uint64_t>(), s["read_seconds"].get<double>(),
       totals.value("stall_seconds", 0.0), rate, eta);
   if (const auto& t = s.value("transparent", nlohmann::json()); t.is_object())
-    out += fmt::format("  {}\n", protocol::transparent_line(t, total));
+    out += fmt::format("  {}\n", protocol::transparent_line(t, total, protocol::in_demand_mode(s)));
+  if (protocol::in_demand_mode(s)) out += fmt::format("  {}\n", protocol::demand_line(s["demand"]));
   if (const auto& p = s.value("peers", nlohmann::json()); p.is_object())
     out += fmt::format("  {}\n", protocol::peers_line(p));
   const std::uint64_t ranks_here = s["ranks"].size();

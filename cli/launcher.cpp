@@ -245,6 +245,7 @@ LaunchResult launch(const LaunchSpec& spec) {
           argv.push_back(std::to_string(spec.read_gap));
         }
         if (spec.transparent) argv.push_back("--transparent");
+        if (spec.order_unknown) argv.push_back("--order-unknown");
         if (spec.peers) {
           argv.insert(argv.end(), {"--peer-dir", (dir / "peers").string(), "--peer-provider",
                                    spec.peer_provider, "--peer-timeout",

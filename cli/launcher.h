@@ -52,6 +52,7 @@ struct LaunchSpec {
   // Job-transparent: agents serve file reads (--transparent) and ranks run unmodified with
   // libsolar_preload.so in LD_PRELOAD ("" = next to solar, in the build tree's interpose/).
   bool transparent = false;
+  bool order_unknown = false;  // transparent: agents in demand mode from the start (--order-unknown)
   std::string preload_path;
   std::string agent_path;         // solar-agent binary ("" = next to solar, then PATH)
   bool keep_run_dir = false;      // keep plan, sockets and logs (for debugging; never swept)

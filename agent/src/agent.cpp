@@ -138,6 +138,9 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
                                  "epoch{} of {})",
                                  o.start_step, o.plan, T_, header_.config.epochs,
                                  header_.config.epochs == 1 ? "" : "s", header_.layout.steps));
+  if (o.order_unknown && !o.transparent)
+    throw AgentError("--order-unknown is for unmodified ranks, whose order the agent cannot "
+                     "ask: add --transparent (libsolar's ranks read the plan's order)");
   if (o.start_step > 0 && o.transparent)
     throw AgentError(fmt::format("--start-step {}: an unmodified script (--transparent) reads "
                                  "its own order from its first step; resuming it is not "

@@ -38,6 +38,10 @@ struct AgentOptions {
   // interposer (libsolar_preload.so) serves their reads from the buffer through a shared
   // sample index (solar/transparent.h); eviction is paced by the samples they consume.
   bool transparent = false;
+  // Transparent: the script's order is not known (demand_cache.h): no plan-order prefetching,
+  // the buffer keeps what the ranks read. Without it, the agent switches so by itself when
+  // the ranks' reads do not follow the plan.
+  bool order_unknown = false;
   // At exit, the run's measured statistics (per epoch, head start, totals) as one JSON file,
   // written atomically (temporary file + rename), mode 0600. Checked at start-up: its folder
   // must exist and be writable. Empty: none.

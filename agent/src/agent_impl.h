@@ -10,6 +10,7 @@
 //   control_messages.cpp ControlServer's requests: hellos (libsolar, interposer), next, release
 //   serving.cpp          ControlServer's batches handed to ranks (batch mode for libsolar)
 //   transparent_pacer.*  TransparentPacer: the shared sample index and pacing (--transparent)
+//   demand_cache.*       DemandCache: demand mode, when the ranks' order is not the plan's
 //   dataset_watch.*      DatasetWatch: the batch mode's checks of the dataset file
 //   local_tier.*         LocalTier: the node's local-disk tier below memory (--local-dir)
 //   peer_sharing.*       PeerSharing: other agents' buffers read over libfabric RMA, ours served
@@ -98,6 +99,7 @@ class Agent::Impl {
   friend class Prefetcher;
   friend class PeerSharing;
   friend class TransparentPacer;
+  friend class DemandCache;
   friend class DatasetWatch;
   friend class LocalTier;
 

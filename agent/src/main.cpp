@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
                "shared index; eviction follows the samples they consume (contiguous or "
                "unfiltered chunked HDF5 datasets; the plan should be in torch order with the "
                "script's seed and batch)");
+  app.add_flag("--order-unknown", o.order_unknown,
+               "With --transparent: the script's order is not known (its own sampler, weights, "
+               "a list it draws): no prefetching in the plan's order; the buffer keeps the "
+               "samples the ranks read, until it is full (demand mode). Without it the agent "
+               "switches to demand mode itself once the ranks' reads complete no step of the plan");
   app.add_flag("--direct-io", o.direct_io,
                "Read HDF5 files with O_DIRECT, bypassing the page cache: for datasets far larger "
                "than the node's memory (here it doubled cold random reads, but loses the page "

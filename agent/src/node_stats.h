@@ -58,6 +58,8 @@ class NodeStats {
   // ---- measuring (the agent's lock held) ----
   void note_plan_hit() { ++hits_; }                      // a use the plan counts as a hit
   void note_fetching(std::uint64_t n) { fetched_ += n; }  // samples queued for storage
+  std::uint64_t fetched_samples() const { return fetched_; }
+  std::uint64_t fetched_bytes() const { return bytes_read_; }
   // A sample the plan has resident at the start step but a restarted agent lacks, read now.
   void note_unplanned() { ++unplanned_; }
   void note_slot_wait(double seconds) { slot_wait_seconds_ += seconds; }

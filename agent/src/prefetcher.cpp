@@ -89,6 +89,7 @@ void Prefetcher::prefetch_loop() {
       if (a_.steps_.streamed()) taken = a_.steps_.take(t);
       std::unique_lock lk(a_.mu_);
       if (a_.stopping_ || !a_.fatal_.empty()) return;
+      if (a_.pacer_.demand_on_locked()) return;  // demand mode: the ranks' order is not the plan's
       if (taken) {
         a_.steps_.forget_before_locked(a_.oldest_step_needed_locked());
         a_.steps_.add_locked(std::move(*taken));
@@ -149,11 +150,15 @@ void Prefetcher::prefetch_loop() {
         // mode, the only one with such samples, serves what is resident).
         auto stuck = [&] { return a_.table_.sized() && a_.table_.zombies() == 0; };
         slot_freed_.wait(lk, [&] {
-          return a_.stopping_ || !a_.fatal_.empty() || a_.table_.take_room(incoming, slots) ||
-                 stuck();
+          return a_.stopping_ || !a_.fatal_.empty() || a_.pacer_.demand_on_locked() ||
+                 a_.table_.take_room(incoming, slots) || stuck();
         });
         slots_wanted_ = 0;
         if (a_.stopping_ || !a_.fatal_.empty()) return;
+        if (a_.pacer_.demand_on_locked()) {  // the slots it may have just taken go back
+          a_.table_.give_room(incoming, slots);
+          return;
+        }
         if (slots.empty() && !incoming.empty()) leave_unplaced_locked(t, incoming, from, slots, unplaced);
       }
       a_.stats_.note_slot_wait(seconds_since(wait_from));
@@ -407,6 +412,28 @@ void Prefetcher::write_slot(std::uint32_t slot, const std::byte* sample, std::si
   else if (a_.label_bytes_) std::memcpy(a_.label_ptr(slot), label, a_.label_bytes_);
 }
 
+std::size_t Prefetcher::slot_length(std::uint32_t sample) const {
+  // (The sizes are the slot table's from its construction: read without the lock.)
+  return a_.table_.sized()
+             ? std::min<std::size_t>(std::size_t{a_.table_.units_of(sample)} * 64, a_.sample_bytes_)
+             : a_.sample_bytes_;
+}
+
+void Prefetcher::fill_slots(std::span<const std::uint32_t> samples,
+                            std::span<const std::uint32_t> slots) {
+  std::byte* staging = fill_scratch_.samples.get(a_.sample_bytes_);
+  const std::byte* all_labels = a_.labels_.empty() ? nullptr : a_.labels_.data();
+  std::byte* label = all_labels ? nullptr : fill_scratch_.labels.get(a_.label_bytes_);
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const storage::SampleRun run[] = {{samples[i], 1}};
+    if (a_.stored_mode_) a_.source_->read_stored(run, staging, a_.sample_bytes_);
+    else a_.source_->read(run, staging);
+    if (a_.label_bytes_ && !all_labels) a_.source_->read_labels(run, label);
+    write_slot(slots[i], staging, slot_length(samples[i]),
+               all_labels ? all_labels + std::uint64_t{samples[i]} * a_.label_bytes_ : label);
+  }
+}
+
 void Prefetcher::reader_loop(ReaderScratch& scratch) {
   Scratch& staging_buf = scratch.samples;
   Scratch& label_buf = scratch.labels;
@@ -467,11 +494,7 @@ void Prefetcher::reader_loop(ReaderScratch& scratch) {
         for (const auto& run : job.runs)
           for (std::uint64_t x = run.first; x < run.first + run.count; ++x, ++k, ++i)
             write_slot(job.slots[k], staging + i * a_.sample_bytes_,
-                       a_.table_.sized()
-                           ? std::min<std::size_t>(
-                                 std::size_t{a_.table_.units_of(static_cast<std::uint32_t>(x))} * 64,
-                                 a_.sample_bytes_)
-                           : a_.sample_bytes_,
+                       slot_length(static_cast<std::uint32_t>(x)),
                        all_labels ? all_labels + x * a_.label_bytes_
                                   : label_staging + i * a_.label_bytes_);
       }

@@ -80,6 +80,11 @@ class Prefetcher {
   // into the labels (also the local tier's reads back).
   void write_slot(std::uint32_t slot, const std::byte* sample, std::size_t sample_len,
                   const std::byte* label);
+  // Demand mode (demand_cache.h), on the pacer's thread, without the lock: each of `samples`
+  // read from storage into its placed slot, one by one, with its label.
+  void fill_slots(std::span<const std::uint32_t> samples, std::span<const std::uint32_t> slots);
+  // The bytes of `sample` a slot gets: the sample's, or a sized sample's rounded to 64.
+  std::size_t slot_length(std::uint32_t sample) const;
 
  private:
   struct ReadJob {
@@ -134,6 +139,7 @@ class Prefetcher {
   std::vector<std::uint32_t> inline_dst_, inline_src_;
   std::thread prefetch_;
   std::vector<ReaderScratch> scratch_;  // one per reader thread, made by prepare()
+  ReaderScratch fill_scratch_;          // fill_slots' (the pacer thread's)
   std::vector<std::thread> readers_;
 };
 

@@ -45,6 +45,14 @@ bool SlotTable::take_room(std::span<const std::uint32_t> samples,
   return true;
 }
 
+void SlotTable::give_room(std::span<const std::uint32_t> samples,
+                          std::span<const std::uint32_t> slots) {
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (sized()) arena_.give(slots[i], units_of(samples[i]));
+    else free_.push_back(slots[i]);
+  }
+}
+
 std::uint64_t SlotTable::units_for(std::span<const std::uint32_t> samples) const {
   if (!sized()) return samples.size();
   std::uint64_t n = 0;

@@ -43,6 +43,8 @@ class SlotTable {
   // The slots of `samples` (their first, sized), all of them or none: appends them to `slots`
   // in that order and returns true, or returns false with nothing taken.
   bool take_room(std::span<const std::uint32_t> samples, std::vector<std::uint32_t>& slots);
+  // The room take_room(samples, slots) took, given back unused (nothing placed in it).
+  void give_room(std::span<const std::uint32_t> samples, std::span<const std::uint32_t> slots);
   // The units `samples` need together (their count, for samples of one size).
   std::uint64_t units_for(std::span<const std::uint32_t> samples) const;
   std::uint32_t units_of(std::uint32_t sample) const { return sized() ? units_.at(sample) : 1; }

@@ -130,6 +130,7 @@ nlohmann::json Agent::Impl::stats_document() {
            {"arena_bytes", arena_bytes_},
            {"unplaced_samples", prefetch_.unplaced_locked()}}},
          {"transparent", stats_.transparent_json(pacer_.paced_steps_locked())},
+         {"demand", pacer_.demand_json_locked()},
          {"peers", peers_.json()},
          {"local_tier", local_.stats_json_locked()},
          {"ranks", ranks}};

@@ -141,6 +141,7 @@ void TransparentPacer::setup() {
   a_.stats_.attach_xstats(&x->stats);
   a_.stats_.track_landing();
   a_.steps_.count_uses();
+  demand_.setup(xconsumed_, a_.opt_.order_unknown);
 }
 
 void TransparentPacer::start() {
@@ -238,6 +239,7 @@ void TransparentPacer::loop() {
           a_.stats_.note_served(rs.released, r, acc.size(), hits, -1);
           a_.stats_.note_released(rs.released, now);
           rs.cursor = ++rs.released;
+          demand_.step_completed_locked();
         }
         // A step begun (any of its samples consumed) starts its epoch and the head start, and
         // is the moment its lead is measured at.
@@ -257,6 +259,7 @@ void TransparentPacer::loop() {
       }
       paced_steps_ = least;
     }
+    demand_.poll();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }

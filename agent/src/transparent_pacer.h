@@ -27,6 +27,7 @@
 
 #include "agent.h"
 #include "buffer_layout.h"
+#include "demand_cache.h"
 #include "solar/storage/sample_source.h"
 #include "solar/transparent.h"
 
@@ -61,6 +62,9 @@ class TransparentPacer {
   // The agent stopped: nobody watches the file from now on (a FILE_CHANGED already there stays).
   void withdraw_stopped();
   std::uint64_t paced_steps_locked() const { return paced_steps_; }
+  // Demand mode (demand_cache.h): the ranks' order is not the plan's; the plan stops.
+  bool demand_on_locked() const { return demand_.on_locked(); }
+  nlohmann::json demand_json_locked() const { return xindex_ ? demand_.json_locked() : nullptr; }
 
  private:
   void loop();
@@ -69,6 +73,7 @@ class TransparentPacer {
   solar_xindex* xindex_ = nullptr;
   std::uint32_t* xconsumed_ = nullptr;
   std::uint64_t paced_steps_ = 0;    // steps every rank has consumed
+  DemandCache demand_{a_};
   std::thread thread_;
 };
 

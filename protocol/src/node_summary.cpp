@@ -59,14 +59,15 @@ std::string local_line(const nlohmann::json& l) {
 }
 
 // The short form srun prints.
-std::string srun_transparent_line(const nlohmann::json& t, ull total_steps) {
+std::string srun_transparent_line(const nlohmann::json& t, ull total_steps, bool demand) {
   const ull consumed = count(t, "consumed_steps");
   return text("file reads served from the buffer %.0f, fallen through %.0f; %llu of %llu steps "
               "consumed as planned%s",
               real(t, "hit_reads"), real(t, "miss_reads"), consumed, total_steps,
-              consumed < total_steps ? " (the script's order differs: check --solar-seed, "
-                                       "--solar-batch, --solar-epochs)"
-                                     : "");
+              consumed >= total_steps ? ""
+              : demand ? " (the script's order is not the plan's: demand mode)"
+                       : " (the script's order differs: check --solar-seed, --solar-batch, "
+                         "--solar-epochs, or give --solar-order-file)");
 }
 
 }  // namespace
@@ -77,7 +78,8 @@ std::string device_bytes(const nlohmann::json& a) {
   return "; " + format_bytes(it->get<std::uint64_t>()) + " read from the device";
 }
 
-std::string transparent_line(const nlohmann::json& t, std::uint64_t total_steps) {
+std::string transparent_line(const nlohmann::json& t, std::uint64_t total_steps,
+                             bool demand) {
   const double served = real(t, "hit_reads"), missed = real(t, "miss_reads");
   const ull consumed = count(t, "consumed_steps");
   // Opens of the dataset's files the interposers saw (a dataset of many files: the script's
@@ -91,9 +93,10 @@ std::string transparent_line(const nlohmann::json& t, std::uint64_t total_steps)
               count(t, "attached"), count(t, "torn"),
               opens ? text(", %llu opens of the dataset's files", opens).c_str() : "", consumed,
               static_cast<ull>(total_steps),
-              consumed < total_steps ? " (the script's order differs from the plan: check "
-                                       "--seed, --batch, --epochs, --drop-last)"
-                                     : "");
+              consumed >= total_steps ? ""
+              : demand ? " (the script's order is not the plan's: demand mode)"
+                       : " (the script's order differs from the plan: check --seed, --batch, "
+                         "--epochs, --drop-last, or give --order-file)");
 }
 
 std::string fell_through_line(const nlohmann::json& a, const nlohmann::json& t) {
@@ -116,6 +119,28 @@ std::string fell_through_line(const nlohmann::json& a, const nlohmann::json& t) 
               first, steps, storage, peer);
 }
 
+// "demand mode from T s (why); ..., served per epoch (counted by reads): a%, b%, ..."
+std::string demand_line(const nlohmann::json& d) {
+  std::string epochs;
+  for (const auto& e : d.value("epochs", nlohmann::json::array())) {
+    const double hit = real(e, "hit_reads"), miss = real(e, "miss_reads");
+    epochs += text("%s%.1f%%", epochs.empty() ? "" : ", ", percent(hit, hit + miss));
+  }
+  return text("demand mode from %.2f s (%s): the plan had read %llu samples (%s) by then; %llu "
+              "filled from the ranks' reads (%s)%s; file reads served per epoch (counted by "
+              "reads): %s",
+              real(d, "switched_at_seconds"), d.value("why", std::string()).c_str(),
+              count(d, "plan_fetched_samples"),
+              format_bytes(count(d, "plan_fetched_bytes")).c_str(), count(d, "filled_samples"),
+              format_bytes(count(d, "filled_bytes")).c_str(),
+              d.value("full", false) ? ", the buffer full" : "",
+              epochs.empty() ? "none complete" : epochs.c_str());
+}
+bool in_demand_mode(const nlohmann::json& a) {
+  const auto it = a.find("demand");
+  return it != a.end() && it->is_object() && it->value("mode", std::string()) == "demand";
+}
+
 std::string peers_line(const nlohmann::json& p) {
   return peers_part(p) + " (peer unreachable or without the sample)" + peers_off(p);
 }
@@ -128,7 +153,9 @@ std::vector<std::string> node_summary(const nlohmann::json& a, SummaryFor who) {
   if (who == SummaryFor::srun) {
     lines.push_back(hits_part(a));
     if (p.is_object()) lines.push_back(peers_part(p) + peers_off(p));
-    if (t.is_object()) lines.push_back(srun_transparent_line(t, count(a, "total_steps")));
+    if (t.is_object())
+      lines.push_back(srun_transparent_line(t, count(a, "total_steps"), in_demand_mode(a)));
+    if (in_demand_mode(a)) lines.push_back(demand_line(a["demand"]));
     return lines;
   }
   lines.push_back(text("%llu steps, ", count(a, "ready_steps")) + hits_part(a) +
@@ -138,7 +165,8 @@ std::vector<std::string> node_summary(const nlohmann::json& a, SummaryFor who) {
                          "samples read that the plan had in the buffer by then",
                          start, count(a, "unplanned_fetched_samples")));
   if (t.is_object()) {
-    lines.push_back(transparent_line(t, count(a, "total_steps")));
+    lines.push_back(transparent_line(t, count(a, "total_steps"), in_demand_mode(a)));
+    if (in_demand_mode(a)) lines.push_back(demand_line(a["demand"]));
     if (std::string behind = fell_through_line(a, t); !behind.empty())
       lines.push_back(std::move(behind));
   }

@@ -50,6 +50,7 @@ nlohmann::json node_stats_record(const nlohmann::json& doc) {
           {"transparent", field("transparent")},
           {"peers", field("peers")},
           {"local_tier", field("local_tier")},
+          {"demand", field("demand")},
           {"cpu_seconds", field("cpu_seconds")}};
 }
 

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -44,6 +45,42 @@ TEST(NodeSummary, TransparentCountersAndWhetherTheScriptFollowedThePlan) {
   EXPECT_TRUE(has(transparent_line(many, 5),
                   "(2 processes attached, 1 copies abandoned, 256 opens of the dataset's files)"))
       << transparent_line(many, 5);
+}
+
+TEST(NodeSummary, DemandModeSaysWhenAndWhyAndTheEpochsServed) {
+  const std::string short_of = transparent_line(transparent(90, 10, 3), 5, true);
+  EXPECT_TRUE(has(short_of, "3 of 5 steps consumed as planned (the script's order is not the "
+                            "plan's: demand mode)"))
+      << short_of;
+  nlohmann::json a = {{"transparent", transparent(90, 10, 3)}, {"total_steps", 5}};
+  a["demand"] = {{"mode", "plan"}, {"epochs", nlohmann::json::array()}};
+  EXPECT_FALSE(in_demand_mode(a));
+  EXPECT_EQ(node_summary(a, SummaryFor::srun).size(), 2U);
+  a["demand"] = {{"mode", "demand"},
+                 {"switched_at_seconds", 0.5},
+                 {"why", "the ranks read 64 samples and completed no step of the plan"},
+                 {"plan_fetched_samples", 32},
+                 {"plan_fetched_bytes", 32 * 4096},
+                 {"filled_samples", 20},
+                 {"filled_bytes", 20 * 4096},
+                 {"full", true},
+                 {"epochs",
+                  {{{"hit_reads", 10}, {"miss_reads", 90}}, {{"hit_reads", 60}, {"miss_reads", 40}}}}};
+  EXPECT_TRUE(in_demand_mode(a));
+  const std::string line = demand_line(a["demand"]);
+  EXPECT_EQ(line, "demand mode from 0.50 s (the ranks read 64 samples and completed no step of "
+                  "the plan): the plan had read 32 samples (128 KiB) by then; 20 filled from "
+                  "the ranks' reads (80.0 KiB), the buffer full; file reads served per epoch "
+                  "(counted by reads): 10.0%, 60.0%")
+      << line;
+  const auto srun = node_summary(a, SummaryFor::srun);
+  ASSERT_EQ(srun.size(), 3U);
+  EXPECT_EQ(srun[2], line);
+  EXPECT_TRUE(has(srun[1], "demand mode)")) << srun[1];
+  const auto run = node_summary(a, SummaryFor::solar_run);
+  EXPECT_TRUE(std::find(run.begin(), run.end(), line) != run.end());
+  a["demand"]["epochs"] = nlohmann::json::array();
+  EXPECT_TRUE(has(demand_line(a["demand"]), "(counted by reads): none complete"));
 }
 
 TEST(NodeSummary, FellThroughOnlyPastTwoPercentWithTheLeadFigures) {
@@ -131,7 +168,7 @@ TEST(NodeSummary, SrunsShortLines) {
                       "peer sharing was turned off");
   EXPECT_EQ(lines[2], "file reads served from the buffer 90, fallen through 10; 11 of 12 steps "
                       "consumed as planned (the script's order differs: check --solar-seed, "
-                      "--solar-batch, --solar-epochs)");
+                      "--solar-batch, --solar-epochs, or give --solar-order-file)");
   a["transparent"]["consumed_steps"] = 12;
   EXPECT_EQ(node_summary(a, SummaryFor::srun)[2],
             "file reads served from the buffer 90, fallen through 10; 12 of 12 steps consumed "

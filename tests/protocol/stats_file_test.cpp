@@ -58,6 +58,7 @@ TEST(StatsFile, ANodesRecordHasTheFileFieldsOnly) {
                                {"transparent", nullptr},
                                {"peers", nullptr},
                                {"local_tier", nullptr},
+                               {"demand", nullptr},
                                {"cpu_seconds", 1.25}};
   EXPECT_EQ(r, want) << r.dump(1);
   // What the document lacks is null, not an error (an older agent's log line).

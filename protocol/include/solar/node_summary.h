@@ -22,8 +22,16 @@ enum class SummaryFor { solar_run, srun };
 std::vector<std::string> node_summary(const nlohmann::json& doc, SummaryFor who);
 
 // The pieces. An agent's transparent-mode counters (`doc["transparent"]`): reads served and
-// fallen through, and whether the script followed the plan (`solar run`'s form).
-std::string transparent_line(const nlohmann::json& t, std::uint64_t total_steps);
+// fallen through, and whether the script followed the plan (`solar run`'s form; `demand`:
+// the agent is in demand mode, so a plan not followed is no mistake to point out).
+std::string transparent_line(const nlohmann::json& t, std::uint64_t total_steps,
+                             bool demand = false);
+
+// Demand mode (`doc["demand"]`, agent/src/demand_cache.h): when and why it switched, what the
+// plan had read by then, what was filled, the file reads served per epoch counted by reads.
+std::string demand_line(const nlohmann::json& d);
+// Whether the agent's document says it is in demand mode.
+bool in_demand_mode(const nlohmann::json& doc);
 
 // When an agent's unmodified ranks read more than 2% of their reads from the file: says so,
 // and whether the agent was behind them (its per-epoch lead figures), else "".

@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: Apache-2.0
+// Demand mode: the ranks' reads watched against the plan, and, once they diverge, the buffer
+// filled with what they read. See demand_cache.h.
+#include "demand_cache.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "agent_impl.h"
+#include "solar/storage/dataset_files.h"
+
+namespace solar::agent {
+
+namespace {
+std::uint64_t now_ns() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+std::uint64_t relaxed(const std::uint64_t& v) {
+  return std::atomic_ref<const std::uint64_t>(v).load(std::memory_order_relaxed);
+}
+constexpr std::uint64_t kSieveBytes = 64 << 10;  // HDF5's sieve buffer: one read, several rows
+}  // namespace
+
+void DemandCache::setup(const std::uint32_t* consumed, bool start_on) {
+  consumed_ = consumed;
+  const PlanConfig& c = a_.header_.config;
+  seen_.assign(c.samples, 0);
+  expected_.assign(c.samples, 0);
+  // The node's samples in an epoch, as the plan gives them to its ranks.
+  const std::uint64_t S = a_.header_.layout.steps;
+  std::uint64_t per_epoch = 0;
+  if (!a_.steps_.streamed())
+    for (std::uint64_t t = 0; t < std::min<std::uint64_t>(S, a_.T_); ++t)
+      for (std::uint32_t r = 0; r < a_.R_; ++r) per_epoch += a_.accesses(t, r).size();
+  epoch_reads_ = per_epoch ? per_epoch : S * a_.R_ * c.batch;
+  // One step of the node's reads, times the samples one read may bring in: HDF5 reads rows
+  // of a contiguous array smaller than its sieve several at once (a chunk, or a file of one
+  // sample, is read alone).
+  std::uint64_t per_read = 1;
+  if (const storage::DatasetFiles* set = a_.source_->file_set())
+    for (const storage::DatasetFile& f : set->files())
+      if (f.data_offset && f.count > 1)
+        per_read = std::max<std::uint64_t>(
+            1, kSieveBytes / std::max<std::uint64_t>(1, a_.source_->info().sample_bytes));
+  stall_reads_ = kStallSteps * std::uint64_t{a_.R_} * c.batch * per_read;
+  can_switch_ = !a_.peers_.on() && !a_.local_.on();
+  if (start_on) {
+    std::lock_guard lk(a_.mu_);
+    switch_locked("the order is unknown (--order unknown): the buffer keeps what the ranks read");
+  }
+}
+
+void DemandCache::switch_locked(const std::string& why) {
+  on_ = true;
+  why_ = why;
+  switched_at_ = a_.stats_.since_ready();
+  reads_at_switch_ = reads_;
+  plan_fetched_ = a_.stats_.fetched_samples();
+  plan_bytes_ = a_.stats_.fetched_bytes();
+  std::string ranks;
+  for (const RankState& rs : a_.ranks_) ranks += fmt::format("{}{}", ranks.empty() ? "" : ",", rs.released);
+  spdlog::info("node {}: demand mode from {:.3f} s: {}; the plan had read {} samples ({} bytes); "
+               "steps admitted {}, read {}, completed by each rank {}; {} slots free",
+               a_.opt_.node, switched_at_, why, plan_fetched_, plan_bytes_, a_.admitted_,
+               a_.ready_, ranks, a_.table_.free_slots());
+  a_.prefetch_.wake_all();  // its wait for slots ends: it stops
+}
+
+// The plan's steps near the ranks': from the oldest step a rank has not completed to
+// kWindowSteps past the furthest admitted or completed one; expected_ counts each sample's
+// accesses there. Both ends only move forward, so each step is added and removed once.
+void DemandCache::slide_window_locked() {
+  std::uint64_t lo = a_.T_, furthest = a_.admitted_;
+  for (const RankState& rs : a_.ranks_) {
+    lo = std::min(lo, rs.released);
+    furthest = std::max(furthest, rs.released);
+  }
+  const std::uint64_t hi = std::min(a_.T_, furthest + kWindowSteps);
+  auto count = [&](std::uint64_t t, int by) {
+    for (std::uint32_t r = 0; r < a_.R_; ++r)
+      for (const std::uint32_t acc : a_.accesses(t, r)) expected_[acc & kSampleMask] += by;
+  };
+  if (lo > window_lo_) {
+    for (std::uint64_t t = window_lo_; t < std::min(lo, window_hi_); ++t) count(t, -1);
+    window_lo_ = lo;
+    window_hi_ = std::max(window_hi_, lo);
+  }
+  for (; window_hi_ < hi; ++window_hi_) count(window_hi_, +1);
+}
+
+void DemandCache::close_epochs_locked() {
+  while (epoch_reads_ && reads_ >= (epochs_.size() + 1) * epoch_reads_) {
+    const solar_xstats* x = &a_.pacer_.index()->stats;
+    const std::uint64_t now[4] = {relaxed(x->hit_reads), relaxed(x->hit_bytes),
+                                  relaxed(x->miss_reads), relaxed(x->miss_bytes)};
+    epochs_.push_back({epoch_reads_, now[0] - epoch_start_x_[0], now[1] - epoch_start_x_[1],
+                       now[2] - epoch_start_x_[2], now[3] - epoch_start_x_[3],
+                       a_.stats_.since_ready()});
+    std::copy(now, now + 4, epoch_start_x_);
+  }
+}
+
+void DemandCache::poll() {
+  const std::uint64_t t0 = now_ns();
+  if (t0 < next_scan_ns_) return;
+  // A scan reads 4 bytes a sample: every 1 ms for up to 64 Ki samples, proportionally less
+  // often for more; every 50 ms once the buffer is full (only the epochs are counted then).
+  const std::uint64_t N = seen_.size();
+  bool full = false;
+  {
+    std::lock_guard lk(a_.mu_);
+    full = full_;
+  }
+  next_scan_ns_ = t0 + (full ? 50'000'000ULL : 1'000'000ULL * std::max<std::uint64_t>(1, N >> 16));
+  fresh_.clear();
+  fresh_reads_.clear();
+  std::uint64_t reads = 0;
+  for (std::uint64_t x = 0; x < N; ++x) {
+    const std::uint32_t c =
+        std::atomic_ref<const std::uint32_t>(consumed_[x]).load(std::memory_order_relaxed);
+    if (c == seen_[x]) continue;
+    reads += c - seen_[x];
+    fresh_reads_.push_back(c - seen_[x]);
+    seen_[x] = c;
+    fresh_.push_back(static_cast<std::uint32_t>(x));
+  }
+  if (fresh_.empty()) return;
+  fill_.clear();
+  fill_slots_.clear();
+  {
+    std::lock_guard lk(a_.mu_);
+    if (a_.stopping_ || !a_.fatal_.empty()) return;
+    reads_ += reads;
+    close_epochs_locked();
+    // Only once every rank has begun its step: a rank that has not (still starting, or far
+    // behind) holds the plan's admission back, and the others, reading on in the plan's
+    // order, read steps past the window.
+    const bool all_begun = std::all_of(a_.ranks_.begin(), a_.ranks_.end(), [&](const RankState& rs) {
+      return rs.released > a_.start_ || rs.begun_at >= 0;
+    });
+    if (!on_ && !a_.steps_.streamed()) slide_window_locked();
+    if (!on_ && !a_.steps_.streamed() && all_begun) {
+      for (std::size_t i = 0; i < fresh_.size(); ++i)
+        if (expected_[fresh_[i]] == 0) unexpected_since_progress_ += fresh_reads_[i];
+      if (unexpected_since_progress_ >= stall_reads_) {
+        if (can_switch_)
+          switch_locked(fmt::format("the ranks read {} samples that no step of the plan near "
+                                    "theirs holds, and completed no step meanwhile: their order "
+                                    "is not the plan's",
+                                    unexpected_since_progress_));
+        else if (!warned_cannot_) {
+          warned_cannot_ = true;
+          spdlog::warn("node {}: the ranks read {} samples that no step of the plan near theirs "
+                       "holds, and completed no step meanwhile: their order is not the plan's; "
+                       "demand mode is not built for {}: the plan is kept, reads it misses go "
+                       "to the files",
+                       a_.opt_.node, unexpected_since_progress_,
+                       a_.peers_.on() ? "peer sharing" : "a local tier");
+        }
+      }
+    }
+    if (on_ && !full_) {
+      for (const std::uint32_t x : fresh_) {
+        if (a_.table_.resident(x)) continue;
+        const std::uint32_t one[] = {x};
+        if (!a_.table_.take_room(one, fill_slots_)) {
+          full_ = true;
+          spdlog::info("node {}: demand mode: the buffer is full ({} samples filled from the "
+                       "ranks' reads); it keeps what it holds",
+                       a_.opt_.node, filled_ + fill_.size());
+          break;
+        }
+        a_.table_.place(x, fill_slots_.back());  // pinned until its bytes are in
+        fill_.push_back(x);
+      }
+    }
+  }
+  if (fill_.empty()) return;
+  a_.prefetch_.fill_slots(fill_, fill_slots_);
+  std::lock_guard lk(a_.mu_);
+  for (std::size_t i = 0; i < fill_.size(); ++i) {
+    a_.table_.publish(fill_[i], fill_slots_[i]);
+    a_.drop_use_locked(fill_[i]);
+    filled_bytes_ += a_.prefetch_.slot_length(fill_[i]);
+  }
+  filled_ += fill_.size();
+}
+
+nlohmann::json DemandCache::json_locked() const {
+  nlohmann::json epochs = nlohmann::json::array();
+  for (const Epoch& e : epochs_)
+    epochs.push_back({{"reads", e.reads},
+                      {"hit_reads", e.hit_reads},
+                      {"hit_bytes", e.hit_bytes},
+                      {"miss_reads", e.miss_reads},
+                      {"miss_bytes", e.miss_bytes},
+                      {"end_seconds", e.end}});
+  nlohmann::json j = {{"mode", on_ ? "demand" : "plan"},
+                      {"sample_reads", reads_},
+                      {"epoch_reads", epoch_reads_},
+                      {"filled_samples", filled_},
+                      {"filled_bytes", filled_bytes_},
+                      {"full", full_},
+                      {"buffer_slots", a_.buf_.cache_slots},
+                      {"epochs", epochs}};
+  if (on_) {
+    j["switched_at_seconds"] = switched_at_;
+    j["switched_after_reads"] = reads_at_switch_;
+    j["why"] = why_;
+    j["plan_fetched_samples"] = plan_fetched_;
+    j["plan_fetched_bytes"] = plan_bytes_;
+  }
+  return j;
+}
+
+}  // namespace solar::agent

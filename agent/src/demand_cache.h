@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+// DemandCache (--transparent): demand mode, for unmodified ranks that read an order the plan
+// does not know (issue 38). Internal to solar-agent.
+//
+// The interposers count every sample a rank reads in the shared consumed[] counters. The
+// pacer thread calls poll(), which compares them with the last values seen:
+// - In plan mode it watches whether the ranks follow the plan: a step is completed once its
+//   samples are read (TransparentPacer), so a run in the plan's order completes one every
+//   step's reads, and reads only samples of the plan's steps near its own (a DataLoader
+//   reads a few batches ahead; a rank far ahead of the others reads steps not yet admitted,
+//   which are near). When the node's ranks have read kStallSteps steps' worth of samples
+//   (times the samples one read brings in: HDF5's 64 KiB sieve) that no step within
+//   kWindowSteps of theirs holds, without any rank completing a step meanwhile, and every
+//   rank had begun its step (a rank that has not holds the plan's admission back, and the
+//   others, reading on in the plan's order, get past the window), the order is not the
+//   plan's: it switches. An epoch must be longer than that window for it to tell (a whole
+//   plan; not a streamed one). `solar-agent --order-unknown` starts in demand mode.
+// - In demand mode the plan's prefetching stops (Prefetcher::prefetch_loop returns; what it
+//   had read stays, its reads in flight land), nothing is evicted, and each sample the ranks
+//   read that is not resident is copied into a free slot: read again, right after the rank's
+//   own read, so from the page cache and not from storage, by this thread, never in the
+//   rank's way (it is not marked in flight: a rank's read of it goes to the file until it is
+//   published). Once no slot is free the buffer is a static resident set: over epochs of
+//   random orders it keeps a hit rate of its share f of the dataset, which is the most any
+//   policy can (each sample is read once an epoch), where LRU keeps f + (1 − f)·ln(1 − f)
+//   (15% at f = 50%); LRU wins only where the order has locality, a curriculum that slides
+//   over the data (bench/demand_policies.py, bench/README.md "Demand mode").
+// - Epochs are not known in demand mode: they are counted by reads, one every time the node's
+//   ranks have read as many samples as the plan gives them an epoch; each gets the
+//   interposers' hits and misses.
+//
+// Contract: poll() runs on the pacer thread only and takes the agent's lock `mu_` itself; the
+// *_locked calls are made with it held. Not with peer sharing or a local tier (the agent
+// keeps the plan there and says so once when the order diverges).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "agent.h"
+
+namespace solar::agent {
+
+class DemandCache {
+ public:
+  // Steps' worth of reads without any step completed before the switch.
+  static constexpr std::uint64_t kStallSteps = 4;
+  // The plan's steps past the furthest one admitted or completed whose samples a rank in the
+  // plan's order may read.
+  static constexpr std::uint64_t kWindowSteps = 12;
+
+  explicit DemandCache(Agent::Impl& agent) : a_(agent) {}
+  DemandCache(const DemandCache&) = delete;
+  DemandCache& operator=(const DemandCache&) = delete;
+
+  // Start-up, once the index is in place: `consumed` is its counters; `start_on`: demand mode
+  // from the start (--order-unknown).
+  void setup(const std::uint32_t* consumed, bool start_on);
+  // The pacer's poll (see above); rate-limited by the dataset's size.
+  void poll();
+  // A step was completed by the ranks' reads (TransparentPacer, mu_ held): the order holds so far.
+  void step_completed_locked() { unexpected_since_progress_ = 0; }
+  bool on_locked() const { return on_; }
+  // The stats' "demand" block: the mode, when and why it switched, the plan's reads before
+  // it, what was filled, and the epochs counted by reads.
+  nlohmann::json json_locked() const;
+
+ private:
+  void switch_locked(const std::string& why);
+  void slide_window_locked();
+  void close_epochs_locked();
+
+  Agent::Impl& a_;
+  const std::uint32_t* consumed_ = nullptr;
+  std::vector<std::uint32_t> seen_;  // consumed[] at the last scan (pacer thread only)
+  std::vector<std::uint32_t> fresh_, fresh_reads_, fill_, fill_slots_;  // scratch (pacer thread)
+  std::uint64_t next_scan_ns_ = 0;
+
+  // Guarded by mu_:
+  bool on_ = false;
+  bool can_switch_ = true;
+  bool warned_cannot_ = false;
+  bool full_ = false;
+  std::string why_;
+  double switched_at_ = -1;                // seconds since ready
+  std::uint64_t reads_ = 0;                // samples the ranks read (consumed increments)
+  std::uint64_t reads_at_switch_ = 0;
+  std::uint64_t unexpected_since_progress_ = 0;
+  std::vector<std::uint32_t> expected_;  // by sample: its accesses in the window's steps
+  std::uint64_t window_lo_ = 0, window_hi_ = 0;  // the window: steps [lo, hi)
+  std::uint64_t stall_reads_ = 0;          // the switch's threshold
+  std::uint64_t plan_fetched_ = 0, plan_bytes_ = 0;  // the plan's reads before the switch
+  std::uint64_t filled_ = 0, filled_bytes_ = 0;
+  std::uint64_t epoch_reads_ = 0;          // the node's samples in an epoch of the plan
+  struct Epoch {
+    std::uint64_t reads = 0, hit_reads = 0, hit_bytes = 0, miss_reads = 0, miss_bytes = 0;
+    double end = 0;
+  };
+  std::vector<Epoch> epochs_;             // closed epochs, counted by reads
+  std::uint64_t epoch_start_x_[4] = {};   // the interposers' counters when the open one began
+};
+
+}  // namespace solar::agent
