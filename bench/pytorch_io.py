@@ -150,7 +150,8 @@ def solar_run(tool, dataset, a, rank_argv, extra=()):
                "--dataset", dataset,
                *(["--labels", a.labels] if getattr(a, "labels", None) else []),
                "--buffer", a.buffer, "--epochs", str(a.epochs), "--batch", str(a.batch),
-               "--seed", str(a.seed), "--order", "torch", *extra,
+               "--seed", str(a.seed), *([] if "unknown" in extra else ["--order", "torch"]),
+               *extra,
                *([] if no_agent else ["-v"]),
                *(["--zero-copy"] if a.zero_copy and not no_agent and not transparent else []),
                # Peer sharing: the agents read each other's buffers over the fabric (loopback
@@ -434,6 +435,13 @@ def main():
                          "plain script with the dataset already in the page cache and never "
                          "dropped: the script's own cost (h5py, collate), which no loader that "
                          "serves the script's file reads can beat [baseline,transparent,solar]")
+    ap.add_argument("--script-seed", type=int,
+                    help="the seed the rank script's DistributedSampler shuffles with in the "
+                         "transparent mode [--seed]: another one is an order solar is not told "
+                         "(its plan, made with --seed, is then wrong in every step)")
+    ap.add_argument("--order-unknown", action="store_true",
+                    help="the transparent mode runs with solar run --order unknown (demand "
+                         "mode from the start: the agents keep what the ranks read)")
     ap.add_argument("--peers", action="store_true",
                     help="agents share their buffers (solar run --peers; several --nodes)")
     ap.add_argument("--json", metavar="FILE",
@@ -552,11 +560,13 @@ def main():
                 os.makedirs(out)
                 drop_cache(path)
                 stats = os.path.join(out, "stats.json")
+                script_seed = a.seed if a.script_seed is None else a.script_seed
                 log = run(("transparent", w), [me, "--rank", "baseline", "--workers", str(w),
                                                "--out", out, "--library", lib, "--seed",
-                                               str(a.seed), "--batch", str(a.batch), "--epochs",
-                                               str(a.epochs)],
+                                               str(script_seed), "--batch", str(a.batch),
+                                               "--epochs", str(a.epochs)],
                           extra=["--transparent"] +
+                          (["--order", "unknown"] if a.order_unknown else []) +
                           ([] if a.launcher == "srun" else ["--stats-out", stats]))
                 plans["transparent"] = planned(log)
                 if (npz or stored) and os.path.exists(stats):  # samples as stored: by bytes
@@ -577,7 +587,8 @@ def main():
                         f"s" + (f"; read {disk[('transparent', w)][-1] / 2**20:.1f} "
                                               f"MiB from the disk" if THROTTLE else ""))
                 for line in log.splitlines():
-                    if line.startswith("solar run: node") and "fell through" in line:
+                    if line.startswith("solar run: node") and ("fell through" in line or
+                                                               "demand mode from" in line):
                         print("  " + line)
             if "solar" in modes:
                 out = os.path.join(tmp, f"solar-{k}")
@@ -613,7 +624,7 @@ def main():
         result = {"config": {k: getattr(a, k) for k in ("samples", "preset", "nodes", "ranks",
                                                           "batch", "epochs", "buffer", "seed",
                                                           "throttle", "workers", "repeat",
-                                                          "peers")} |
+                                                          "peers", "script_seed", "order_unknown")} |
                             ({"layout": a.layout, "files": len(files)} if many else {}),
                   "sample_bytes": sb, "dataset_bytes": nbytes,
                   "modes": {"baseline": {"per_epoch_s": base, "total_s": sum(base),
@@ -683,6 +694,13 @@ def main():
                 ol = entry["of_limit_runs"]
                 print(f"  {m} / its byte limit, each rotation: " + ", ".join(f"{x:.2f}" for x in ol)
                       + f"; median {sorted(ol)[len(ol) // 2]:.2f}, worst {min(ol):.2f}")
+            # Per epoch, each rotation's baseline / this mode (the run back to back with it).
+            per_epoch = [[b[e] / max(x[e], 1e-9) for b, x in zip(runs[best], runs[key])]
+                         for e in range(a.epochs)]
+            entry["per_epoch_ratio_runs"] = per_epoch
+            if len(ratios) > 1:
+                print(f"  {m} / baseline per epoch, median (worst) over the rotations: " + ", ".join(
+                    f"{sorted(r)[len(r) // 2]:.2f} ({min(r):.2f})" for r in per_epoch))
             if m == "transparent" and any(spread[key]):
                 least = [min(n["served"] for n in s) for s in spread[key] if s]
                 full = sum(x >= 0.98 for x in least)

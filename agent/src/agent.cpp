@@ -170,6 +170,7 @@ Agent::Impl::Impl(const AgentOptions& o) : opt_(o) {
   // Unmodified ranks read whatever the path holds (the interposer serves only the file the
   // agent holds); batch ranks depend on this agent, which stops when the path changes.
   so.check_path = !o.transparent;
+  source_options_ = so;
   try {
     source_ = storage::open_source(o.dataset, so);
   } catch (const std::exception& e) {
@@ -325,6 +326,20 @@ void Agent::Impl::read_all_labels() {
 // steps (the cache slots are written with pwrite, which needs no mapping's pages). Bounded: the
 // node's ranks' batches, staging_steps deep. A kernel without MADV_POPULATE_WRITE (before 5.14)
 // faults them in as they are first copied, as before.
+// Demand mode fills the cache slots through the mapping (Prefetcher::fill_slots): their pages
+// made in one call, not a page fault per 4 KiB while the ranks read. The pages the plan wrote
+// are there already.
+void Agent::Impl::populate_cache_slots() {
+  const std::uint64_t to = std::min(buf_.map_bytes, buf_.slot_offset(buf_.cache_slots));
+#ifdef MADV_POPULATE_WRITE
+  if (to > 0 && ::madvise(base_, to, MADV_POPULATE_WRITE) != 0)
+    spdlog::debug("node {}: the cache slots' pages not made ahead ({}): made as first filled",
+                  opt_.node, std::strerror(errno));
+#else
+  (void)to;
+#endif
+}
+
 void Agent::Impl::populate_rings() {
   if (buf_.ring_depth == 0 || buf_.slots <= buf_.cache_slots) return;
   const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));

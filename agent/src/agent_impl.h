@@ -21,7 +21,7 @@
 // Locking: `mu_` guards every member below that is not const after start-up (the slot table,
 // start_/admitted_/ready_, ranks_, stopping_, fatal_, exit_code_, stats_), and the parts' own
 // members where their headers say so. Const after start-up (read without it): opt_, header_,
-// a whole plan's offsets (steps_), source_, R_, T_, sample_bytes_, label_bytes_, buf_, memfd_, base_. The
+// a whole plan's offsets (steps_), source_, source_options_, R_, T_, sample_bytes_, label_bytes_, buf_, memfd_, base_. The
 // parts hold a back-reference to this class and are its friends; they take `mu_` themselves
 // (methods named *_locked are called with it held).
 // Internal to solar-agent.
@@ -149,6 +149,7 @@ class Agent::Impl {
   // the agent is ready.
   void read_all_labels();
   void populate_rings();
+  void populate_cache_slots();
 
   // The stats document (stats.cpp): the node's state (ranks, slots, peers, error) and what
   // stats_ measured (the run totals, the per-epoch records, the head start and their totals).
@@ -164,6 +165,7 @@ class Agent::Impl {
   // and a streamed plan's steps come and go (plan_steps.h), under mu_.
   PlanSteps steps_;
   std::unique_ptr<storage::SampleSource> source_;
+  storage::SourceOptions source_options_;  // what source_ was opened with
   std::uint32_t R_ = 0;
   std::uint64_t T_ = 0;
   std::uint64_t sample_bytes_ = 0, label_bytes_ = 0;  // what a slot holds of a sample

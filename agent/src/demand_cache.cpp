@@ -26,6 +26,7 @@ std::uint64_t relaxed(const std::uint64_t& v) {
   return std::atomic_ref<const std::uint64_t>(v).load(std::memory_order_relaxed);
 }
 constexpr std::uint64_t kSieveBytes = 64 << 10;  // HDF5's sieve buffer: one read, several rows
+constexpr std::uint64_t kFillBytes = 64 << 20;   // copied into the buffer in one poll, at most
 }  // namespace
 
 void DemandCache::setup(const std::uint32_t* consumed, bool start_on) {
@@ -52,6 +53,8 @@ void DemandCache::setup(const std::uint32_t* consumed, bool start_on) {
   stall_reads_ = kStallSteps * std::uint64_t{a_.R_} * c.batch * per_read;
   can_switch_ = !a_.peers_.on() && !a_.local_.on();
   if (start_on) {
+    a_.populate_cache_slots();  // before the agent is ready
+    populated_ = true;
     std::lock_guard lk(a_.mu_);
     switch_locked("the order is unknown (--order unknown): the buffer keeps what the ranks read");
   }
@@ -132,18 +135,17 @@ void DemandCache::poll() {
     fresh_.push_back(static_cast<std::uint32_t>(x));
   }
   if (fresh_.empty()) return;
-  fill_.clear();
   fill_slots_.clear();
   {
     std::lock_guard lk(a_.mu_);
     if (a_.stopping_ || !a_.fatal_.empty()) return;
     reads_ += reads;
     close_epochs_locked();
-    // Only once every rank has begun its step: a rank that has not (still starting, or far
-    // behind) holds the plan's admission back, and the others, reading on in the plan's
-    // order, read steps past the window.
+    // Only while every rank has begun the step it is at: one that has not (still starting,
+    // between epochs, far behind) holds the plan's admission back, and the others, reading on
+    // in the plan's order, read steps past the window.
     const bool all_begun = std::all_of(a_.ranks_.begin(), a_.ranks_.end(), [&](const RankState& rs) {
-      return rs.released > a_.start_ || rs.begun_at >= 0;
+      return rs.begun_at >= 0 || rs.released >= a_.T_;
     });
     if (!on_ && !a_.steps_.streamed()) slide_window_locked();
     if (!on_ && !a_.steps_.streamed() && all_begun) {
@@ -167,30 +169,78 @@ void DemandCache::poll() {
       }
     }
     if (on_ && !full_) {
+      // At most kFillBytes a poll: the pacer's thread also renews the lease (a sample the
+      // page cache no longer has comes from storage). The rest are filled when read again.
+      std::uint64_t bytes = 0;
       for (const std::uint32_t x : fresh_) {
         if (a_.table_.resident(x)) continue;
+        if (bytes >= kFillBytes) break;
+        bytes += a_.prefetch_.slot_length(x);
         const std::uint32_t one[] = {x};
         if (!a_.table_.take_room(one, fill_slots_)) {
           full_ = true;
-          spdlog::info("node {}: demand mode: the buffer is full ({} samples filled from the "
+          spdlog::info("node {}: demand mode: the buffer is full ({} samples taken from the "
                        "ranks' reads); it keeps what it holds",
-                       a_.opt_.node, filled_ + fill_.size());
+                       a_.opt_.node, taken_);
           break;
         }
         a_.table_.place(x, fill_slots_.back());  // pinned until its bytes are in
-        fill_.push_back(x);
+        queue_.emplace_back(x, fill_slots_.back());
+        ++taken_;
       }
     }
   }
-  if (fill_.empty()) return;
-  a_.prefetch_.fill_slots(fill_, fill_slots_);
-  std::lock_guard lk(a_.mu_);
-  for (std::size_t i = 0; i < fill_.size(); ++i) {
-    a_.table_.publish(fill_[i], fill_slots_[i]);
-    a_.drop_use_locked(fill_[i]);
-    filled_bytes_ += a_.prefetch_.slot_length(fill_[i]);
+  if (!fill_slots_.empty()) fill_queued();
+}
+
+// The samples poll() gave slots, copied in on the pacer's thread. (A thread of their own
+// measured slower on 2 cores with 4 ranks: 0.99x, 0.94x and 1.07x plain at normal priority,
+// nice 5 and SCHED_IDLE, against 1.18x and 1.22x so; bench/README.md "Demand mode".)
+void DemandCache::fill_queued() {
+  std::vector<std::uint32_t> samples, slots;
+  {
+    std::lock_guard lk(a_.mu_);
+    if (a_.stopping_ || !a_.fatal_.empty() || queue_.empty()) return;
+    for (const auto& [x, slot] : queue_) {
+      samples.push_back(x);
+      slots.push_back(slot);
+    }
+    queue_.clear();
   }
-  filled_ += fill_.size();
+  try {
+    if (!populated_) {  // the slots' pages in one go, not a fault per 4 KiB
+      a_.populate_cache_slots();
+      populated_ = true;
+    }
+    // The agent's own source reads with O_DIRECT under --direct-io: the ranks' reads went
+    // through the page cache, and a source that does too finds the bytes there.
+    if (a_.opt_.direct_io && !page_cache_source_) {
+      storage::SourceOptions so = a_.source_options_;
+      so.direct = false;
+      page_cache_source_ = storage::open_source(a_.opt_.dataset, so);
+    }
+    a_.prefetch_.fill_slots(page_cache_source_ ? *page_cache_source_ : *a_.source_, samples,
+                            slots);
+  } catch (const std::exception& e) {
+    // The ranks read these from the files as before; nothing more is filled.
+    std::lock_guard lk(a_.mu_);
+    spdlog::warn("node {}: demand mode: filling the buffer failed ({}); it keeps what it "
+                 "holds, the rest is read from the files",
+                 a_.opt_.node, e.what());
+    full_ = true;
+    for (const std::uint32_t x : samples) {
+      a_.table_.drop_use(x);
+      if (a_.table_.free_slot(x)) a_.prefetch_.slot_freed_locked();
+    }
+    return;
+  }
+  std::lock_guard lk(a_.mu_);
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    a_.table_.publish(samples[i], slots[i]);
+    a_.drop_use_locked(samples[i]);
+    filled_bytes_ += a_.prefetch_.slot_length(samples[i]);
+  }
+  filled_ += samples.size();
 }
 
 nlohmann::json DemandCache::json_locked() const {
@@ -205,6 +255,7 @@ nlohmann::json DemandCache::json_locked() const {
   nlohmann::json j = {{"mode", on_ ? "demand" : "plan"},
                       {"sample_reads", reads_},
                       {"epoch_reads", epoch_reads_},
+                      {"taken_samples", taken_},
                       {"filled_samples", filled_},
                       {"filled_bytes", filled_bytes_},
                       {"full", full_},

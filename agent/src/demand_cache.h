@@ -10,15 +10,16 @@
 //   reads a few batches ahead; a rank far ahead of the others reads steps not yet admitted,
 //   which are near). When the node's ranks have read kStallSteps steps' worth of samples
 //   (times the samples one read brings in: HDF5's 64 KiB sieve) that no step within
-//   kWindowSteps of theirs holds, without any rank completing a step meanwhile, and every
-//   rank had begun its step (a rank that has not holds the plan's admission back, and the
-//   others, reading on in the plan's order, get past the window), the order is not the
-//   plan's: it switches. An epoch must be longer than that window for it to tell (a whole
-//   plan; not a streamed one). `solar-agent --order-unknown` starts in demand mode.
+//   kWindowSteps of theirs holds, without any rank completing a step meanwhile, while every
+//   rank had begun the step it is at (one that has not, still starting or between epochs,
+//   holds the plan's admission back, and the others, reading on in the plan's order, get
+//   past the window), the order is not the plan's: it switches. An epoch must be longer
+//   than that window for it to tell (a whole plan; not a streamed one). `solar-agent --order-unknown` starts in demand mode.
 // - In demand mode the plan's prefetching stops (Prefetcher::prefetch_loop returns; what it
 //   had read stays, its reads in flight land), nothing is evicted, and each sample the ranks
-//   read that is not resident is copied into a free slot: read again, right after the rank's
-//   own read, so from the page cache and not from storage, by this thread, never in the
+//   read that is not resident is copied into a free slot by the pacer's thread: read again,
+//   right after the rank's own read, so from the page cache and not from storage (under --direct-io through a
+//   second source without it), by this thread, never in the
 //   rank's way (it is not marked in flight: a rank's read of it goes to the file until it is
 //   published). Once no slot is free the buffer is a static resident set: over epochs of
 //   random orders it keeps a hit rate of its share f of the dataset, which is the most any
@@ -35,21 +36,24 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "agent.h"
+#include "solar/storage/sample_source.h"
 
 namespace solar::agent {
 
 class DemandCache {
  public:
   // Steps' worth of reads without any step completed before the switch.
-  static constexpr std::uint64_t kStallSteps = 4;
+  static constexpr std::uint64_t kStallSteps = 8;
   // The plan's steps past the furthest one admitted or completed whose samples a rank in the
   // plan's order may read.
-  static constexpr std::uint64_t kWindowSteps = 12;
+  static constexpr std::uint64_t kWindowSteps = 16;
 
   explicit DemandCache(Agent::Impl& agent) : a_(agent) {}
   DemandCache(const DemandCache&) = delete;
@@ -69,16 +73,21 @@ class DemandCache {
 
  private:
   void switch_locked(const std::string& why);
+  void fill_queued();
   void slide_window_locked();
   void close_epochs_locked();
 
   Agent::Impl& a_;
   const std::uint32_t* consumed_ = nullptr;
+  // --direct-io: the fills' source, through the page cache (opened at the first fill).
+  std::unique_ptr<storage::SampleSource> page_cache_source_;
   std::vector<std::uint32_t> seen_;  // consumed[] at the last scan (pacer thread only)
-  std::vector<std::uint32_t> fresh_, fresh_reads_, fill_, fill_slots_;  // scratch (pacer thread)
+  std::vector<std::uint32_t> fresh_, fresh_reads_, fill_slots_;  // scratch (pacer thread)
   std::uint64_t next_scan_ns_ = 0;
+  bool populated_ = false;  // the cache slots' pages made (setup, else the first fill)
 
   // Guarded by mu_:
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> queue_;  // (sample, slot) to fill
   bool on_ = false;
   bool can_switch_ = true;
   bool warned_cannot_ = false;
@@ -92,7 +101,8 @@ class DemandCache {
   std::uint64_t window_lo_ = 0, window_hi_ = 0;  // the window: steps [lo, hi)
   std::uint64_t stall_reads_ = 0;          // the switch's threshold
   std::uint64_t plan_fetched_ = 0, plan_bytes_ = 0;  // the plan's reads before the switch
-  std::uint64_t filled_ = 0, filled_bytes_ = 0;
+  std::uint64_t taken_ = 0;  // samples given a slot to be filled (queued or done)
+  std::uint64_t filled_ = 0, filled_bytes_ = 0;  // of those, copied in and published
   std::uint64_t epoch_reads_ = 0;          // the node's samples in an epoch of the plan
   struct Epoch {
     std::uint64_t reads = 0, hit_reads = 0, hit_bytes = 0, miss_reads = 0, miss_bytes = 0;

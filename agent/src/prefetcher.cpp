@@ -419,16 +419,26 @@ std::size_t Prefetcher::slot_length(std::uint32_t sample) const {
              : a_.sample_bytes_;
 }
 
-void Prefetcher::fill_slots(std::span<const std::uint32_t> samples,
+void Prefetcher::fill_slots(storage::SampleSource& source, std::span<const std::uint32_t> samples,
                             std::span<const std::uint32_t> slots) {
   std::byte* staging = fill_scratch_.samples.get(a_.sample_bytes_);
   const std::byte* all_labels = a_.labels_.empty() ? nullptr : a_.labels_.data();
   std::byte* label = all_labels ? nullptr : fill_scratch_.labels.get(a_.label_bytes_);
   for (std::size_t i = 0; i < samples.size(); ++i) {
     const storage::SampleRun run[] = {{samples[i], 1}};
-    if (a_.stored_mode_) a_.source_->read_stored(run, staging, a_.sample_bytes_);
-    else a_.source_->read(run, staging);
-    if (a_.label_bytes_ && !all_labels) a_.source_->read_labels(run, label);
+    if (!a_.table_.sized()) {  // a slot of one size: straight into it, one copy (pages made first)
+      std::byte* slot = a_.slot_ptr(slots[i]);
+      if (a_.stored_mode_) source.read_stored(run, slot, a_.sample_bytes_);
+      else source.read(run, slot);
+      if (a_.label_bytes_ && !all_labels) source.read_labels(run, a_.label_ptr(slots[i]));
+      else if (a_.label_bytes_)
+        std::memcpy(a_.label_ptr(slots[i]), all_labels + std::uint64_t{samples[i]} * a_.label_bytes_,
+                    a_.label_bytes_);
+      continue;
+    }
+    if (a_.stored_mode_) source.read_stored(run, staging, a_.sample_bytes_);
+    else source.read(run, staging);
+    if (a_.label_bytes_ && !all_labels) source.read_labels(run, label);
     write_slot(slots[i], staging, slot_length(samples[i]),
                all_labels ? all_labels + std::uint64_t{samples[i]} * a_.label_bytes_ : label);
   }

@@ -81,8 +81,11 @@ class Prefetcher {
   void write_slot(std::uint32_t slot, const std::byte* sample, std::size_t sample_len,
                   const std::byte* label);
   // Demand mode (demand_cache.h), on the pacer's thread, without the lock: each of `samples`
-  // read from storage into its placed slot, one by one, with its label.
-  void fill_slots(std::span<const std::uint32_t> samples, std::span<const std::uint32_t> slots);
+  // read from `source` (the agent's, or one through the page cache) into its placed slot,
+  // one by one, with its label: straight into the mapping for slots of one size (their pages
+  // made by Agent::Impl::populate_cache_slots first), through staging for sized ones.
+  void fill_slots(storage::SampleSource& source, std::span<const std::uint32_t> samples,
+                  std::span<const std::uint32_t> slots);
   // The bytes of `sample` a slot gets: the sample's, or a sized sample's rounded to 64.
   std::size_t slot_length(std::uint32_t sample) const;
 

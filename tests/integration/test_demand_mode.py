@@ -18,7 +18,7 @@ from test_transparent_files import SCRIPT, gen
 from testlib import PY, SOLAR, run
 
 # An epoch of 64 steps a rank: the agent tells an order from the plan's by reads outside the
-# plan's steps near the ranks' (12 steps past the furthest), so an epoch must be longer; and
+# plan's steps near the ranks' (16 steps past the furthest), so an epoch must be longer; and
 # only once every rank has begun its step, which a batch of 8 makes early.
 SAMPLES, EPOCHS, BATCH = 2048, 3, 8
 
@@ -70,7 +70,7 @@ def test_an_order_not_told_switches_to_demand_mode_in_the_first_epoch(tmp_path, 
         assert later_epochs_served(n) > 0, d
         # What the plan read before the switch stays and is bounded by the buffer; nothing is
         # evicted in demand mode, so filled + the plan's reads fit the slots.
-        assert d["plan_fetched_samples"] + d["filled_samples"] <= d["buffer_slots"], n
+        assert d["plan_fetched_samples"] + d["taken_samples"] <= d["buffer_slots"], n
     assert solar.stderr.count("demand mode from ") == 2, solar.stderr
     assert "the script's order is not the plan's: demand mode" in solar.stderr, solar.stderr
 
@@ -90,15 +90,16 @@ def test_order_unknown_fills_the_buffer_from_the_ranks_reads_alone(tmp_path, dat
     # No plan-order reads: only copies of what the ranks read.
     assert d["plan_fetched_samples"] == 0 and n["totals"]["fetched_samples"] == 0, n
     # About half the dataset's samples fit (the plan's 50% and its staging slots): the buffer
-    # is full, a static set of what was read first, each copy read once.
-    assert d["full"] and d["filled_samples"] == d["buffer_slots"], d
-    assert SAMPLES // 2 <= d["filled_samples"] < SAMPLES, d
+    # is full, a static set of what was read first.
+    assert d["full"] and d["taken_samples"] == d["buffer_slots"], d
+    assert SAMPLES // 2 <= d["taken_samples"] < SAMPLES, d
+    assert 0 < d["filled_samples"] <= d["taken_samples"], d
     assert d["filled_bytes"] == d["filled_samples"] * n["sample_bytes"], d
     t = n["transparent"]
     hits, misses = t["hit_reads"], t["miss_reads"]
     assert hits + misses == EPOCHS * SAMPLES, t  # one read a sample an epoch
-    # Every epoch after the first reads the whole static set from the buffer.
-    assert hits == (EPOCHS - 1) * d["filled_samples"], (hits, d)
+    # Only the static set is served, at most once an epoch after the first.
+    assert 0 < hits <= (EPOCHS - 1) * d["filled_samples"], (hits, d)
     assert later_epochs_served(n) > 0, d
 
 
@@ -108,7 +109,7 @@ def test_the_plans_order_is_not_taken_for_another(tmp_path, data):
                        "--order-file", order, "--stats-out", tmp_path / "st.json", workers=2)
     assert solar.returncode == 0, solar.stderr
     for n in nodes(tmp_path / "st.json"):
-        assert n["demand"]["mode"] == "plan", n
+        assert n["demand"]["mode"] == "plan", (n["demand"], n["transparent"], solar.stderr)
         assert n["transparent"]["consumed_steps"] == n["epochs_planned"] * n["steps_per_epoch"], n
     assert "demand mode" not in solar.stderr, solar.stderr
 
