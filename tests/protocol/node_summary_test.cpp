@@ -37,7 +37,8 @@ TEST(NodeSummary, TransparentCountersAndWhetherTheScriptFollowedThePlan) {
   EXPECT_FALSE(has(all, "differs from the plan")) << all;
   const std::string short_of = transparent_line(transparent(90, 10, 3), 5);
   EXPECT_TRUE(has(short_of, "3 of 5 steps consumed as planned (the script's order differs from "
-                            "the plan: check --seed, --batch, --epochs, --drop-last)"))
+                            "the plan: check --seed, --batch, --epochs, --drop-last, or give "
+                            "--order-file)"))
       << short_of;
   EXPECT_TRUE(has(transparent_line(transparent(0, 0, 0), 0), "0.0% served")) << "no reads";
   nlohmann::json many = transparent(90, 10, 5);
