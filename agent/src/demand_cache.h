@@ -14,14 +14,15 @@
 //   rank had begun the step it is at (one that has not, still starting or between epochs,
 //   holds the plan's admission back, and the others, reading on in the plan's order, get
 //   past the window), the order is not the plan's: it switches. An epoch must be longer
-//   than that window for it to tell (a whole plan; not a streamed one). `solar-agent --order-unknown` starts in demand mode.
+//   than that window for it to tell (a whole plan; not a streamed one).
+//   `solar-agent --order-unknown` starts in demand mode.
 // - In demand mode the plan's prefetching stops (Prefetcher::prefetch_loop returns; what it
 //   had read stays, its reads in flight land), nothing is evicted, and each sample the ranks
 //   read that is not resident is copied into a free slot by the pacer's thread: read again,
-//   right after the rank's own read, so from the page cache and not from storage (under --direct-io through a
-//   second source without it), by this thread, never in the
-//   rank's way (it is not marked in flight: a rank's read of it goes to the file until it is
-//   published). Once no slot is free the buffer is a static resident set: over epochs of
+//   right after the rank's own read, so from the page cache and not from storage (under
+//   --direct-io through a second source without it), never in the rank's way (it is not
+//   marked in flight: a rank's read of it goes to the file until it is published), at most
+//   64 MiB a poll. Once no slot is free the buffer is a static resident set: over epochs of
 //   random orders it keeps a hit rate of its share f of the dataset, which is the most any
 //   policy can (each sample is read once an epoch), where LRU keeps f + (1 − f)·ln(1 − f)
 //   (15% at f = 50%); LRU wins only where the order has locality, a curriculum that slides
