@@ -3,8 +3,6 @@
 // filled with what they read. See demand_cache.h.
 #include "demand_cache.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <atomic>
 #include <fmt/format.h>
@@ -16,12 +14,6 @@
 namespace solar::agent {
 
 namespace {
-std::uint64_t now_ns() {
-  struct timespec ts {};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL +
-         static_cast<std::uint64_t>(ts.tv_nsec);
-}
 std::uint64_t relaxed(const std::uint64_t& v) {
   return std::atomic_ref<const std::uint64_t>(v).load(std::memory_order_relaxed);
 }
@@ -111,17 +103,14 @@ void DemandCache::close_epochs_locked() {
 }
 
 void DemandCache::poll() {
-  const std::uint64_t t0 = now_ns();
-  if (t0 < next_scan_ns_) return;
+  const auto t0 = Clock::now();
+  if (t0 < next_scan_) return;
   // A scan reads 4 bytes a sample: every 1 ms for up to 64 Ki samples, proportionally less
   // often for more; every 50 ms once the buffer is full (only the epochs are counted then).
+  // (full_ is written on this thread alone: read here without the lock.)
   const std::uint64_t N = seen_.size();
-  bool full = false;
-  {
-    std::lock_guard lk(a_.mu_);
-    full = full_;
-  }
-  next_scan_ns_ = t0 + (full ? 50'000'000ULL : 1'000'000ULL * std::max<std::uint64_t>(1, N >> 16));
+  next_scan_ = t0 + (full_ ? std::chrono::milliseconds(50)
+                           : std::chrono::milliseconds(std::max<std::uint64_t>(1, N >> 16)));
   fresh_.clear();
   fresh_reads_.clear();
   std::uint64_t reads = 0;

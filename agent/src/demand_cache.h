@@ -36,6 +36,7 @@
 // keeps the plan there and says so once when the order diverges).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -50,6 +51,7 @@ namespace solar::agent {
 
 class DemandCache {
  public:
+  using Clock = std::chrono::steady_clock;
   // Steps' worth of reads without any step completed before the switch.
   static constexpr std::uint64_t kStallSteps = 8;
   // The plan's steps past the furthest one admitted or completed whose samples a rank in the
@@ -84,10 +86,10 @@ class DemandCache {
   std::unique_ptr<storage::SampleSource> page_cache_source_;
   std::vector<std::uint32_t> seen_;  // consumed[] at the last scan (pacer thread only)
   std::vector<std::uint32_t> fresh_, fresh_reads_, fill_slots_;  // scratch (pacer thread)
-  std::uint64_t next_scan_ns_ = 0;
+  Clock::time_point next_scan_{};
   bool populated_ = false;  // the cache slots' pages made (setup, else the first fill)
 
-  // Guarded by mu_:
+  // Guarded by mu_ (written on the pacer's thread alone, which reads them without it):
   std::vector<std::pair<std::uint32_t, std::uint32_t>> queue_;  // (sample, slot) to fill
   bool on_ = false;
   bool can_switch_ = true;

@@ -426,20 +426,14 @@ void Prefetcher::fill_slots(storage::SampleSource& source, std::span<const std::
   std::byte* label = all_labels ? nullptr : fill_scratch_.labels.get(a_.label_bytes_);
   for (std::size_t i = 0; i < samples.size(); ++i) {
     const storage::SampleRun run[] = {{samples[i], 1}};
-    if (!a_.table_.sized()) {  // a slot of one size: straight into it, one copy (pages made first)
-      std::byte* slot = a_.slot_ptr(slots[i]);
-      if (a_.stored_mode_) source.read_stored(run, slot, a_.sample_bytes_);
-      else source.read(run, slot);
-      if (a_.label_bytes_ && !all_labels) source.read_labels(run, a_.label_ptr(slots[i]));
-      else if (a_.label_bytes_)
-        std::memcpy(a_.label_ptr(slots[i]), all_labels + std::uint64_t{samples[i]} * a_.label_bytes_,
-                    a_.label_bytes_);
-      continue;
-    }
-    if (a_.stored_mode_) source.read_stored(run, staging, a_.sample_bytes_);
-    else source.read(run, staging);
+    // A slot of one size: the sample straight into it, one copy (its pages made first); a
+    // sized one through staging (a read fills the whole stride, past the sample's units).
+    const bool direct = !a_.table_.sized();
+    std::byte* to = direct ? a_.slot_ptr(slots[i]) : staging;
+    if (a_.stored_mode_) source.read_stored(run, to, a_.sample_bytes_);
+    else source.read(run, to);
     if (a_.label_bytes_ && !all_labels) source.read_labels(run, label);
-    write_slot(slots[i], staging, slot_length(samples[i]),
+    write_slot(slots[i], to, direct ? 0 : slot_length(samples[i]),  // 0: the label alone
                all_labels ? all_labels + std::uint64_t{samples[i]} * a_.label_bytes_ : label);
   }
 }

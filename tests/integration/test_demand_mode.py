@@ -7,15 +7,11 @@ keep what the ranks read; with --order unknown they start so. Real agents, the r
 the unmodified script (slurm_examples/train_h5py_files_ddp.py) against the same script without
 solar: per-batch SHA-256 identical, reads served from the second epoch on, and the switch
 reported (stats and solar run's summary)."""
-import json
-import os
-
-import numpy as np
 import pytest
 
+import test_order_file as order_file
+from test_order_file import nodes
 from test_transparent import digests
-from test_transparent_files import SCRIPT, gen
-from testlib import PY, SOLAR, run
 
 # An epoch of 64 steps a rank: the agent tells an order from the plan's by reads outside the
 # plan's steps near the ranks' (16 steps past the furthest), so an epoch must be longer; and
@@ -25,25 +21,11 @@ SAMPLES, EPOCHS, BATCH = 2048, 3, 8
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("demand")
-    root = gen(d / "universes", "per-sample-files", SAMPLES, "--universes-per-dir", "1")
-    np.random.seed(11)  # the artifact's way: numpy's global RNG, one permutation an epoch
-    order = np.stack([np.random.permutation(SAMPLES) for _ in range(EPOCHS)])
-    np.save(d / "order.npy", order)
-    return root, d / "order.npy"
+    return order_file.artifact_dataset(tmp_path_factory.mktemp("demand"), SAMPLES, EPOCHS, 11)
 
 
-def script_run(tmp_path, root, order, tag, *solar_args, ranks=4, nodes=2, workers=0):
-    cmd = [SOLAR, "run", "-n", ranks, "--nodes", nodes, "--dataset", f"{root}/:/split",
-           "--labels", "/unitPar", "--epochs", EPOCHS, "--batch", BATCH, *solar_args, "--", PY,
-           SCRIPT, root, "--layout", "files", "--epochs", EPOCHS, "--batch", BATCH,
-           "--shuffle-list", order, "--workers", workers, "--digests", tmp_path / f"{tag}-%r.txt"]
-    return run(*cmd, check=False, env=dict(os.environ, TMPDIR=str(tmp_path)), timeout=600)
-
-
-def nodes(path):
-    with open(path) as f:
-        return json.load(f)["nodes"]
+def script_run(*args, **kw):
+    return order_file.script_run(*args, epochs=EPOCHS, batch=BATCH, **kw)
 
 
 def later_epochs_served(node):

@@ -18,21 +18,28 @@ from testlib import PY, SOLAR, TRAIN, run
 SAMPLES, EPOCHS, BATCH = 128, 2, 4
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("order")
-    root = gen(d / "universes", "per-sample-files", SAMPLES, "--universes-per-dir", "1")
-    np.random.seed(7)  # the artifact's way: numpy's global RNG, one permutation an epoch
-    order = np.stack([np.random.permutation(SAMPLES) for _ in range(EPOCHS)])
-    np.save(d / "order.npy", order)
+def artifact_dataset(d, samples, epochs, seed):
+    """The artifact's layout of `samples` files in d/universes and its shuffle list, drawn
+    its way (numpy's global RNG, one permutation an epoch), in d/order.npy: (root, list)."""
+    root = gen(d / "universes", "per-sample-files", samples, "--universes-per-dir", "1")
+    np.random.seed(seed)
+    np.save(d / "order.npy", np.stack([np.random.permutation(samples) for _ in range(epochs)]))
     return root, d / "order.npy"
 
 
-def script_run(tmp_path, root, order, tag, *solar_args):
-    cmd = [SOLAR, "run", "-n", "4", "--nodes", "2", "--dataset", f"{root}/:/split", "--labels",
-           "/unitPar", "--epochs", EPOCHS, "--batch", BATCH, *solar_args, "--", PY, SCRIPT, root,
-           "--layout", "files", "--epochs", EPOCHS, "--batch", BATCH, "--shuffle-list", order,
-           "--digests", tmp_path / f"{tag}-%r.txt"]
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return artifact_dataset(tmp_path_factory.mktemp("order"), SAMPLES, EPOCHS, 7)
+
+
+def script_run(tmp_path, root, order, tag, *solar_args, ranks=4, nodes=2, workers=0,
+               epochs=EPOCHS, batch=BATCH):
+    """The artifact-style script over `root` with the shuffle list `order`, under `solar run`
+    (its digests in tmp_path/TAG-<rank>.txt); also test_demand_mode.py's."""
+    cmd = [SOLAR, "run", "-n", ranks, "--nodes", nodes, "--dataset", f"{root}/:/split",
+           "--labels", "/unitPar", "--epochs", epochs, "--batch", batch, *solar_args, "--", PY,
+           SCRIPT, root, "--layout", "files", "--epochs", epochs, "--batch", batch,
+           "--shuffle-list", order, "--workers", workers, "--digests", tmp_path / f"{tag}-%r.txt"]
     return run(*cmd, check=False, env=dict(os.environ, TMPDIR=str(tmp_path)), timeout=600)
 
 
