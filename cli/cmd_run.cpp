@@ -253,10 +253,9 @@ void run_run(const RunOptions& o) {
                                      "solar's own loader reads the plan's order");
       if (!o.order_file.empty())
         throw ConfigError("--order", "unknown and --order-file contradict: drop one");
-      if (o.peers || !o.local_buffer.empty())
-        throw ConfigError("--order", fmt::format("unknown (demand mode) is not built with {} yet: "
-                                                 "drop it, or give the order (--order-file)",
-                                                 o.peers ? "--peers" : "--local-buffer"));
+      if (!o.local_buffer.empty())
+        throw ConfigError("--order", "unknown (demand mode) is not built with --local-buffer "
+                                     "yet: drop it, or give the order (--order-file)");
     }
     const auto order = order_unknown ? OrderMode::torch : parse_order_mode(o.order);
     if (!order)

@@ -17,6 +17,10 @@ with numpy's global RNG and broadcasts it over MPI), read through
 DistributedSampler(shuffle=False), rank r taking the list's positions r, r+W, ...; under solar,
 give the same file as `--order-file` and the plan follows it.
 
+With --sampler random each rank draws its own order of the whole dataset (RandomSampler): an
+order no plan knows; under solar give `--order unknown` (with --peers, the nodes' buffers are
+pooled: agent/README.md, "Demand mode").
+
 With --digests FILE (%r: the rank) it writes per batch the SHA-256 of its inputs and labels, so
 runs with and without solar can be compared bit for bit. Rank and world size come from the usual
 variables (RANK/WORLD_SIZE, or Slurm's)."""
@@ -28,7 +32,7 @@ import os
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
 
 
 class Universes(Dataset):
@@ -111,6 +115,9 @@ p.add_argument("--seed", type=int, default=0)
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--digests", required=True)
 p.add_argument("--shuffle-list", help="epochs x N .npy: each epoch's order (the artifact's)")
+p.add_argument("--sampler", choices=["distributed", "random"], default="distributed",
+               help="random: each rank draws its own order of the whole dataset (RandomSampler, "
+                    "seeded with --seed and the rank)")
 a = p.parse_args()
 rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
 world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
@@ -118,13 +125,17 @@ ds = {"files": Universes, "records": Records, "npz": NpzFiles}[a.layout](a.root)
 assert len(ds) > 0, a.root
 if a.shuffle_list:
     ds = Listed(ds, np.load(a.shuffle_list))
-sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=not a.shuffle_list,
-                             seed=a.seed)
+if a.sampler == "random":
+    sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(a.seed * 1000 + rank))
+else:
+    sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=not a.shuffle_list,
+                                 seed=a.seed)
 loader = DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers,
                     collate_fn=concatenate if a.layout == "npz" else None)
 with open(a.digests.replace("%r", str(rank)), "w") as out:
     for epoch in range(a.epochs):
-        sampler.set_epoch(epoch)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
         if a.shuffle_list:
             ds.epoch = epoch  # before the iterator: workers take the dataset as it is then
         for b, (x, y) in enumerate(loader):

@@ -47,6 +47,8 @@ void ControlServer::on_message(const std::shared_ptr<Session>& s, protocol::Op o
       return on_hello(s, payload);
     case protocol::Op::xhello:
       return on_xhello(s, payload);
+    case protocol::Op::xfetch:
+      return on_xfetch(s, payload);
     case protocol::Op::next: {
       protocol::Next n;
       if (!decode_payload(std::span(payload), n) || s->rank < 0)
@@ -186,6 +188,44 @@ void ControlServer::on_xhello(const std::shared_ptr<Session>& s,
   if (!send_with_buffer_fd(s, frame(protocol::Op::xhello_ok, &ok, sizeof ok)))
     return detach(s);
   spdlog::debug("interposer attached (pid {})", h.pid);
+}
+
+// An interposer's miss of a sample another node keeps (demand mode across the nodes): answered
+// at once when this agent will not read it from there, else once the peer thread has.
+void ControlServer::on_xfetch(const std::shared_ptr<Session>& s,
+                              const std::vector<std::uint8_t>& payload) {
+  static_assert(static_cast<int>(protocol::Op::xfetch) == SOLAR_OP_XFETCH &&
+                static_cast<int>(protocol::Op::xfetch_ok) == SOLAR_OP_XFETCH_OK);
+  solar_xfetch f{};
+  if (!decode_payload(std::span(payload), f)) {
+    xhello_log_.warn("interposer's ask refused: malformed");
+    const std::string why = "malformed ask";
+    return send(s, frame(protocol::Op::error, why.data(), why.size()));
+  }
+  DemandCache::Fetch got = DemandCache::Fetch::not_held;
+  const std::uint64_t token = next_ask_++;
+  {
+    std::lock_guard lk(a_.mu_);
+    if (!a_.stopping_ && a_.fatal_.empty()) got = a_.pacer_.fetch_locked(f.sample, token);
+  }
+  if (got == DemandCache::Fetch::pending) {
+    asks_.emplace(token, s);
+    return;
+  }
+  f.held = got == DemandCache::Fetch::held;
+  send(s, frame(protocol::Op::xfetch_ok, &f, sizeof f));
+}
+
+void ControlServer::post_fetch_reply(std::uint64_t token, std::uint32_t sample, bool held) {
+  asio::post(io_, [this, token, sample, held] {
+    const auto it = asks_.find(token);
+    if (it == asks_.end()) return;
+    const std::shared_ptr<Session> s = it->second.lock();
+    asks_.erase(it);
+    if (!s || s->closed) return;
+    const solar_xfetch f{sample, held ? 1U : 0U};
+    send(s, frame(protocol::Op::xfetch_ok, &f, sizeof f));
+  });
 }
 
 // The buffer's fd travels with the reply (SCM_RIGHTS), written at once, before any queued

@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "agent.h"
@@ -106,6 +107,9 @@ class ControlServer {
   void stop();
   // Any thread: serve_waiting_locked() on the io thread (sessions are only touched there).
   void post_serve();
+  // Any thread (the peer thread, with the agent's lock held): the answer to the interposer's
+  // ask `token` for `sample` (on_xfetch), sent on the io thread if its connection is still open.
+  void post_fetch_reply(std::uint64_t token, std::uint32_t sample, bool held);
   // Every step asked for whose batch is ready, in order, in one send per rank; then `end` when
   // it is owed (serving.cpp). Io thread, with the agent's lock held.
   void serve_waiting_locked();
@@ -120,6 +124,7 @@ class ControlServer {
                   const std::vector<std::uint8_t>& payload);
   void on_hello(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& payload);
   void on_xhello(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& payload);
+  void on_xfetch(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& payload);
   void put_layout(protocol::HelloOk& ok) const;
   bool send_with_buffer_fd(const std::shared_ptr<Session>& s, const std::vector<std::uint8_t>& msg);
   void put_batch_locked(RankState& rs, std::uint32_t r, std::vector<std::uint8_t>& msg);
@@ -156,6 +161,9 @@ class ControlServer {
   // An interposer refused (a transparent script on a batch agent): one per worker process is
   // normal, a flood is not.
   ThrottledLog xhello_log_{64};
+  // Interposers' asks being read from a peer (on_xfetch), by token.
+  std::unordered_map<std::uint64_t, std::weak_ptr<Session>> asks_;
+  std::uint64_t next_ask_ = 1;
   // A `next` or a release was read; served or copied once the whole read is handled.
   bool serve_due_ = false, assembly_due_ = false;
 };

@@ -43,7 +43,14 @@ void DemandCache::setup(const std::uint32_t* consumed, bool start_on) {
         per_read = std::max<std::uint64_t>(
             1, kSieveBytes / std::max<std::uint64_t>(1, a_.source_->info().sample_bytes));
   stall_reads_ = kStallSteps * std::uint64_t{a_.R_} * c.batch * per_read;
-  can_switch_ = !a_.peers_.on() && !a_.local_.on();
+  can_switch_ = !a_.local_.on();
+  // Across the nodes' buffers with peer sharing: samples of one size (a peer read is a slot).
+  // (Peer sharing is set up after this: --peer-dir says it will be on.)
+  if (!a_.opt_.peer_dir.empty() && !a_.table_.sized() && c.nodes > 1) {
+    nodes_ = c.nodes;
+    node_ = a_.opt_.node;
+    reserve_units_ = std::min<std::uint64_t>(kTransitSamples, a_.buf_.cache_slots / 4);
+  }
   if (start_on) {
     a_.populate_cache_slots();  // before the agent is ready
     populated_ = true;
@@ -65,7 +72,106 @@ void DemandCache::switch_locked(const std::string& why) {
                "steps admitted {}, read {}, completed by each rank {}; {} slots free",
                a_.opt_.node, switched_at_, why, plan_fetched_, plan_bytes_, a_.admitted_,
                a_.ready_, ranks, a_.table_.free_slots());
+  if (pooled()) {
+    a_.pacer_.ask_peers(nodes_, node_);
+    drop_foreign_locked();  // the plan's reads of other nodes' samples go, before any fill
+    spdlog::info("node {}: demand mode across the {} nodes' buffers: this node keeps the "
+                 "samples placed on it, its ranks' other misses are read from their nodes",
+                 a_.opt_.node, nodes_);
+  } else if (!a_.opt_.peer_dir.empty()) {
+    spdlog::info("node {}: demand mode stays within this node's buffer: {}", a_.opt_.node,
+                 a_.table_.sized() ? "peer reads take samples of one size"
+                                   : "the job has one node");
+  }
   a_.prefetch_.wake_all();  // its wait for slots ends: it stops
+}
+
+// What the plan had read of other nodes' samples goes, once no rank uses it: each sample is
+// kept by one node only. Called on every poll until none is left.
+void DemandCache::drop_foreign_locked() {
+  bool left = false;
+  const std::uint64_t N = seen_.size();
+  for (std::uint64_t i = 0; i < N; ++i) {
+    const auto x = static_cast<std::uint32_t>(i);
+    if (mine(x) || !a_.table_.resident(x)) continue;
+    if (std::any_of(transit_.begin(), transit_.end(),
+                    [&](const Transit& t) { return t.sample == x; }))
+      continue;
+    if (!a_.table_.zombie(x) && !published_locked(x)) {  // its read in flight: once it lands
+      left = true;
+      continue;
+    }
+    // The plan's admitted uses pin it no more (no step of the plan is paced from here on); a
+    // rank copying it now sees its entry change and reads the file.
+    a_.table_.clear_uses(x);
+    if (a_.table_.free_slot(x)) a_.prefetch_.slot_freed_locked();
+    ++dropped_foreign_;
+    full_ = false;  // room for this node's own again
+  }
+  foreign_left_ = left;
+}
+
+bool DemandCache::published_locked(std::uint32_t x) const {
+  const auto* entries = reinterpret_cast<const std::uint64_t*>(a_.base_ + a_.buf_.entries_offset);
+  return (std::atomic_ref<const std::uint64_t>(entries[x]).load(std::memory_order_acquire) &
+          0xffffffffULL) != 0;
+}
+
+// A transit slot goes once its rank's read is counted (its consumed counter moved: the copy
+// is done) or after kTransitHold (a rank that read the file after all).
+void DemandCache::release_transit_locked(Clock::time_point now) {
+  std::erase_if(transit_, [&](const Transit& t) {
+    const std::uint32_t c =
+        std::atomic_ref<const std::uint32_t>(consumed_[t.sample]).load(std::memory_order_relaxed);
+    if (c == t.consumed && now - t.at < kTransitHold) return false;
+    if (a_.table_.uses(t.sample) == 0 && a_.table_.free_slot(t.sample))
+      a_.prefetch_.slot_freed_locked();
+    return true;
+  });
+}
+
+DemandCache::Fetch DemandCache::fetch_locked(std::uint32_t x, std::uint64_t token) {
+  if (!on_ || !pooled() || x >= a_.header_.config.samples) return Fetch::not_held;
+  ++asked_;
+  if (a_.table_.resident(x))  // published since the rank looked, or being read: not waited for
+    return published_locked(x) ? Fetch::held : Fetch::not_held;
+  const std::uint32_t home = solar_home_node(x, nodes_);
+  if (home == node_ || !a_.peers_.usable_locked(home)) {
+    ++not_held_;
+    return Fetch::not_held;
+  }
+  fill_slots_scratch_.clear();
+  const std::uint32_t one[] = {x};
+  if (!a_.table_.take_room(one, fill_slots_scratch_)) {
+    ++no_room_;
+    return Fetch::not_held;
+  }
+  a_.table_.place(x, fill_slots_scratch_[0]);  // pinned until the read lands
+  a_.peers_.fetch_locked(PeerJob{.step = 0,
+                                 .sample = x,
+                                 .slot = fill_slots_scratch_[0],
+                                 .from = home,
+                                 .fetch = true,
+                                 .token = token});
+  return Fetch::pending;
+}
+
+void DemandCache::fetch_done_locked(const PeerJob& j, bool ok) {
+  if (ok) {
+    a_.table_.publish(j.sample, j.slot);
+    a_.drop_use_locked(j.sample);
+    ++fetched_;
+    fetched_bytes_ += a_.prefetch_.slot_length(j.sample);
+    transit_.push_back({j.sample,
+                        std::atomic_ref<const std::uint32_t>(consumed_[j.sample])
+                            .load(std::memory_order_relaxed),
+                        Clock::now()});
+  } else {  // its home does not hold it (or cannot be read): the rank reads the file
+    ++not_held_;
+    a_.table_.drop_use(j.sample);
+    if (a_.table_.free_slot(j.sample)) a_.prefetch_.slot_freed_locked();
+  }
+  a_.control_.post_fetch_reply(j.token, j.sample, ok);
 }
 
 // The plan's steps near the ranks': from the oldest step a rank has not completed to
@@ -109,7 +215,7 @@ void DemandCache::poll() {
   // often for more; every 50 ms once the buffer is full (only the epochs are counted then).
   // (full_ is written on this thread alone: read here without the lock.)
   const std::uint64_t N = seen_.size();
-  next_scan_ = t0 + (full_ ? std::chrono::milliseconds(50)
+  next_scan_ = t0 + (full_ && !pooled() ? std::chrono::milliseconds(50)
                            : std::chrono::milliseconds(std::max<std::uint64_t>(1, N >> 16)));
   fresh_.clear();
   fresh_reads_.clear();
@@ -123,6 +229,11 @@ void DemandCache::poll() {
     seen_[x] = c;
     fresh_.push_back(static_cast<std::uint32_t>(x));
   }
+  if (on_ && pooled()) {  // on_ is written on this thread alone
+    std::lock_guard lk(a_.mu_);
+    release_transit_locked(t0);
+    if (foreign_left_) drop_foreign_locked();
+  }
   if (fresh_.empty()) return;
   fill_slots_.clear();
   {
@@ -133,9 +244,12 @@ void DemandCache::poll() {
     // Only while every rank has begun the step it is at: one that has not (still starting,
     // between epochs, far behind) holds the plan's admission back, and the others, reading on
     // in the plan's order, read steps past the window.
-    const bool all_begun = std::all_of(a_.ranks_.begin(), a_.ranks_.end(), [&](const RankState& rs) {
-      return rs.begun_at >= 0 || rs.released >= a_.T_;
-    });
+    // A node of one rank has no other to read on past the window: its reads tell alone (in an
+    // order of its own it may not begin the plan's step for an epoch).
+    const bool all_begun =
+        a_.R_ == 1 || std::all_of(a_.ranks_.begin(), a_.ranks_.end(), [&](const RankState& rs) {
+          return rs.begun_at >= 0 || rs.released >= a_.T_;
+        });
     if (!on_ && !a_.steps_.streamed()) slide_window_locked();
     if (!on_ && !a_.steps_.streamed() && all_begun) {
       for (std::size_t i = 0; i < fresh_.size(); ++i)
@@ -150,23 +264,23 @@ void DemandCache::poll() {
           warned_cannot_ = true;
           spdlog::warn("node {}: the ranks read {} samples that no step of the plan near theirs "
                        "holds, and completed no step meanwhile: their order is not the plan's; "
-                       "demand mode is not built for {}: the plan is kept, reads it misses go "
-                       "to the files",
-                       a_.opt_.node, unexpected_since_progress_,
-                       a_.peers_.on() ? "peer sharing" : "a local tier");
+                       "demand mode is not built for a local tier: the plan is kept, reads it "
+                       "misses go to the files",
+                       a_.opt_.node, unexpected_since_progress_);
         }
       }
     }
-    if (on_ && !full_) {
+    if (on_ && !full_ && !fill_failed_) {
       // At most kFillBytes a poll: the pacer's thread also renews the lease (a sample the
       // page cache no longer has comes from storage). The rest are filled when read again.
       std::uint64_t bytes = 0;
       for (const std::uint32_t x : fresh_) {
-        if (a_.table_.resident(x)) continue;
+        if (a_.table_.resident(x) || !mine(x)) continue;  // pooled: its home node keeps it
         if (bytes >= kFillBytes) break;
         bytes += a_.prefetch_.slot_length(x);
         const std::uint32_t one[] = {x};
-        if (!a_.table_.take_room(one, fill_slots_)) {
+        if (a_.table_.free_slots() < reserve_units_ + a_.table_.units_of(x) ||
+            !a_.table_.take_room(one, fill_slots_)) {
           full_ = true;
           spdlog::info("node {}: demand mode: the buffer is full ({} samples taken from the "
                        "ranks' reads); it keeps what it holds",
@@ -216,7 +330,7 @@ void DemandCache::fill_queued() {
     spdlog::warn("node {}: demand mode: filling the buffer failed ({}); it keeps what it "
                  "holds, the rest is read from the files",
                  a_.opt_.node, e.what());
-    full_ = true;
+    full_ = fill_failed_ = true;
     for (const std::uint32_t x : samples) {
       a_.table_.drop_use(x);
       if (a_.table_.free_slot(x)) a_.prefetch_.slot_freed_locked();
@@ -250,6 +364,30 @@ nlohmann::json DemandCache::json_locked() const {
                       {"full", full_},
                       {"buffer_slots", a_.buf_.cache_slots},
                       {"epochs", epochs}};
+  if (pooled()) {
+    // What this node keeps of the samples placed on it; the ids too, for a dataset small
+    // enough to list them (a test checks that no two nodes keep one).
+    std::uint64_t held = 0;
+    nlohmann::json ids = nlohmann::json::array();
+    const bool list = seen_.size() <= 65536;
+    for (std::uint64_t i = 0; i < seen_.size(); ++i) {
+      const auto x = static_cast<std::uint32_t>(i);
+      if (!a_.table_.resident(x) || !mine(x)) continue;
+      ++held;
+      if (list) ids.push_back(x);
+    }
+    j["pooled"] = {{"nodes", nodes_},
+                   {"node", node_},
+                   {"held_samples", held},
+                   {"asked", asked_},
+                   {"fetched_samples", fetched_},
+                   {"fetched_bytes", fetched_bytes_},
+                   {"not_held", not_held_},
+                   {"no_room", no_room_},
+                   {"dropped_foreign", dropped_foreign_},
+                   {"transit", transit_.size()}};
+    if (list) j["pooled"]["held"] = std::move(ids);
+  }
   if (on_) {
     j["switched_at_seconds"] = switched_at_;
     j["switched_after_reads"] = reads_at_switch_;

@@ -31,9 +31,22 @@
 //   ranks have read as many samples as the plan gives them an epoch; each gets the
 //   interposers' hits and misses.
 //
+// - With peer sharing (--peers), demand mode pools the nodes' buffers, as HVAC does with its
+//   nodes' NVMe: each sample has one home node (solar_home_node: a hash of its id), whose
+//   buffer alone keeps it. At the switch each agent drops what the plan had read that is not
+//   its own (once no rank uses it), and fills only its own samples from its ranks' reads. A
+//   rank that misses a sample of another node asks its agent (the interposer, SOLAR_OP_XFETCH)
+//   before it reads the file: the agent reads the home's index entry over RMA, and if the home
+//   holds it, the sample into a transit slot of its own (kTransitSamples are kept free for
+//   them), published as usual, and answers; the rank copies it, and once its read is counted
+//   (its consumed counter moves, or kTransitHold has passed) the slot is freed again. A home
+//   that does not hold it costs the rank one RMA read of 8 bytes and a round trip on the
+//   agent's socket before its plain read. Samples of one size only (peer reads are a slot's
+//   bytes); a sized dataset keeps demand mode node-local.
+//
 // Contract: poll() runs on the pacer thread only and takes the agent's lock `mu_` itself; the
-// *_locked calls are made with it held. Not with peer sharing or a local tier (the agent
-// keeps the plan there and says so once when the order diverges).
+// *_locked calls are made with it held. Not with a local tier (the agent keeps the plan there
+// and says so once when the order diverges).
 #pragma once
 
 #include <chrono>
@@ -45,7 +58,9 @@
 #include <vector>
 
 #include "agent.h"
+#include "peer_sharing.h"
 #include "solar/storage/sample_source.h"
+#include "solar/transparent.h"
 
 namespace solar::agent {
 
@@ -57,6 +72,11 @@ class DemandCache {
   // The plan's steps past the furthest one admitted or completed whose samples a rank in the
   // plan's order may read.
   static constexpr std::uint64_t kWindowSteps = 16;
+  // Across the nodes: slots kept free for samples read from other nodes for a rank (transit),
+  // and how long one stays at most once published.
+  static constexpr std::uint64_t kTransitSamples = 16;
+  static constexpr std::chrono::milliseconds kTransitHold{2000};
+  enum class Fetch { not_held, held, pending };
 
   explicit DemandCache(Agent::Impl& agent) : a_(agent) {}
   DemandCache(const DemandCache&) = delete;
@@ -70,6 +90,12 @@ class DemandCache {
   // A step was completed by the ranks' reads (TransparentPacer, mu_ held): the order holds so far.
   void step_completed_locked() { unexpected_since_progress_ = 0; }
   bool on_locked() const { return on_; }
+  // Across the nodes: an interposer asks for `sample` (token: the ask, for the reply). held:
+  // it is in the buffer already; not_held: not here and not on its home node (or no room, no
+  // peer sharing, not demand mode): the rank reads the file; pending: the peer thread reads it
+  // from its home, and fetch_done_locked() tells ControlServer::post_fetch_reply.
+  Fetch fetch_locked(std::uint32_t sample, std::uint64_t token);
+  void fetch_done_locked(const PeerJob& job, bool ok);
   // The stats' "demand" block: the mode, when and why it switched, the plan's reads before
   // it, what was filled, and the epochs counted by reads.
   nlohmann::json json_locked() const;
@@ -79,6 +105,11 @@ class DemandCache {
   void fill_queued();
   void slide_window_locked();
   void close_epochs_locked();
+  bool pooled() const { return nodes_ > 1; }  // demand mode across the nodes' buffers
+  bool mine(std::uint32_t x) const { return !pooled() || solar_home_node(x, nodes_) == node_; }
+  void drop_foreign_locked();
+  bool published_locked(std::uint32_t x) const;  // its entry names a slot
+  void release_transit_locked(Clock::time_point now);
 
   Agent::Impl& a_;
   const std::uint32_t* consumed_ = nullptr;
@@ -95,6 +126,7 @@ class DemandCache {
   bool can_switch_ = true;
   bool warned_cannot_ = false;
   bool full_ = false;
+  bool fill_failed_ = false;  // a fill failed: nothing more is filled
   std::string why_;
   double switched_at_ = -1;                // seconds since ready
   std::uint64_t reads_ = 0;                // samples the ranks read (consumed increments)
@@ -112,6 +144,19 @@ class DemandCache {
     double end = 0;
   };
   std::vector<Epoch> epochs_;             // closed epochs, counted by reads
+  // Across the nodes (pooled()): the job's nodes and ours; samples of other nodes the plan had
+  // read still to drop; the transit slots (sample, its consumed counter when published, when).
+  std::uint32_t nodes_ = 0, node_ = 0;
+  bool foreign_left_ = false;
+  std::uint64_t reserve_units_ = 0;  // kept free for transit
+  struct Transit {
+    std::uint32_t sample, consumed;
+    Clock::time_point at;
+  };
+  std::vector<Transit> transit_;
+  std::vector<std::uint32_t> fill_slots_scratch_;  // fetch_locked's (io thread, mu_ held)
+  std::uint64_t asked_ = 0, fetched_ = 0, fetched_bytes_ = 0, not_held_ = 0, no_room_ = 0,
+                fetch_failed_ = 0, dropped_foreign_ = 0;
   std::uint64_t epoch_start_x_[4] = {};   // the interposers' counters when the open one began
 };
 

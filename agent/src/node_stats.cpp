@@ -171,6 +171,8 @@ nlohmann::json NodeStats::transparent_json(std::uint64_t consumed_steps) const {
           {"waited_reads", relaxed(x.waited_reads)},
           {"waited_seconds", static_cast<double>(relaxed(x.waited_ns)) * 1e-9},
           {"opens", relaxed(x.opens)},
+          {"asked_reads", relaxed(x.asked_reads)},
+          {"asked_served", relaxed(x.asked_served)},
           {"consumed_steps", consumed_steps}};
 }
 

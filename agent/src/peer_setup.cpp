@@ -110,6 +110,9 @@ void PeerSharing::setup(const PlanFile& pf) {
   for (std::uint64_t t = 0; t < a_.T_; ++t)
     for (const PeerFetch& f : a_.steps_.whole().schedule.peers_at(t))
       if (f.from_node < M && f.from_node != me) ps->remote[f.from_node].needed = true;
+  // Transparent mode: demand mode, if the ranks' order is not the plan's, reads any node's.
+  if (a_.opt_.transparent)
+    for (std::uint32_t n = 0; n < M; ++n) ps->remote[n].needed = n != me;
 
   CardIdentity id;
   {

@@ -61,6 +61,7 @@ void PeerSharing::pin_served_locked(std::uint64_t t) {
 }
 
 void PeerSharing::done_locked(const PeerJob& j, bool ok) {
+  if (j.fetch) return a_.pacer_.fetch_done_locked(j, ok);
   if (ok) {
     a_.table_.publish(j.sample, j.slot);
     ++samples_;
@@ -258,7 +259,7 @@ void PeerSharing::loop() {
         if (op->phase == 1) {
           op->e1 = scratch[2 * i];
           if ((op->e1 & 0xffffffffULL) == 0) {  // not there, or in flight: try again shortly
-            if (Clock::now() - op->since > timeout) {
+            if (op->job.fetch || Clock::now() - op->since > timeout) {  // a fetch: not held
               finish(*op, false);
               continue;
             }

@@ -34,10 +34,14 @@
 
 namespace solar::agent {
 
-// One sample of step `step` read from node `from`'s buffer into our `slot`.
+// One sample of step `step` read from node `from`'s buffer into our `slot`; or, `fetch`, one
+// a rank of ours asked for in demand mode (DemandCache::fetch_locked; `token` names the ask):
+// not the plan's, not counted in its steps, not retried when `from` does not hold it.
 struct PeerJob {
   std::uint64_t step = 0;
   std::uint32_t sample = 0, slot = 0, from = 0;
+  bool fetch = false;
+  std::uint64_t token = 0;
 };
 
 class PeerSharing {
@@ -60,6 +64,12 @@ class PeerSharing {
   void queue_locked(const PeerJob& job) { jobs_.push_back(job); }
   void step_queued_locked(std::uint64_t step, std::uint32_t jobs) {
     pending_[step] = jobs;
+    wake_locked();
+  }
+  // Demand mode: a fetch job (job.fetch) for the peer thread; DemandCache::fetch_done_locked
+  // gets its outcome.
+  void fetch_locked(const PeerJob& job) {
+    jobs_.push_back(job);
     wake_locked();
   }
   // At step t, before its evictions: pins the samples other nodes read from us in step t.

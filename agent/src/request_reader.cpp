@@ -20,6 +20,8 @@ std::uint32_t max_request_payload(std::uint16_t op) {
       return sizeof(protocol::Release);
     case protocol::Op::xhello:
       return sizeof(solar_xhello);
+    case protocol::Op::xfetch:
+      return sizeof(solar_xfetch);
     default:  // stats and shutdown carry nothing; other ops are not requests
       return 0;
   }
@@ -33,6 +35,7 @@ bool request_acceptable(const protocol::Header& h) {
     case protocol::Op::stats:
     case protocol::Op::shutdown:
     case protocol::Op::xhello:
+    case protocol::Op::xfetch:
       return protocol::acceptable(h) && h.length <= max_request_payload(h.op);
     default:  // a reply's op, or none at all, even with no payload (fuzz.agent_requests)
       return false;

@@ -67,6 +67,11 @@ class SlotTable {
   // The plan wants `sample` again: a zombie is still here, so it stays in its slot instead of
   // being re-read. Returns whether it was a zombie.
   bool resurrect(std::uint32_t sample);
+  // Its uses are forgotten (demand mode: the plan's admitted uses are never released by a
+  // consumed step, and its bytes are no longer the plan's to keep).
+  void clear_uses(std::uint32_t sample) {
+    if (sample < state_.size()) state_[sample].uses = 0;
+  }
   // Frees the sample's slot (unpublished first); a sample without a slot is left alone.
   // Returns whether a slot was freed.
   bool free_slot(std::uint32_t sample);

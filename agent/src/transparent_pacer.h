@@ -21,6 +21,7 @@
 // - It holds a back-reference to the agent (Agent::Impl), which owns it and outlives it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -65,6 +66,18 @@ class TransparentPacer {
   // Demand mode (demand_cache.h): the ranks' order is not the plan's; the plan stops.
   bool demand_on_locked() const { return demand_.on_locked(); }
   nlohmann::json demand_json_locked() const { return xindex_ ? demand_.json_locked() : nullptr; }
+  // Demand mode across the nodes: an interposer's ask for a sample (ControlServer), and the
+  // peer thread's outcome of the read it started (DemandCache::fetch_locked).
+  DemandCache::Fetch fetch_locked(std::uint32_t sample, std::uint64_t token) {
+    return xindex_ ? demand_.fetch_locked(sample, token) : DemandCache::Fetch::not_held;
+  }
+  void fetch_done_locked(const PeerJob& job, bool ok) { demand_.fetch_done_locked(job, ok); }
+  // Demand mode across `nodes` nodes, this one `node`: the interposers ask for the samples of
+  // the others they miss (solar_xindex::peer_nodes).
+  void ask_peers(std::uint32_t nodes, std::uint32_t node) {
+    std::atomic_ref<std::uint64_t>(xindex_->peer_node).store(node, std::memory_order_relaxed);
+    std::atomic_ref<std::uint64_t>(xindex_->peer_nodes).store(nodes, std::memory_order_release);
+  }
 
  private:
   void loop();

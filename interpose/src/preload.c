@@ -144,6 +144,7 @@ static struct {                           /* the attachment, written before xsta
   const struct solar_xextent *ext;
   const _Atomic uint64_t *withdrawn;      /* the agent saw the file change: serve nothing */
   const _Atomic uint64_t *lease_until;    /* the agent's watch vouches for the files until then */
+  const _Atomic uint64_t *peer_nodes, *peer_node; /* demand mode across nodes: ask (ask_agent) */
   uint64_t n, nfiles;
   uint64_t s, slot_bytes, len; /* len: the mapping's bytes (each copy is checked inside it) */
 } X;
@@ -426,6 +427,8 @@ static int attach_now(const struct stat *file) {
       X.ext = ext;
       X.withdrawn = (const _Atomic uint64_t *)&shared->withdrawn;
       X.lease_until = (const _Atomic uint64_t *)&shared->lease_until_ns;
+      X.peer_nodes = (const _Atomic uint64_t *)&shared->peer_nodes;
+      X.peer_node = (const _Atomic uint64_t *)&shared->peer_node;
       stat_add(&X.stats->attached, 1);
       if (verbose) say("solar: serving ", ds_path, " from the node agent's buffer", -1);
       return 1;
@@ -739,6 +742,101 @@ static void say_changed(void) {
     say("solar: a file of ", ds_path, " changed during the run; reading it directly", -1);
 }
 
+/* ---- demand mode across nodes: a miss of another node's sample asked of the agent ---------- */
+
+/* One connection per process (a forked worker makes its own), one ask at a time: a thread
+ * that finds it busy reads the file. An agent that does not answer within ASK_WAIT_NS (the
+ * connection is closed, so that a late answer is not taken for the next ask) or refuses is
+ * asked no more by this process after ASK_FAILURES such times. */
+enum { ASK_FAILURES = 3 };
+#define ASK_WAIT_MS 1000
+static pthread_mutex_t ask_mu = PTHREAD_MUTEX_INITIALIZER;
+static int ask_fd = -1, ask_failures;
+static pid_t ask_pid;
+
+static void ask_close(void) {
+  if (ask_fd >= 0) close_fd(ask_fd);
+  ask_fd = -1;
+}
+
+static int ask_connect(void) {
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  struct timeval tv = {.tv_sec = ASK_WAIT_MS / 1000, .tv_usec = ASK_WAIT_MS % 1000 * 1000};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  memcpy(addr.sun_path, sock_path, strlen(sock_path) + 1);
+  if (connect(s, (struct sockaddr *)&addr, sizeof addr) != 0) {
+    close_fd(s);
+    return -1;
+  }
+  return s;
+}
+
+/* Asks the agent for sample k (SOLAR_OP_XFETCH): 1 once it is in the buffer (copy it), 0 not
+ * (read the file). */
+static int ask_agent(uint64_t k) {
+  if (pthread_mutex_trylock(&ask_mu) != 0) return 0;
+  int held = 0;
+  if (ask_pid != getpid()) { /* the parent's connection, inherited: not ours to use */
+    ask_close();
+    ask_failures = 0;
+    ask_pid = getpid();
+  }
+  if (ask_failures < ASK_FAILURES) {
+    if (ask_fd < 0) ask_fd = ask_connect();
+    struct frame_head {
+      uint32_t magic;
+      uint16_t version, op;
+      uint32_t length, reserved;
+    } head = {SOLAR_PROTO_MAGIC, SOLAR_PROTO_VERSION, SOLAR_OP_XFETCH, sizeof(struct solar_xfetch),
+              0};
+    struct solar_xfetch ask = {.sample = (uint32_t)k, .held = 0}, got = {0, 0};
+    unsigned char frame[sizeof head + sizeof ask];
+    memcpy(frame, &head, sizeof head);
+    memcpy(frame + sizeof head, &ask, sizeof ask);
+    int fd = -1;
+    const int fine = ask_fd >= 0 && send_all(ask_fd, frame, sizeof frame) == 0 &&
+                     recv_all(ask_fd, &head, sizeof head, &fd) == 0 && fd < 0 &&
+                     head.magic == SOLAR_PROTO_MAGIC && head.op == SOLAR_OP_XFETCH_OK &&
+                     head.length == sizeof got && recv_all(ask_fd, &got, sizeof got, &fd) == 0 &&
+                     fd < 0 && got.sample == ask.sample;
+    if (fd >= 0) close_fd(fd);
+    if (fine) {
+      held = got.held == 1;
+    } else {
+      ask_close();
+      ++ask_failures;
+    }
+  }
+  pthread_mutex_unlock(&ask_mu);
+  return held;
+}
+
+/* After copy_resident stopped at pos, short of n: while the next sample is missing here and
+ * kept by another node's buffer (demand mode across the nodes), asks the agent for it and
+ * copies it once there. Returns the bytes copied. */
+static size_t copy_asked(const struct solar_xfile *f, unsigned char *dst, size_t n, uint64_t pos) {
+  const uint64_t nodes = atomic_load_explicit(X.peer_nodes, memory_order_acquire);
+  if (nodes < 2) return 0;
+  const uint64_t me = atomic_load_explicit(X.peer_node, memory_order_relaxed);
+  size_t done = 0;
+  uint64_t k, in, extent;
+  for (int asks = 0; asks < 8 && done < n && locate(f, pos + done, &k, &in, &extent); ++asks) {
+    if (atomic_load_explicit(&X.entries[k], memory_order_acquire) != 0 ||
+        solar_home_node(k, nodes) == me)
+      break;
+    stat_add(&X.stats->asked_reads, 1);
+    if (!ask_agent(k)) break;
+    const size_t got = copy_resident(f, dst + done, n - done, pos + done);
+    if (got == 0) break;
+    stat_add(&X.stats->asked_served, 1);
+    done += got;
+  }
+  return done;
+}
+
 static ssize_t file_pread(int fd, void *buf, size_t n, off_t off) {
   return real_pread ? real_pread(fd, buf, n, off) : sys_pread(fd, buf, n, off);
 }
@@ -803,6 +901,7 @@ static ssize_t serve(int fd, void *buf, size_t n, off_t off) {
     return -1;
   }
   size_t done = copy_resident(f, buf, n, pos);
+  if (done < n) done += copy_asked(f, (unsigned char *)buf + done, n - done, pos + done);
   if (done < n && (mark & FD_MODE) == FD_DIRECT) done = 0; /* O_DIRECT: whole requests */
   /* After the copy (an eviction paced on it cannot start during it): what this read brings
    * in, served or from the file, counts as consumed. */
@@ -1008,6 +1107,8 @@ static void after_fork_child(void) {
   /* A thread of the parent was attaching: it does not exist here; try again when needed. */
   int expected = X_ATTACHING;
   atomic_compare_exchange_strong(&xstate, &expected, X_UNTRIED);
+  /* A thread of the parent may have held it: this process has only this thread. */
+  pthread_mutex_init(&ask_mu, NULL);
 }
 
 #define RESOLVE(name)                            \

@@ -126,14 +126,26 @@ std::string demand_line(const nlohmann::json& d) {
     const double hit = real(e, "hit_reads"), miss = real(e, "miss_reads");
     epochs += text("%s%.1f%%", epochs.empty() ? "" : ", ", percent(hit, hit + miss));
   }
+  // Across the nodes (--peers): what this node keeps of the samples placed on it, and what its
+  // ranks' misses found in other nodes' buffers.
+  std::string pooled;
+  if (const auto it = d.find("pooled"); it != d.end() && it->is_object()) {
+    const auto& p = *it;
+    pooled = text(" pooled over %llu nodes: %llu samples kept here (of those placed on this "
+                  "node); of %llu misses asked of the others, %llu read from their buffers (%s), "
+                  "%llu not held there (read from the files);",
+                  count(p, "nodes"), count(p, "held_samples"), count(p, "asked"),
+                  count(p, "fetched_samples"), format_bytes(count(p, "fetched_bytes")).c_str(),
+                  count(p, "not_held"));
+  }
   return text("demand mode from %.2f s (%s): the plan had read %llu samples (%s) by then; %llu "
-              "filled from the ranks' reads (%s)%s; file reads served per epoch (counted by "
+              "filled from the ranks' reads (%s)%s;%s file reads served per epoch (counted by "
               "reads): %s",
               real(d, "switched_at_seconds"), d.value("why", std::string()).c_str(),
               count(d, "plan_fetched_samples"),
               format_bytes(count(d, "plan_fetched_bytes")).c_str(), count(d, "filled_samples"),
               format_bytes(count(d, "filled_bytes")).c_str(),
-              d.value("full", false) ? ", the buffer full" : "",
+              d.value("full", false) ? ", the buffer full" : "", pooled.c_str(),
               epochs.empty() ? "none complete" : epochs.c_str());
 }
 bool in_demand_mode(const nlohmann::json& a) {

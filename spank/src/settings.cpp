@@ -120,8 +120,10 @@ const std::vector<OptionSpec>& option_specs() {
       {"epochs", "SOLAR_EPOCHS", "E", "solar: epochs the job trains for"},
       {"batch", "SOLAR_BATCH", "b", "solar: per-rank batch size"},
       {"seed", "SOLAR_SEED", "s", "solar: shuffle seed [0]"},
-      {"order", "SOLAR_ORDER", "solar|torch",
-       "solar: shuffle order; torch = DistributedSampler's [solar]"},
+      {"order", "SOLAR_ORDER", "solar|torch|unknown",
+       "solar: shuffle order; torch = DistributedSampler's; unknown = an unmodified script's "
+       "own order (with --solar-transparent: the agents keep what the ranks read, pooled "
+       "across the nodes with --solar-peers) [solar]"},
       {"order-file", "SOLAR_ORDER_FILE", "FILE",
        "solar: the script's own order, computed up front (.npy of shape (epochs, samples), or "
        "text ids; each epoch a permutation), read with DistributedSampler(shuffle=False): the "
@@ -174,8 +176,8 @@ void JobOptions::set(int field, const std::string& text) {
     case start_epoch: parse_job_param(text, flag, job_params::kStartEpoch); break;
     case start_step: parse_job_param(text, flag, job_params::kStartStep); break;
     case order:
-      if (!parse_order_mode(text))
-        throw ConfigError(flag, fmt::format("'{}' is not solar or torch", text));
+      if (text != "unknown" && !parse_order_mode(text))
+        throw ConfigError(flag, fmt::format("'{}' is not solar, torch or unknown", text));
       break;
     case stats:
       if (text.empty()) throw ConfigError(flag, "is empty; give the JSON file to write");
@@ -224,6 +226,8 @@ bool JobOptions::is_transparent() const {
 
 bool JobOptions::is_peers() const { return value[peers] && is_on(*value[peers]); }
 
+bool JobOptions::order_unknown() const { return value[order] && *value[order] == "unknown"; }
+
 bool JobOptions::active() const {
   if (off()) return false;
   for (int f = 0; f < kFields; ++f)
@@ -257,7 +261,10 @@ PlanConfig JobOptions::partial_config() const {
   c.imbalance = value[imbalance] ? parse_job_param32(*value[imbalance], "--solar-imbalance",
                                                      job_params::kImbalance)
                                  : 0;
-  c.order = value[order] ? *parse_order_mode(*value[order]) : OrderMode::solar;
+  // unknown: the plan (torch order) lays the buffer out; the agents keep what the ranks read.
+  c.order = order_unknown()  ? OrderMode::torch
+            : value[order] ? *parse_order_mode(*value[order])
+                           : OrderMode::solar;
   return c;
 }
 
@@ -356,7 +363,17 @@ PlanConfig plan_config_for_step(const JobOptions& o, const PluginConfig& pc,
       }
       c.validate();
     }
-    if (o.is_transparent()) follow_the_script(c, o.value[JobOptions::order].has_value());
+    if (o.order_unknown()) {
+      if (!o.is_transparent())
+        throw ConfigError("--solar-order", "unknown is for an unmodified script "
+                                           "(--solar-transparent): solar's own loader reads the "
+                                           "plan's order");
+      if (o.value[JobOptions::local_buffer])
+        throw ConfigError("--solar-order", "unknown (demand mode) is not built with "
+                                           "--solar-local-buffer yet: drop one");
+    }
+    if (o.is_transparent())
+      follow_the_script(c, o.value[JobOptions::order].has_value() && !o.order_unknown());
     return c;
   } catch (const ConfigError& e) {
     throw as_srun_error(e);

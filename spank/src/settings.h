@@ -94,6 +94,8 @@ struct JobOptions {
   bool is_verbose() const;
   bool is_transparent() const;
   bool is_peers() const;
+  // --solar-order unknown: an unmodified script of its own order (the agents' demand mode).
+  bool order_unknown() const;
 
   // Checks everything that does not need the dataset or the step's shape: required options
   // present, numbers in range. Throws ConfigError naming the option.

@@ -342,6 +342,7 @@ int plan_step(spank_t sp, State& s) {
       {"SOLAR_VERBOSE", s.options.is_verbose() ? "1" : "0"},
       {"SOLAR_TRANSPARENT", s.options.is_transparent() ? "1" : "0"},
       {"SOLAR_PEERS", s.peers ? "1" : "0"},
+      {"SOLAR_ORDER_UNKNOWN", s.options.order_unknown() ? "1" : "0"},
       {"SOLAR_DATASET_INDEX", s.dataset_index.empty() ? "" : index_in(folder)},
   };
   for (const auto& [name, value] : env)

@@ -199,6 +199,9 @@ int start_node_agent(spank_t sp, State& s) {
   // The modes follow from the plan checked above, never from the job's environment.
   const bool transparent = plan_is_transparent(header.config);
   if (transparent) l.args.push_back("--transparent");
+  // --solar-order unknown (srun said so): demand mode from the start; the agent's own choice.
+  if (transparent && job_env(sp, "SOLAR_ORDER_UNKNOWN").value_or("") == "1")
+    l.args.push_back("--order-unknown");
   // --solar-peers: the folder in the step's folder; the agent (as the user) refuses it unless
   // it is the user's, 0700.
   if (header.config.peer_fetch)

@@ -6,7 +6,8 @@ the ranks' reads complete no step of the plan, switch to demand mode within the 
 keep what the ranks read; with --order unknown they start so. Real agents, the real interposer,
 the unmodified script (slurm_examples/train_h5py_files_ddp.py) against the same script without
 solar: per-batch SHA-256 identical, reads served from the second epoch on, and the switch
-reported (stats and solar run's summary)."""
+reported (stats and solar run's summary). With --peers the nodes' buffers are pooled: each sample
+kept by one node (its hash's), read by the others' ranks from it over RMA."""
 import pytest
 
 import test_order_file as order_file
@@ -98,7 +99,8 @@ def test_the_plans_order_is_not_taken_for_another(tmp_path, data):
 
 @pytest.mark.parametrize("args, named", [
     (["--order", "unknown"], "unknown is for an unmodified script (--transparent)"),
-    (["--transparent", "--order", "unknown", "--peers"], "not built with --peers yet"),
+    (["--transparent", "--order", "unknown", "--local-buffer", "10%"],
+     "not built with --local-buffer yet"),
     (["--transparent", "--order", "unknown", "--order-file", "x.npy"], "contradict"),
     (["--transparent", "--order", "random"], "'random' is not solar, torch or unknown"),
 ])
@@ -107,3 +109,73 @@ def test_order_unknown_is_refused_where_it_cannot_work(tmp_path, data, args, nam
     p = script_run(tmp_path, root, order, "no", "--buffer", "50%", *args)
     assert p.returncode == 2, p.stderr
     assert named in p.stderr, p.stderr
+
+
+def home(x, n):
+    """solar_home_node (solar/transparent.h): splitmix64 of the sample id, modulo the nodes."""
+    m = (1 << 64) - 1
+    z = (x + 0x9e3779b97f4a7c15) & m
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & m
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & m
+    return (z ^ (z >> 31)) % n
+
+
+def pooled(path, n_nodes):
+    """The nodes' pooled blocks, checked: each sample kept by one node only, its home's."""
+    keeper, blocks = {}, []
+    for n in nodes(path):
+        d = n["demand"]
+        assert d["mode"] == "demand", d
+        p = d["pooled"]
+        assert p["nodes"] == n_nodes and len(p["held"]) == p["held_samples"] > 0, p
+        for x in p["held"]:
+            assert home(x, n_nodes) == p["node"], (x, p["node"])
+            assert x not in keeper, f"sample {x} kept by nodes {keeper[x]} and {p['node']}"
+            keeper[x] = p["node"]
+        blocks.append((n, p))
+    return blocks
+
+
+def test_across_the_nodes_each_sample_is_kept_once_and_read_from_its_node(tmp_path, data):
+    # 4 nodes x 1 rank, an order the plan does not know: each agent switches, drops what the
+    # plan had read of other nodes' samples, keeps its own, and its rank's misses of the
+    # others' are read from their buffers over RMA (tcp;ofi_rxm on loopback).
+    root, order = data
+    plain = script_run(tmp_path, root, order, "plain", "--buffer", "100%", "--no-agent",
+                       ranks=4, nodes=4)
+    assert plain.returncode == 0, plain.stderr
+    solar = script_run(tmp_path, root, order, "solar", "--transparent", "--peers", "--buffer",
+                       "30%", "--stats-out", tmp_path / "st.json", ranks=4, nodes=4)
+    assert solar.returncode == 0, solar.stderr
+    assert digests(tmp_path, "solar", 4) == digests(tmp_path, "plain", 4)
+    blocks = pooled(tmp_path / "st.json", 4)
+    for n, p in blocks:
+        d = n["demand"]
+        assert d["switched_after_reads"] < d["epoch_reads"], d
+        t = n["transparent"]
+        # The interposer asked only for others' samples it missed; what the agent read for it
+        # from their buffers it copied (a transit slot stays until then).
+        assert t["asked_served"] <= t["asked_reads"] and p["fetched_samples"] <= p["asked"], (t, p)
+    assert sum(p["fetched_samples"] for _, p in blocks) > 0, blocks
+    assert sum(n["transparent"]["asked_served"] for n, _ in blocks) > 0, blocks
+    assert sum(p["dropped_foreign"] for _, p in blocks) > 0, blocks  # the plan had read them
+    assert "read from their buffers" in solar.stderr, solar.stderr
+
+
+def test_random_sampler_on_two_nodes_keeps_each_sample_once(tmp_path, data):
+    # RandomSampler: every rank reads the whole dataset in an order of its own, each epoch.
+    root, _ = data
+    args = dict(ranks=4, nodes=2, epochs=2, script_args=("--sampler", "random", "--seed", "5"))
+    plain = order_file.script_run(tmp_path, root, None, "plain", "--buffer", "100%",
+                                  "--no-agent", batch=BATCH, **args)
+    assert plain.returncode == 0, plain.stderr
+    solar = order_file.script_run(tmp_path, root, None, "solar", "--transparent", "--peers",
+                                  "--order", "unknown", "--buffer", "60%", "--stats-out",
+                                  tmp_path / "st.json", batch=BATCH, **args)
+    assert solar.returncode == 0, solar.stderr
+    assert digests(tmp_path, "solar", 4) == digests(tmp_path, "plain", 4)
+    blocks = pooled(tmp_path / "st.json", 2)
+    # Each node's two ranks read every sample each epoch: once the first has read one placed
+    # here it is kept, and a sample placed on the other node is read from there once it has it.
+    assert sum(p["held_samples"] for _, p in blocks) > SAMPLES // 2, blocks
+    assert all(p["fetched_samples"] > 0 for _, p in blocks), blocks

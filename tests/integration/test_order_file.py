@@ -33,13 +33,14 @@ def data(tmp_path_factory):
 
 
 def script_run(tmp_path, root, order, tag, *solar_args, ranks=4, nodes=2, workers=0,
-               epochs=EPOCHS, batch=BATCH):
+               epochs=EPOCHS, batch=BATCH, script_args=()):
     """The artifact-style script over `root` with the shuffle list `order`, under `solar run`
     (its digests in tmp_path/TAG-<rank>.txt); also test_demand_mode.py's."""
     cmd = [SOLAR, "run", "-n", ranks, "--nodes", nodes, "--dataset", f"{root}/:/split",
            "--labels", "/unitPar", "--epochs", epochs, "--batch", batch, *solar_args, "--", PY,
            SCRIPT, root, "--layout", "files", "--epochs", epochs, "--batch", batch,
-           "--shuffle-list", order, "--workers", workers, "--digests", tmp_path / f"{tag}-%r.txt"]
+           *(["--shuffle-list", order] if order else []), "--workers", workers,
+           "--digests", tmp_path / f"{tag}-%r.txt", *script_args]
     return run(*cmd, check=False, env=dict(os.environ, TMPDIR=str(tmp_path)), timeout=600)
 
 

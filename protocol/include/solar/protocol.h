@@ -70,6 +70,8 @@ enum class Op : std::uint16_t {
   error = 10,
   xhello = 11,     // an interposer (solar/transparent.h): the buffer and its sample index
   xhello_ok = 12,
+  xfetch = 13,  // an interposer's miss of a sample another node keeps (demand mode, peers)
+  xfetch_ok = 14,
 };
 
 struct Header {

@@ -75,6 +75,28 @@ extern "C" {
 #define SOLAR_PROTO_VERSION 8
 #define SOLAR_OP_XHELLO 11
 #define SOLAR_OP_XHELLO_OK 12
+/* Demand mode across nodes (peer_nodes below): a reader that misses a sample placed on another
+ * node asks its agent for it with op SOLAR_OP_XFETCH and a solar_xfetch body (held 0), on a
+ * connection of its own; the agent reads it from that node's buffer over RMA into a slot of
+ * its own (published in the entry as usual) and answers SOLAR_OP_XFETCH_OK with held 1 (copy
+ * it now), or at once with held 0 (that node does not hold it: read the file). */
+#define SOLAR_OP_XFETCH 13
+#define SOLAR_OP_XFETCH_OK 14
+
+struct solar_xfetch {
+  uint32_t sample; /* its global id */
+  uint32_t held;   /* the reply: 1 it is in the buffer now, 0 not */
+};
+
+/* Demand mode across nodes: the node whose buffer keeps sample `sample` of a job of `nodes`
+ * nodes (splitmix64 of the id, modulo the nodes), in the agents and the interposer alike. */
+static inline uint32_t solar_home_node(uint64_t sample, uint64_t nodes) {
+  uint64_t z = sample + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return nodes ? (uint32_t)(z % nodes) : 0;
+}
 
 struct solar_xhello {
   uint32_t pid;
@@ -93,7 +115,9 @@ struct solar_xstats {     /* counters readers add to; the agent reports them */
   uint64_t attached;                /* processes that mapped the buffer */
   uint64_t waited_reads, waited_ns; /* reads that waited for a sample in flight, and how long */
   uint64_t opens;                   /* opens of a dataset file (each reached the file system) */
-  uint64_t reserved[7];
+  uint64_t asked_reads;             /* misses asked of the agent (SOLAR_OP_XFETCH) */
+  uint64_t asked_served;            /* of those, served from another node's buffer */
+  uint64_t reserved[5];
 };
 
 struct solar_xextent {
@@ -137,6 +161,12 @@ struct solar_xindex {
                                passed (the agent was killed, or is stopped), readers serve
                                nothing until it is renewed */
   struct solar_xstats stats;
+  uint64_t peer_nodes;      /* nonzero (the job's nodes) while the agent is in demand mode
+                               across the nodes' buffers: a reader that misses a sample whose
+                               solar_home_node is not peer_node asks the agent for it
+                               (SOLAR_OP_XFETCH) before it reads the file; 0: never asks.
+                               Written by the agent (relaxed), read by readers per miss */
+  uint64_t peer_node;       /* this node's number among them */
 };
 
 #ifdef __cplusplus
