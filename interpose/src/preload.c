@@ -814,6 +814,30 @@ static int ask_agent(uint64_t k) {
   return held;
 }
 
+/* How the process's recent asks went (approximate: relaxed, halved every ASK_WINDOW asks).
+ * While fewer than one in ASK_RARE found the sample (the first epoch: the homes hold little
+ * yet), only one miss in ASK_PROBE is asked: an ask that finds nothing costs a round trip. */
+enum { ASK_WINDOW = 128, ASK_RARE = 10, ASK_PROBE = 8 };
+static _Atomic uint32_t ask_tries, ask_found, ask_skips;
+
+static int ask_worth_it(void) {
+  const uint32_t tries = atomic_load_explicit(&ask_tries, memory_order_relaxed);
+  if (tries < ASK_WINDOW / 2 ||
+      atomic_load_explicit(&ask_found, memory_order_relaxed) * ASK_RARE >= tries)
+    return 1;
+  return atomic_fetch_add_explicit(&ask_skips, 1, memory_order_relaxed) % ASK_PROBE == 0;
+}
+
+static void ask_went(int found) {
+  if (atomic_fetch_add_explicit(&ask_tries, 1, memory_order_relaxed) + 1 >= ASK_WINDOW) {
+    atomic_store_explicit(&ask_tries, ASK_WINDOW / 2, memory_order_relaxed);
+    atomic_store_explicit(&ask_found,
+                          atomic_load_explicit(&ask_found, memory_order_relaxed) / 2,
+                          memory_order_relaxed);
+  }
+  if (found) atomic_fetch_add_explicit(&ask_found, 1, memory_order_relaxed);
+}
+
 /* After copy_resident stopped at pos, short of n: while the next sample is missing here and
  * kept by another node's buffer (demand mode across the nodes), asks the agent for it and
  * copies it once there. Returns the bytes copied. */
@@ -827,8 +851,11 @@ static size_t copy_asked(const struct solar_xfile *f, unsigned char *dst, size_t
     if (atomic_load_explicit(&X.entries[k], memory_order_acquire) != 0 ||
         solar_home_node(k, nodes) == me)
       break;
+    if (!ask_worth_it()) break;
     stat_add(&X.stats->asked_reads, 1);
-    if (!ask_agent(k)) break;
+    const int held = ask_agent(k);
+    ask_went(held);
+    if (!held) break;
     const size_t got = copy_resident(f, dst + done, n - done, pos + done);
     if (got == 0) break;
     stat_add(&X.stats->asked_served, 1);

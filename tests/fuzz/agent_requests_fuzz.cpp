@@ -46,6 +46,11 @@ struct RankModel {
         (void)solar::agent::decode_payload(p, x);
         return;
       }
+      case protocol::Op::xfetch: {
+        solar_xfetch x{};
+        (void)solar::agent::decode_payload(p, x);
+        return;
+      }
       case protocol::Op::next: {
         protocol::Next n;
         if (!solar::agent::decode_payload(p, n) || !attached || n.step != cursor) return;

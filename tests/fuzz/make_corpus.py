@@ -4,8 +4,9 @@
 real programs exchange, built here the way they build them:
 
   agent_requests  a rank's session with solar-agent (client/src/client.cpp: hello, next, release;
-                  solar stat's stats request; an interposer's xhello; shutdown), laid out as in
-                  protocol/include/solar/protocol.h; the first byte picks the fuzzer's read size
+                  solar stat's stats request; an interposer's xhello and xfetch; shutdown),
+                  laid out as in protocol/include/solar/protocol.h; the first byte picks the
+                  fuzzer's read size
   stored_wire     FabricSource's messages to solar-stored and the server's hello reply
                   (storage/src/fabric_source.cpp, server.cpp), framed as in wire.h, then the
                   24 bytes the fuzzer reads its dataset (samples, sample bytes) and staging
@@ -25,7 +26,7 @@ import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAGIC, VERSION = 0x524C4F53, 8  # solar/protocol.h kVersion
-HELLO, NEXT, RELEASE, STATS, SHUTDOWN, XHELLO = 1, 3, 6, 7, 9, 11
+HELLO, NEXT, RELEASE, STATS, SHUTDOWN, XHELLO, XFETCH = 1, 3, 6, 7, 9, 11, 13
 
 
 def write(corpus, name, data):
@@ -50,6 +51,7 @@ def agent_requests():
     write("agent_requests", "rank-session-7", b"\x07" + session)
     write("agent_requests", "stats", b"\x00" + frame(STATS))
     write("agent_requests", "xhello", b"\x00" + frame(XHELLO, struct.pack("<II", 4243, 0)))
+    write("agent_requests", "xfetch", b"\x00" + frame(XFETCH, struct.pack("<II", 17, 0)))
     write("agent_requests", "shutdown", b"\x00" + frame(SHUTDOWN))
     # An oversized hello, as a stranger might send: refused on its header.
     write("agent_requests", "oversized", b"\x00" + struct.pack("<IHHII", MAGIC, VERSION, HELLO,
