@@ -49,7 +49,9 @@ void DemandCache::setup(const std::uint32_t* consumed, bool start_on) {
   if (!a_.opt_.peer_dir.empty() && !a_.table_.sized() && c.nodes > 1) {
     nodes_ = c.nodes;
     node_ = a_.opt_.node;
-    reserve_units_ = std::min<std::uint64_t>(kTransitSamples, a_.buf_.cache_slots / 4);
+    reserve_units_ = std::clamp<std::uint64_t>(a_.buf_.cache_slots / 16, 2, kTransitSamples);
+    fetch_reserve_ = std::max<std::uint64_t>(1, reserve_units_ / 3);
+    push_transit_ = reserve_units_ - fetch_reserve_;
   }
   if (start_on) {
     a_.populate_cache_slots();  // before the agent is ready
@@ -119,15 +121,48 @@ bool DemandCache::published_locked(std::uint32_t x) const {
 
 // A transit slot goes once its rank's read is counted (its consumed counter moved: the copy
 // is done) or after kTransitHold (a rank that read the file after all).
+// A push's slot stays until its home has looked (push_done_locked) or kTransitHold.
 void DemandCache::release_transit_locked(Clock::time_point now) {
   std::erase_if(transit_, [&](const Transit& t) {
     const std::uint32_t c =
         std::atomic_ref<const std::uint32_t>(consumed_[t.sample]).load(std::memory_order_relaxed);
-    if (c == t.consumed && now - t.at < kTransitHold) return false;
+    if ((t.pushed || c == t.consumed) && now - t.at < kTransitHold) return false;
+    if (t.pushed) --pushing_;
     if (a_.table_.uses(t.sample) == 0 && a_.table_.free_slot(t.sample))
       a_.prefetch_.slot_freed_locked();
     return true;
   });
+}
+
+void DemandCache::push_done_locked(std::uint32_t x) {
+  const auto it = std::find_if(transit_.begin(), transit_.end(),
+                               [&](const Transit& t) { return t.pushed && t.sample == x; });
+  if (it == transit_.end()) return;  // gone after its hold already
+  transit_.erase(it);
+  --pushing_;
+  if (a_.table_.uses(x) == 0 && a_.table_.free_slot(x)) a_.prefetch_.slot_freed_locked();
+}
+
+bool DemandCache::pull_locked(std::uint32_t x, std::uint32_t from, PeerJob& job) {
+  if (!on_ || !pooled() || fill_failed_ || x >= a_.header_.config.samples || !mine(x) ||
+      a_.table_.resident(x))
+    return false;
+  fill_slots_scratch_.clear();
+  const std::uint32_t one[] = {x};
+  if (a_.table_.free_slots() < reserve_units_ + a_.table_.units_of(x) ||
+      !a_.table_.take_room(one, fill_slots_scratch_)) {
+    ++pull_no_room_;
+    return false;
+  }
+  a_.table_.place(x, fill_slots_scratch_[0]);  // pinned until the read lands
+  job = PeerJob{.step = 0,
+                .sample = x,
+                .slot = fill_slots_scratch_[0],
+                .from = from,
+                .fetch = true,
+                .pull = true,
+                .token = 0};
+  return true;
 }
 
 DemandCache::Fetch DemandCache::fetch_locked(std::uint32_t x, std::uint64_t token) {
@@ -157,6 +192,19 @@ DemandCache::Fetch DemandCache::fetch_locked(std::uint32_t x, std::uint64_t toke
 }
 
 void DemandCache::fetch_done_locked(const PeerJob& j, bool ok) {
+  if (j.pull) {  // kept here: a sample of ours another node's rank read
+    if (ok) {
+      a_.table_.publish(j.sample, j.slot);
+      a_.drop_use_locked(j.sample);
+      ++pulled_;
+      pulled_bytes_ += a_.prefetch_.slot_length(j.sample);
+    } else {
+      ++pull_failed_;
+      a_.table_.drop_use(j.sample);
+      if (a_.table_.free_slot(j.sample)) a_.prefetch_.slot_freed_locked();
+    }
+    return;
+  }
   if (ok) {
     a_.table_.publish(j.sample, j.slot);
     a_.drop_use_locked(j.sample);
@@ -275,7 +323,21 @@ void DemandCache::poll() {
       // page cache no longer has comes from storage). The rest are filled when read again.
       std::uint64_t bytes = 0;
       for (const std::uint32_t x : fresh_) {
-        if (a_.table_.resident(x) || !mine(x)) continue;  // pooled: its home node keeps it
+        if (a_.table_.resident(x)) continue;
+        if (!mine(x)) {  // pooled: its home keeps it; pushed there while transit allows
+          if (pushing_ >= push_transit_ || bytes >= kFillBytes ||
+              !a_.peers_.usable_locked(solar_home_node(x, nodes_)) ||
+              a_.table_.free_slots() < fetch_reserve_ + a_.table_.units_of(x))
+            continue;
+          const std::uint32_t one[] = {x};
+          if (!a_.table_.take_room(one, fill_slots_)) continue;
+          bytes += a_.prefetch_.slot_length(x);
+          a_.table_.place(x, fill_slots_.back());
+          queue_.emplace_back(x, fill_slots_.back());
+          ++pushing_;
+          ++pushes_;
+          continue;
+        }
         if (bytes >= kFillBytes) break;
         bytes += a_.prefetch_.slot_length(x);
         const std::uint32_t one[] = {x};
@@ -332,18 +394,28 @@ void DemandCache::fill_queued() {
                  a_.opt_.node, e.what());
     full_ = fill_failed_ = true;
     for (const std::uint32_t x : samples) {
+      if (!mine(x)) --pushing_;  // a push that never was
       a_.table_.drop_use(x);
       if (a_.table_.free_slot(x)) a_.prefetch_.slot_freed_locked();
     }
     return;
   }
   std::lock_guard lk(a_.mu_);
+  const auto now = Clock::now();
   for (std::size_t i = 0; i < samples.size(); ++i) {
-    a_.table_.publish(samples[i], slots[i]);
-    a_.drop_use_locked(samples[i]);
-    filled_bytes_ += a_.prefetch_.slot_length(samples[i]);
+    const std::uint32_t x = samples[i];
+    a_.table_.publish(x, slots[i]);
+    a_.drop_use_locked(x);
+    if (!mine(x)) {  // a push: its home reads it from here
+      transit_.push_back(
+          {x, std::atomic_ref<const std::uint32_t>(consumed_[x]).load(std::memory_order_relaxed),
+           now, true});
+      a_.peers_.push_locked(x, solar_home_node(x, nodes_));
+      continue;
+    }
+    filled_bytes_ += a_.prefetch_.slot_length(x);
+    ++filled_;
   }
-  filled_ += samples.size();
 }
 
 nlohmann::json DemandCache::json_locked() const {
@@ -385,6 +457,11 @@ nlohmann::json DemandCache::json_locked() const {
                    {"not_held", not_held_},
                    {"no_room", no_room_},
                    {"dropped_foreign", dropped_foreign_},
+                   {"pushed_samples", pushes_},
+                   {"pulled_samples", pulled_},
+                   {"pulled_bytes", pulled_bytes_},
+                   {"pull_no_room", pull_no_room_},
+                   {"pull_failed", pull_failed_},
                    {"transit", transit_.size()}};
     if (list) j["pooled"]["held"] = std::move(ids);
   }

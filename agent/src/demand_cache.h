@@ -43,6 +43,12 @@
 //   that does not hold it costs the rank one RMA read of 8 bytes and a round trip on the
 //   agent's socket before its plain read. Samples of one size only (peer reads are a slot's
 //   bytes); a sized dataset keeps demand mode node-local.
+// - Homes learn what other nodes' ranks read: a sample of another node that a rank read from
+//   the file is copied into a transit slot too (from the page cache, as the node's own are)
+//   and pushed: the peer thread writes its id into the home's mailbox, the home reads it from
+//   us over RMA into a slot of its own (a pull) if it has room, and acknowledges; the transit
+//   slot goes then (or after kTransitHold). At most push_transit_ such slots at a time; the
+//   rest are not pushed (their homes keep them once their own ranks read them).
 //
 // Contract: poll() runs on the pacer thread only and takes the agent's lock `mu_` itself; the
 // *_locked calls are made with it held. Not with a local tier (the agent keeps the plan there
@@ -74,7 +80,8 @@ class DemandCache {
   static constexpr std::uint64_t kWindowSteps = 16;
   // Across the nodes: slots kept free for samples read from other nodes for a rank (transit),
   // and how long one stays at most once published.
-  static constexpr std::uint64_t kTransitSamples = 16;
+  // (At most; a sixteenth of the buffer for a small one, a third of them kept for fetches.)
+  static constexpr std::uint64_t kTransitSamples = 48;
   static constexpr std::chrono::milliseconds kTransitHold{2000};
   enum class Fetch { not_held, held, pending };
 
@@ -96,6 +103,11 @@ class DemandCache {
   // from its home, and fetch_done_locked() tells ControlServer::post_fetch_reply.
   Fetch fetch_locked(std::uint32_t sample, std::uint64_t token);
   void fetch_done_locked(const PeerJob& job, bool ok);
+  // Node `from` pushed `sample` (placed here): true with `job` filled when it is to be read
+  // from there (demand mode, not resident, room kept for transit).
+  bool pull_locked(std::uint32_t sample, std::uint32_t from, PeerJob& job);
+  // A push of ours was acknowledged (or dropped): its transit slot goes.
+  void push_done_locked(std::uint32_t sample);
   // The stats' "demand" block: the mode, when and why it switched, the plan's reads before
   // it, what was filled, and the epochs counted by reads.
   nlohmann::json json_locked() const;
@@ -149,12 +161,17 @@ class DemandCache {
   std::uint32_t nodes_ = 0, node_ = 0;
   bool foreign_left_ = false;
   std::uint64_t reserve_units_ = 0;  // kept free for transit
+  std::uint64_t fetch_reserve_ = 0;  // of those, never taken by pushes
+  std::uint64_t push_transit_ = 0;   // pushes in transit at most
   struct Transit {
     std::uint32_t sample, consumed;
     Clock::time_point at;
+    bool pushed = false;  // to its home: goes once acknowledged (push_done_locked)
   };
   std::vector<Transit> transit_;
   std::vector<std::uint32_t> fill_slots_scratch_;  // fetch_locked's (io thread, mu_ held)
+  std::uint64_t pushes_ = 0, pushing_ = 0, pulled_ = 0, pulled_bytes_ = 0, pull_no_room_ = 0,
+                pull_failed_ = 0;
   std::uint64_t asked_ = 0, fetched_ = 0, fetched_bytes_ = 0, not_held_ = 0, no_room_ = 0,
                 fetch_failed_ = 0, dropped_foreign_ = 0;
   std::uint64_t epoch_start_x_[4] = {};   // the interposers' counters when the open one began

@@ -68,16 +68,17 @@ void PeerSharing::setup(const PlanFile& pf) {
   } catch (const std::exception& e) {
     throw AgentError(fmt::format("--peer-provider {}: {}", a_.opt_.peer_provider, e.what()));
   }
-  ps->progress.assign(M, 0);
-  ps->scratch.assign(2 * kInFlight + M, 0);
+  ps->progress.assign(2 * M + std::size_t{M} * kMailbox, 0);
+  ps->scratch.assign(2 * kInFlight + M + kPushInFlight + M, 0);
   ps->writes.resize(M);
+  ps->ack_writes.resize(M);
   ps->remote.resize(M);
   ps->pins.resize(M);
   try {
     // Remote access is read-only for the buffer; only the progress counters take writes.
     ps->buf_mr = ps->ep->register_memory(a_.base_, a_.buf_.map_bytes, FI_REMOTE_READ | FI_READ);
-    ps->prog_mr = ps->ep->register_memory(ps->progress.data(), M * sizeof(std::uint64_t),
-                                          FI_REMOTE_WRITE);
+    ps->prog_mr = ps->ep->register_memory(
+        ps->progress.data(), ps->progress.size() * sizeof(std::uint64_t), FI_REMOTE_WRITE);
     ps->scratch_mr = ps->ep->register_memory(
         ps->scratch.data(), ps->scratch.size() * sizeof(std::uint64_t), FI_READ | FI_WRITE);
   } catch (const std::exception& e) {

@@ -61,6 +61,7 @@ void PeerSharing::pin_served_locked(std::uint64_t t) {
 }
 
 void PeerSharing::done_locked(const PeerJob& j, bool ok) {
+  if (j.pull) state_->remote[j.from].pulling.erase(static_cast<std::uint32_t>(j.token));
   if (j.fetch) return a_.pacer_.fetch_done_locked(j, ok);
   if (ok) {
     a_.table_.publish(j.sample, j.slot);
@@ -88,6 +89,9 @@ void PeerSharing::loop() {
   std::vector<std::pair<PeerJob, bool>> done;  // finished jobs, handed over under the lock
   std::deque<PeerJob> queue;                   // taken from jobs_, not yet started
   std::vector<std::pair<void*, bool>> completed;  // one fi_cq_read's completions (reused)
+  std::deque<std::pair<std::uint32_t, std::uint32_t>> to_push;  // (sample, home), not yet told
+  std::vector<std::uint32_t> push_released;  // pushes dropped: their slots go (under the lock)
+  const std::size_t push_at = 2 * kInFlight + M, ack_at = push_at + kPushInFlight;
   std::size_t active = 0;
   std::uint32_t writes_in_flight = 0;
   std::uint64_t torn = 0;  // changed entries seen, added to torn_ under the lock
@@ -127,6 +131,45 @@ void PeerSharing::loop() {
       torn_ += torn;
       torn = 0;
       if (a_.stopping_ || !a_.fatal_.empty()) break;
+      // Demand mode across the nodes: pushes to tell; the homes' acknowledgments of ours;
+      // what the others pushed to us, read from them as pulls.
+      while (!pushes_.empty()) {
+        to_push.push_back(pushes_.front());
+        pushes_.pop_front();
+        idle = false;
+      }
+      for (const std::uint32_t x : push_released) a_.pacer_.push_done_locked(x);
+      pushes_dropped_ += push_released.size();
+      push_released.clear();
+      for (std::uint32_t n = 0; n < M; ++n) {
+        if (n == me) continue;
+        State::Remote& r = ps.remote[n];
+        const auto ack = static_cast<std::uint32_t>(
+            std::atomic_ref<std::uint64_t>(ps.progress[M + n]).load(std::memory_order_acquire));
+        while (!r.unacked.empty() && static_cast<std::int32_t>(ack - r.unacked.front().first) > 0) {
+          a_.pacer_.push_done_locked(r.unacked.front().second);
+          r.unacked.pop_front();
+          idle = false;
+        }
+        for (std::uint32_t k = 0; k < kMailbox; ++k) {
+          const std::uint64_t w =
+              std::atomic_ref<std::uint64_t>(
+                  ps.progress[2 * M + std::size_t{n} * kMailbox + r.mail_next % kMailbox])
+                  .load(std::memory_order_acquire);
+          const auto seq = static_cast<std::uint32_t>(w >> 32);
+          if ((w & 0xffffffffULL) == 0 || static_cast<std::int32_t>(seq - r.mail_next) < 0) break;
+          r.mail_next = seq + 1;  // a later lap than expected: the words overwritten are lost
+          ++pulls_seen_;
+          PeerJob pull;
+          if (a_.pacer_.pull_locked(static_cast<std::uint32_t>((w & 0xffffffffULL) - 1), n,
+                                    pull)) {
+            pull.token = seq;
+            r.pulling.insert(seq);
+            queue.push_back(pull);
+          }
+          idle = false;
+        }
+      }
       while (!jobs_.empty()) {
         PeerJob j = jobs_.front();
         jobs_.pop_front();
@@ -216,6 +259,45 @@ void PeerSharing::loop() {
         idle = false;
       }
     }
+    // 4b. Demand mode across the nodes: pushes told to their homes' mailboxes (one a word;
+    //     dropped when the home is gone or would be lapped), and acknowledgments of theirs.
+    for (std::size_t i = 0; i < kPushInFlight && !to_push.empty(); ++i) {
+      if (ps.push_busy[i]) continue;
+      const auto [x, home] = to_push.front();
+      to_push.pop_front();
+      State::Remote& r = ps.remote[home];
+      const auto ack = static_cast<std::uint32_t>(
+          std::atomic_ref<std::uint64_t>(ps.progress[M + home]).load(std::memory_order_acquire));
+      if (home >= M || home == me || !r.known || r.dead || r.sent - ack >= kMailbox) {
+        push_released.push_back(x);
+        continue;
+      }
+      scratch[push_at + i] = std::uint64_t{r.sent} << 32 | (std::uint64_t{x} + 1);
+      ps.push_writes[i].node = home;
+      if (fi_write(ep, &scratch[push_at + i], sizeof(std::uint64_t), sdesc, r.addr,
+                   r.prog_base + (2 * std::uint64_t{M} + std::uint64_t{me} * kMailbox +
+                                  r.sent % kMailbox) * 8,
+                   r.prog_key, &ps.push_writes[i].ctx) != 0) {
+        to_push.push_front({x, home});  // the queue is full: after the completions
+        break;
+      }
+      ps.push_busy[i] = true;
+      r.unacked.emplace_back(r.sent++, x);
+      ++pushed_;
+      idle = false;
+    }
+    for (std::uint32_t n = 0; n < M; ++n) {
+      State::Remote& r = ps.remote[n];
+      if (n == me || !r.known || r.dead || r.acking || r.ack_written == r.ack_value()) continue;
+      scratch[ack_at + n] = r.ack_value();
+      ps.ack_writes[n].node = n;
+      if (fi_write(ep, &scratch[ack_at + n], sizeof(std::uint64_t), sdesc, r.addr,
+                   r.prog_base + (std::uint64_t{M} + me) * 8, r.prog_key,
+                   &ps.ack_writes[n].ctx) == 0) {
+        r.acking = true;
+        idle = false;
+      }
+    }
     // 5. Completions. After an idle pass, on a provider with a wait object (tcp), the first
     //    read blocks in the kernel until the provider has work or 1 ms has passed: serving
     //    the other agents' reads of our buffer needs this thread to progress the endpoint
@@ -240,6 +322,18 @@ void PeerSharing::loop() {
       idle = false;
       for (const auto& [ctx, ok] : completed) {
         auto* w = static_cast<State::WriteCtx*>(ctx);
+        if (w >= ps.push_writes.data() && w < ps.push_writes.data() + ps.push_writes.size()) {
+          ps.push_busy[static_cast<std::size_t>(w - ps.push_writes.data())] = false;
+          if (!ok) mark_dead(w->node);  // its unacknowledged pushes go after their hold
+          continue;
+        }
+        if (w >= ps.ack_writes.data() && w < ps.ack_writes.data() + ps.ack_writes.size()) {
+          State::Remote& r = ps.remote[w->node];
+          r.acking = false;
+          if (ok) r.ack_written = static_cast<std::uint32_t>(scratch[ack_at + w->node]);
+          else mark_dead(w->node);
+          continue;
+        }
         if (w >= ps.writes.data() && w < ps.writes.data() + ps.writes.size()) {
           State::Remote& r = ps.remote[w->node];
           r.writing = false;
@@ -358,6 +452,9 @@ nlohmann::json PeerSharing::json() const {
           {"fallbacks", fallbacks_},
           {"torn", torn_},
           {"released_early", pins_released_early_},
+          {"pushed", pushed_},
+          {"pushes_dropped", pushes_dropped_},
+          {"pushes_seen", pulls_seen_},
           {"disabled", state_->disabled}};
 }
 

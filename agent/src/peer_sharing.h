@@ -41,6 +41,7 @@ struct PeerJob {
   std::uint64_t step = 0;
   std::uint32_t sample = 0, slot = 0, from = 0;
   bool fetch = false;
+  bool pull = false;  // a fetch of a sample `from` pushed to us (DemandCache::pull_locked)
   std::uint64_t token = 0;
 };
 
@@ -72,6 +73,13 @@ class PeerSharing {
     jobs_.push_back(job);
     wake_locked();
   }
+  // Demand mode across the nodes: `sample`, read by our ranks and placed on node `home`, is
+  // in a slot of ours: the peer thread tells `home` (its mailbox), which reads it from us;
+  // DemandCache::push_done_locked once `home` says it has looked (or the push was dropped).
+  void push_locked(std::uint32_t sample, std::uint32_t home) {
+    pushes_.emplace_back(sample, home);
+    wake_locked();
+  }
   // At step t, before its evictions: pins the samples other nodes read from us in step t.
   void pin_served_locked(std::uint64_t t);
   // Reads from `node` go to it (known, reachable, sharing not turned off).
@@ -91,8 +99,10 @@ class PeerSharing {
   Agent::Impl& a_;  // the agent that owns this part
   std::unique_ptr<State, StateDelete> state_;
   std::deque<PeerJob> jobs_;            // queued for the peer thread
+  std::deque<std::pair<std::uint32_t, std::uint32_t>> pushes_;  // (sample, home) to tell
   std::vector<std::uint32_t> pending_;  // per step: peer jobs not read or handed to storage
   std::uint64_t samples_ = 0, fallbacks_ = 0, torn_ = 0;
+  std::uint64_t pushed_ = 0, pushes_dropped_ = 0, pulls_seen_ = 0;
   std::uint64_t pins_released_early_ = 0;  // samples a stalled reader lost (see peer_sharing.cpp)
   std::thread thread_;
   std::condition_variable wake_;  // peer jobs queued, or stopping

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,10 @@ namespace fabric = storage::fabric;
 
 inline constexpr std::size_t kInFlight = 32;  // peer reads in flight
 inline constexpr int kMaxTorn = 3;            // changed entries before a sample goes to storage
+// Demand mode across the nodes: the mailbox each node has for each other (words a sender
+// writes: seq << 32 | sample + 1, at seq % kMailbox), and the pushes one may have in flight.
+inline constexpr std::uint32_t kMailbox = 256;
+inline constexpr std::size_t kPushInFlight = 32;
 
 struct PeerSharing::State {
   struct Remote {
@@ -40,6 +45,17 @@ struct PeerSharing::State {
     std::uint64_t seen = 0;
     Clock::time_point seen_at = Clock::now();
     bool abandoned = false;
+    // Demand mode across the nodes, as a sender of pushes to it: the next seq, the pushes not
+    // yet acknowledged (seq, sample); as their receiver: the next seq we expect from it, the
+    // acknowledgment we have written to it, whether one is in flight.
+    std::uint32_t sent = 0;
+    std::deque<std::pair<std::uint32_t, std::uint32_t>> unacked;
+    std::uint32_t mail_next = 0, ack_written = 0;
+    bool acking = false;
+    // Its pushes we are reading (their seqs): we acknowledge only below the oldest, so that
+    // it keeps the sample's slot until we have it.
+    std::set<std::uint32_t> pulling;
+    std::uint32_t ack_value() const { return pulling.empty() ? mail_next : *pulling.begin(); }
   };
   struct Op {
     fi_context2 ctx;  // first: completions point here
@@ -58,12 +74,20 @@ struct PeerSharing::State {
   };
   // Declared before the registrations of their memory, so destroyed after them.
   std::unique_ptr<fabric::Endpoint> ep;
-  std::vector<std::uint64_t> progress;  // [n]: node n's progress reading from us (remote-written)
-  std::vector<std::uint64_t> scratch;   // 2 words per op (entry reads), then one per node (writes)
+  // Remote-written, one registration: [n] node n's progress reading from us; [M + n] node n's
+  // acknowledgment of our pushes to it (the seq it expects next); [2M + n*kMailbox + i] the
+  // mailbox node n pushes to us (demand mode across the nodes).
+  std::vector<std::uint64_t> progress;
+  // 2 words per op (entry reads), then one per node (progress writes), one per push in
+  // flight, one per node (acknowledgments).
+  std::vector<std::uint64_t> scratch;
   fabric::Region buf_mr, prog_mr, scratch_mr;
   std::vector<Remote> remote;
   std::vector<Op> ops = std::vector<Op>(kInFlight);
   std::vector<WriteCtx> writes;
+  std::vector<WriteCtx> push_writes = std::vector<WriteCtx>(kPushInFlight);
+  std::vector<bool> push_busy = std::vector<bool>(kPushInFlight);
+  std::vector<WriteCtx> ack_writes;
   // [t]: (sample, reader) for the reads other nodes make from us at step t.
   std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> served;
   std::vector<std::deque<std::pair<std::uint64_t, std::uint32_t>>> pins;  // [reader]: (t, sample)

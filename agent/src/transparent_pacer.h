@@ -72,6 +72,12 @@ class TransparentPacer {
     return xindex_ ? demand_.fetch_locked(sample, token) : DemandCache::Fetch::not_held;
   }
   void fetch_done_locked(const PeerJob& job, bool ok) { demand_.fetch_done_locked(job, ok); }
+  bool pull_locked(std::uint32_t sample, std::uint32_t from, PeerJob& job) {
+    return xindex_ && demand_.pull_locked(sample, from, job);
+  }
+  void push_done_locked(std::uint32_t sample) {
+    if (xindex_) demand_.push_done_locked(sample);
+  }
   // Demand mode across `nodes` nodes, this one `node`: the interposers ask for the samples of
   // the others they miss (solar_xindex::peer_nodes).
   void ask_peers(std::uint32_t nodes, std::uint32_t node) {
