@@ -37,8 +37,8 @@
 //   its own (once no rank uses it), and fills only its own samples from its ranks' reads. A
 //   rank that misses a sample of another node asks its agent (the interposer, SOLAR_OP_XFETCH)
 //   before it reads the file: the agent reads the home's index entry over RMA, and if the home
-//   holds it, the sample into a transit slot of its own (kTransitSamples are kept free for
-//   them), published as usual, and answers; the rank copies it, and once its read is counted
+//   holds it, the sample into a transit slot of its own (reserve_units_ are kept free for
+//   them and for pushes, below), published as usual, and answers; the rank copies it, and once its read is counted
 //   (its consumed counter moves, or kTransitHold has passed) the slot is freed again. A home
 //   that does not hold it costs the rank one RMA read of 8 bytes and a round trip on the
 //   agent's socket before its plain read. Samples of one size only (peer reads are a slot's
