@@ -312,6 +312,37 @@ TEST(StepPlan, OrderFileIsTheStepsOrder) {
   std::filesystem::remove_all(dir);
 }
 
+// --solar-order unknown (issue 38): an unmodified script of its own order; the plan lays the
+// buffer out in DistributedSampler's order and the agents keep what the ranks read. Only with
+// --solar-transparent, and not with a local tier yet.
+TEST(StepPlan, OrderUnknownIsForTransparentScripts) {
+  JobOptions o = basic();
+  o.set(JobOptions::order, "unknown");
+  EXPECT_TRUE(o.order_unknown());
+  try {
+    plan_config_for_step(o, PluginConfig{}, tiny(), 2, 2, 1ULL << 30);
+    ADD_FAILURE() << "unknown without --solar-transparent: refused";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-order");
+    EXPECT_NE(std::string(e.what()).find("--solar-transparent"), std::string::npos) << e.what();
+  }
+  o.set(JobOptions::transparent, "");
+  o.set(JobOptions::peers, "");
+  const PlanConfig c = plan_config_for_step(o, PluginConfig{}, tiny(), 2, 2, 1ULL << 30);
+  EXPECT_EQ(c.order, OrderMode::torch);
+  EXPECT_TRUE(c.peer_fetch);
+  o.set(JobOptions::local_buffer, "40%");
+  try {
+    plan_config_for_step(o, PluginConfig::parse({"local_dir=/local/nvme"}), tiny(), 1, 2,
+                         1ULL << 30);
+    ADD_FAILURE() << "unknown with a local tier: refused";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.flag(), "--solar-order");
+  }
+  JobOptions bad;
+  EXPECT_THROW(bad.set(JobOptions::order, "random"), ConfigError);
+}
+
 TEST(StepPlan, SiteLimitClamps) {
   PluginConfig pc = PluginConfig::parse({"max_buffer=400K"});
   std::string note;

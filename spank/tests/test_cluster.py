@@ -400,6 +400,19 @@ def test_unmodified_ddp_script_transparent_same_bytes(cluster, dataset, workers,
     assert "consumed as planned (" not in out, out  # the script's order matched the plan
 
 
+def test_order_unknown_pools_the_nodes_buffers(cluster, dataset):
+    """srun --solar-transparent --solar-peers --solar-order=unknown: the agents start in demand
+    mode (the plugin passes --order-unknown), each keeps the samples placed on its node, and a
+    rank's miss of the other node's is read from that node's buffer; the bytes are plain's."""
+    out = ddp_plain_then_transparent(cluster, dataset, "ddp-unknown", 3, 1, [],
+                                     ["--solar-buffer=40%", "--solar-peers",
+                                      "--solar-order=unknown"])
+    assert out.count("demand mode from ") == 2 and "(--order unknown)" in out, out
+    assert out.count("pooled over 2 nodes") == 2, out
+    fetched = [int(n) for n in re.findall(r"(\d+) read from their buffers", out)]
+    assert len(fetched) == 2 and sum(fetched) > 0, out
+
+
 def test_peers_unmodified_script_same_bytes_and_nothing_left(cluster, dataset):
     """srun --solar-peers --solar-transparent on 2 nodes with a small buffer: the agents read
     from each other's buffers (their cards in a 0700 folder of plan_dir, removed at the end) and
