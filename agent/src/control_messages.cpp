@@ -202,6 +202,9 @@ void ControlServer::on_xfetch(const std::shared_ptr<Session>& s,
     const std::string why = "malformed ask";
     return send(s, frame(protocol::Op::error, why.data(), why.size()));
   }
+  // A process's asking connection stays for its life: not one of the connections that are
+  // not an attached rank (kMaxUnattached closes the oldest of those).
+  unlist(*s);
   DemandCache::Fetch got = DemandCache::Fetch::not_held;
   const std::uint64_t token = next_ask_++;
   {

@@ -99,7 +99,9 @@ void DemandCache::drop_foreign_locked() {
     if (std::any_of(transit_.begin(), transit_.end(),
                     [&](const Transit& t) { return t.sample == x; }))
       continue;
-    if (!a_.table_.zombie(x) && !published_locked(x)) {  // its read in flight: once it lands
+    // Its read in flight (a zombie's too: the plan may evict a sample before its read lands,
+    // which then publishes it): once it has landed.
+    if (!published_locked(x)) {
       left = true;
       continue;
     }
@@ -145,7 +147,7 @@ void DemandCache::push_done_locked(std::uint32_t x) {
 
 bool DemandCache::pull_locked(std::uint32_t x, std::uint32_t from, PeerJob& job) {
   if (!on_ || !pooled() || fill_failed_ || x >= a_.header_.config.samples || !mine(x) ||
-      a_.table_.resident(x))
+      a_.table_.resident(x) || !a_.peers_.usable_locked(from))
     return false;
   fill_slots_scratch_.clear();
   const std::uint32_t one[] = {x};
@@ -318,7 +320,8 @@ void DemandCache::poll() {
         }
       }
     }
-    if (on_ && !full_ && !fill_failed_) {
+    // Pooled, a full buffer still pushes: the homes keep what other nodes' ranks read.
+    if (on_ && (!full_ || pooled()) && !fill_failed_) {
       // At most kFillBytes a poll: the pacer's thread also renews the lease (a sample the
       // page cache no longer has comes from storage). The rest are filled when read again.
       std::uint64_t bytes = 0;
@@ -338,15 +341,19 @@ void DemandCache::poll() {
           ++pushes_;
           continue;
         }
+        if (full_) continue;  // pooled: pushes only
         if (bytes >= kFillBytes) break;
         bytes += a_.prefetch_.slot_length(x);
         const std::uint32_t one[] = {x};
-        if (a_.table_.free_slots() < reserve_units_ + a_.table_.units_of(x) ||
+        // (Transit slots in use are part of the reserve kept.)
+        const std::uint64_t in_transit = std::min<std::uint64_t>(reserve_units_, transit_.size());
+        if (a_.table_.free_slots() + in_transit < reserve_units_ + a_.table_.units_of(x) ||
             !a_.table_.take_room(one, fill_slots_)) {
           full_ = true;
           spdlog::info("node {}: demand mode: the buffer is full ({} samples taken from the "
                        "ranks' reads); it keeps what it holds",
                        a_.opt_.node, taken_);
+          if (pooled()) continue;  // the rest may still be pushed
           break;
         }
         a_.table_.place(x, fill_slots_.back());  // pinned until its bytes are in

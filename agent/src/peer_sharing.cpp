@@ -141,7 +141,7 @@ void PeerSharing::loop() {
       for (const std::uint32_t x : push_released) a_.pacer_.push_done_locked(x);
       pushes_dropped_ += push_released.size();
       push_released.clear();
-      for (std::uint32_t n = 0; n < M; ++n) {
+      for (std::uint32_t n = 0; n < M && !ps.disabled; ++n) {
         if (n == me) continue;
         State::Remote& r = ps.remote[n];
         const auto ack = static_cast<std::uint32_t>(

@@ -751,12 +751,20 @@ static void say_changed(void) {
 enum { ASK_FAILURES = 3 };
 #define ASK_WAIT_MS 1000
 static pthread_mutex_t ask_mu = PTHREAD_MUTEX_INITIALIZER;
-static int ask_fd = -1, ask_failures;
-static pid_t ask_pid;
+static _Atomic int ask_fd = -1; /* -1 as soon as the program closes or replaces its number */
+static int ask_failures;
 
 static void ask_close(void) {
-  if (ask_fd >= 0) close_fd(ask_fd);
-  ask_fd = -1;
+  const int fd = atomic_exchange(&ask_fd, -1);
+  if (fd >= 0) close_fd(fd);
+}
+
+/* The program closed (or dup'ed over) fds [lo, hi]: if ours was among them, it is no longer
+ * ours to use or close. */
+static void ask_forget(unsigned int lo, unsigned int hi) {
+  int fd = atomic_load(&ask_fd);
+  if (fd >= 0 && (unsigned int)fd >= lo && (unsigned int)fd <= hi)
+    atomic_compare_exchange_strong(&ask_fd, &fd, -1);
 }
 
 static int ask_connect(void) {
@@ -778,14 +786,11 @@ static int ask_connect(void) {
  * (read the file). */
 static int ask_agent(uint64_t k) {
   if (pthread_mutex_trylock(&ask_mu) != 0) return 0;
+  const int saved = errno; /* a served read leaves errno as it was */
   int held = 0;
-  if (ask_pid != getpid()) { /* the parent's connection, inherited: not ours to use */
-    ask_close();
-    ask_failures = 0;
-    ask_pid = getpid();
-  }
   if (ask_failures < ASK_FAILURES) {
-    if (ask_fd < 0) ask_fd = ask_connect();
+    if (atomic_load(&ask_fd) < 0) atomic_store(&ask_fd, ask_connect());
+    const int s = atomic_load(&ask_fd);
     struct frame_head {
       uint32_t magic;
       uint16_t version, op;
@@ -797,10 +802,10 @@ static int ask_agent(uint64_t k) {
     memcpy(frame, &head, sizeof head);
     memcpy(frame + sizeof head, &ask, sizeof ask);
     int fd = -1;
-    const int fine = ask_fd >= 0 && send_all(ask_fd, frame, sizeof frame) == 0 &&
-                     recv_all(ask_fd, &head, sizeof head, &fd) == 0 && fd < 0 &&
+    const int fine = s >= 0 && send_all(s, frame, sizeof frame) == 0 &&
+                     recv_all(s, &head, sizeof head, &fd) == 0 && fd < 0 &&
                      head.magic == SOLAR_PROTO_MAGIC && head.op == SOLAR_OP_XFETCH_OK &&
-                     head.length == sizeof got && recv_all(ask_fd, &got, sizeof got, &fd) == 0 &&
+                     head.length == sizeof got && recv_all(s, &got, sizeof got, &fd) == 0 &&
                      fd < 0 && got.sample == ask.sample;
     if (fd >= 0) close_fd(fd);
     if (fine) {
@@ -811,6 +816,7 @@ static int ask_agent(uint64_t k) {
     }
   }
   pthread_mutex_unlock(&ask_mu);
+  errno = saved;
   return held;
 }
 
@@ -1096,17 +1102,24 @@ EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen) {
 
 EXPORT int close(int fd) {
   if (fd_mark(fd) != FD_NONE && same_process()) fd_mark_set(fd, FD_NONE); /* before: no reuse gap */
+  if (fd >= 0) ask_forget((unsigned int)fd, (unsigned int)fd);
   return close_fd(fd);
 }
 
 EXPORT int close_range(unsigned int first, unsigned int last, int flags) {
-  if (!(flags & (int)CLOSE_RANGE_CLOEXEC)) untrack_range(first, last);
+  if (!(flags & (int)CLOSE_RANGE_CLOEXEC)) {
+    untrack_range(first, last);
+    ask_forget(first, last);
+  }
   return real_close_range ? real_close_range(first, last, flags)
                           : sys_close_range(first, last, flags);
 }
 
 EXPORT void closefrom(int lowfd) {
-  if (lowfd >= 0) untrack_range((unsigned int)lowfd, UINT_MAX);
+  if (lowfd >= 0) {
+    untrack_range((unsigned int)lowfd, UINT_MAX);
+    ask_forget((unsigned int)lowfd, UINT_MAX);
+  }
   if (real_closefrom) real_closefrom(lowfd);
   else if (lowfd >= 0) sys_close_range((unsigned int)lowfd, UINT_MAX, 0);
 }
@@ -1117,6 +1130,7 @@ static int dup_common(int oldfd, int newfd, int flags, int three) {
   const int change = oldfd != newfd && newfd >= 0 && newfd < FD_MAX &&
                      (mark != FD_NONE || fd_mark(newfd) != FD_NONE) && same_process();
   if (change) fd_mark_set(newfd, FD_NONE);
+  if (oldfd != newfd && newfd >= 0) ask_forget((unsigned int)newfd, (unsigned int)newfd);
   int r;
   if (three) r = real_dup3 ? real_dup3(oldfd, newfd, flags) : sys_dup3(oldfd, newfd, flags);
   else r = real_dup2 ? real_dup2(oldfd, newfd) : sys_dup2(oldfd, newfd);
@@ -1134,8 +1148,11 @@ static void after_fork_child(void) {
   /* A thread of the parent was attaching: it does not exist here; try again when needed. */
   int expected = X_ATTACHING;
   atomic_compare_exchange_strong(&xstate, &expected, X_UNTRIED);
-  /* A thread of the parent may have held it: this process has only this thread. */
+  /* A thread of the parent may have held it: this process has only this thread. The parent's
+   * connection is closed here, before the child can reuse its number: not ours to use. */
   pthread_mutex_init(&ask_mu, NULL);
+  ask_close();
+  ask_failures = 0;
 }
 
 #define RESOLVE(name)                            \
