@@ -35,13 +35,16 @@ void DemandCache::setup(const std::uint32_t* consumed, bool start_on) {
   epoch_reads_ = per_epoch ? per_epoch : S * a_.R_ * c.batch;
   // One step of the node's reads, times the samples one read may bring in: HDF5 reads rows
   // of a contiguous array smaller than its sieve several at once (a chunk, or a file of one
-  // sample, is read alone).
+  // sample, is read alone), and twice that: a sieve window is not aligned to the rows, and
+  // the rows it brings in besides lie anywhere in the plan (a false switch in the plan's own
+  // order, 2 nodes x 2 ranks of 4 KiB rows, DataLoader workers 2, counted 1075 such samples
+  // against the 1024 of one sieve's worth).
   std::uint64_t per_read = 1;
   if (const storage::DatasetFiles* set = a_.source_->file_set())
     for (const storage::DatasetFile& f : set->files())
       if (f.data_offset && f.count > 1)
         per_read = std::max<std::uint64_t>(
-            1, kSieveBytes / std::max<std::uint64_t>(1, a_.source_->info().sample_bytes));
+            1, 2 * kSieveBytes / std::max<std::uint64_t>(1, a_.source_->info().sample_bytes));
   stall_reads_ = kStallSteps * std::uint64_t{a_.R_} * c.batch * per_read;
   can_switch_ = !a_.local_.on();
   // Across the nodes' buffers with peer sharing: samples of one size (a peer read is a slot).
@@ -88,8 +91,8 @@ void DemandCache::switch_locked(const std::string& why) {
   a_.prefetch_.wake_all();  // its wait for slots ends: it stops
 }
 
-// What the plan had read of other nodes' samples goes, once no rank uses it: each sample is
-// kept by one node only. Called on every poll until none is left.
+// What the plan had read of other nodes' samples goes, once its read has landed: each sample
+// is kept by one node only. Called on every poll until none is left.
 void DemandCache::drop_foreign_locked() {
   bool left = false;
   const std::uint64_t N = seen_.size();
@@ -295,11 +298,12 @@ void DemandCache::poll() {
     // between epochs, far behind) holds the plan's admission back, and the others, reading on
     // in the plan's order, read steps past the window.
     // A node of one rank has no other to read on past the window: its reads tell alone (in an
-    // order of its own it may not begin the plan's step for an epoch).
-    const bool all_begun =
-        a_.R_ == 1 || std::all_of(a_.ranks_.begin(), a_.ranks_.end(), [&](const RankState& rs) {
-          return rs.begun_at >= 0 || rs.released >= a_.T_;
-        });
+    // order of its own it may not begin the plan's step for an epoch). And only while no rank
+    // has completed the whole plan: one that has reads nothing more of it, and the others'
+    // last steps are read out of step with it (a rank that diverges completes no step at all).
+    const bool all_begun = std::all_of(a_.ranks_.begin(), a_.ranks_.end(), [&](const RankState& rs) {
+      return rs.released < a_.T_ && (a_.R_ == 1 || rs.begun_at >= 0);
+    });
     if (!on_ && !a_.steps_.streamed()) slide_window_locked();
     if (!on_ && !a_.steps_.streamed() && all_begun) {
       for (std::size_t i = 0; i < fresh_.size(); ++i)
