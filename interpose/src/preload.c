@@ -261,35 +261,49 @@ static int recv_all(int s, void *p, size_t n, int *fd) {
 }
 
 /* Asks the agent for its buffer. Returns the memfd and fills *ok, or -1. */
-static int xhello(struct solar_xhello_ok *ok) {
+struct frame_head { /* solar/protocol.h's Header */
+  uint32_t magic;
+  uint16_t version, op;
+  uint32_t length, reserved;
+};
+_Static_assert(sizeof(struct frame_head) == 16, "protocol header is 16 bytes");
+
+/* A connection to the agent's socket whose reads and writes give up after timeout_ms (never
+ * hang the rank on a stuck agent); -1 if none. */
+static int agent_connect(long timeout_ms) {
   int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s < 0) return -1;
-  struct timeval tv = {.tv_sec = 10, .tv_usec = 0}; /* never hang the rank on a stuck agent */
+  struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = timeout_ms % 1000 * 1000};
   setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   memcpy(addr.sun_path, sock_path, strlen(sock_path) + 1);
+  if (connect(s, (struct sockaddr *)&addr, sizeof addr) != 0) {
+    const int err = errno;
+    close_fd(s);
+    errno = err;
+    return -1;
+  }
+  return s;
+}
 
-  struct frame_head { /* solar/protocol.h's Header */
-    uint32_t magic;
-    uint16_t version, op;
-    uint32_t length, reserved;
-  } head = {SOLAR_PROTO_MAGIC, SOLAR_PROTO_VERSION, SOLAR_OP_XHELLO, sizeof(struct solar_xhello), 0};
-  _Static_assert(sizeof head == 16, "protocol header is 16 bytes");
+static int xhello(struct solar_xhello_ok *ok) {
+  const int s = agent_connect(10000);
+  struct frame_head head = {SOLAR_PROTO_MAGIC, SOLAR_PROTO_VERSION, SOLAR_OP_XHELLO,
+                            sizeof(struct solar_xhello), 0};
   struct solar_xhello hello = {.pid = (uint32_t)my_pid, .reserved = 0};
   unsigned char frame[sizeof head + sizeof hello];
   memcpy(frame, &head, sizeof head);
   memcpy(frame + sizeof head, &hello, sizeof hello);
 
   int memfd = -1;
-  int fine = connect(s, (struct sockaddr *)&addr, sizeof addr) == 0 &&
-             send_all(s, frame, sizeof frame) == 0 &&
+  int fine = s >= 0 && send_all(s, frame, sizeof frame) == 0 &&
              recv_all(s, &head, sizeof head, &memfd) == 0;
   fine = fine && head.magic == SOLAR_PROTO_MAGIC && head.version == SOLAR_PROTO_VERSION &&
          head.op == SOLAR_OP_XHELLO_OK && head.length == sizeof *ok &&
          recv_all(s, ok, sizeof *ok, &memfd) == 0 && memfd >= 0;
   int err = errno;
-  close_fd(s);
+  if (s >= 0) close_fd(s);
   if (!fine) {
     if (memfd >= 0) close_fd(memfd);
     if (verbose) say("solar: no buffer from the node agent at ", sock_path,
@@ -745,7 +759,7 @@ static void say_changed(void) {
 /* ---- demand mode across nodes: a miss of another node's sample asked of the agent ---------- */
 
 /* One connection per process (a forked worker makes its own), one ask at a time: a thread
- * that finds it busy reads the file. An agent that does not answer within ASK_WAIT_NS (the
+ * that finds it busy reads the file. An agent that does not answer within ASK_WAIT_MS (the
  * connection is closed, so that a late answer is not taken for the next ask) or refuses is
  * asked no more by this process after ASK_FAILURES such times. */
 enum { ASK_FAILURES = 3 };
@@ -767,21 +781,6 @@ static void ask_forget(unsigned int lo, unsigned int hi) {
     atomic_compare_exchange_strong(&ask_fd, &fd, -1);
 }
 
-static int ask_connect(void) {
-  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return -1;
-  struct timeval tv = {.tv_sec = ASK_WAIT_MS / 1000, .tv_usec = ASK_WAIT_MS % 1000 * 1000};
-  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  struct sockaddr_un addr = {.sun_family = AF_UNIX};
-  memcpy(addr.sun_path, sock_path, strlen(sock_path) + 1);
-  if (connect(s, (struct sockaddr *)&addr, sizeof addr) != 0) {
-    close_fd(s);
-    return -1;
-  }
-  return s;
-}
-
 /* Asks the agent for sample k (SOLAR_OP_XFETCH): 1 once it is in the buffer (copy it), 0 not
  * (read the file). */
 static int ask_agent(uint64_t k) {
@@ -789,14 +788,10 @@ static int ask_agent(uint64_t k) {
   const int saved = errno; /* a served read leaves errno as it was */
   int held = 0;
   if (ask_failures < ASK_FAILURES) {
-    if (atomic_load(&ask_fd) < 0) atomic_store(&ask_fd, ask_connect());
+    if (atomic_load(&ask_fd) < 0) atomic_store(&ask_fd, agent_connect(ASK_WAIT_MS));
     const int s = atomic_load(&ask_fd);
-    struct frame_head {
-      uint32_t magic;
-      uint16_t version, op;
-      uint32_t length, reserved;
-    } head = {SOLAR_PROTO_MAGIC, SOLAR_PROTO_VERSION, SOLAR_OP_XFETCH, sizeof(struct solar_xfetch),
-              0};
+    struct frame_head head = {SOLAR_PROTO_MAGIC, SOLAR_PROTO_VERSION, SOLAR_OP_XFETCH,
+                              sizeof(struct solar_xfetch), 0};
     struct solar_xfetch ask = {.sample = (uint32_t)k, .held = 0}, got = {0, 0};
     unsigned char frame[sizeof head + sizeof ask];
     memcpy(frame, &head, sizeof head);
